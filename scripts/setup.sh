@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything stockade needs on a fresh Debian 12 machine, idempotently:
+# the system packages (bubblewrap for the side-by-side benchmarks and the doctor's
+# comparisons), a virtualenv at .venv, and the package with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing system packages: ${need_apt[*]}; run 'sudo apt-get install -y ${need_apt[*]}' and try again" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# The real interpreter, never a shim (a pyenv shim costs ~70 ms per start).
+py=$(command -v python3)
+if command -v pyenv >/dev/null 2>&1; then py=$(pyenv which python3 2>/dev/null || echo "$py"); fi
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
+stamp=.venv/.stockade-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[test]'
+  touch "$stamp"
+fi

@@ -1,0 +1,1 @@
+"""The command line: thin, parses, calls the library, renders."""

@@ -1,0 +1,66 @@
+"""The built-in default policy, used by ``stockade exec`` without ``--policy``.
+
+System directories read-only, the workspace read-write, a private /tmp, nothing
+of the host's home, secrets or sockets, no network, and default limits. It is
+built from the dataclasses directly, so using it costs no YAML or pydantic import.
+docs/POLICY.md shows it as YAML.
+"""
+
+from __future__ import annotations
+
+from stockade.policy._model import EnvPolicy, FilesystemPolicy, Limits, Policy
+
+SYSTEM_READ = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+"""System directories shown read-only; missing ones are skipped."""
+
+SECRETS_DENY = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/etc/security/opasswd",
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
+    "/etc/machine-id",
+)
+"""Secrets under /etc hidden even though /etc is readable."""
+
+PROTECT = (
+    ".git/hooks",
+    ".git/config",
+    ".bashrc",
+    ".bash_profile",
+    ".profile",
+    ".zshrc",
+    ".mcp.json",
+    ".envrc",
+)
+"""Files in the workspace an agent could use to run code outside its cell later
+(a git hook runs when the operator next commits; a shell rc file when they next
+open a shell there). Read-only, even when they do not exist yet."""
+
+DEFAULT_LIMITS = Limits(
+    memory=2 * 1024**3,
+    pids=512,
+    cpu=None,
+    timeout=3600.0,
+    output=64 * 1024**2,
+)
+
+DEFAULT_PASSTHROUGH = ("TERM", "LANG", "LC_ALL", "TZ")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def default_policy(name: str = "default") -> Policy:
+    """The policy ``stockade exec`` uses when given no ``--policy``."""
+    return Policy(
+        name=name,
+        mode="enforce",
+        filesystem=FilesystemPolicy(read=SYSTEM_READ, deny=SECRETS_DENY, protect=PROTECT),
+        env=EnvPolicy(passthrough=DEFAULT_PASSTHROUGH, set=(("PATH", DEFAULT_PATH),)),
+        limits=DEFAULT_LIMITS,
+    )

@@ -1,0 +1,141 @@
+"""The policy as the rest of stockade sees it: frozen, validated, normalised.
+
+The file format (YAML, validated by pydantic in ``_schema``) is a trust boundary;
+these dataclasses are what comes out of it. Nothing here does I/O, and importing
+this module stays cheap: ``stockade exec`` without ``--policy`` builds the
+default policy from these classes without loading pydantic or YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["enforce", "audit"]
+Verdict = Literal["allow", "deny", "ask"]
+
+
+@dataclass(frozen=True, slots=True)
+class FilesystemPolicy:
+    """What the cell's filesystem view holds.
+
+    Paths are absolute and normalised; they may hold shell globs (``*``, ``?``,
+    ``[...]``, not ``**``), expanded on the host when a cell starts. The
+    workspace is always read-write and need not be listed.
+    """
+
+    read: tuple[str, ...] = ()
+    """Shown read-only (and executable, subject to ``exec.allow``)."""
+    write: tuple[str, ...] = ()
+    """Shown read-write."""
+    deny: tuple[str, ...] = ()
+    """Hidden even where a ``read`` or ``write`` entry covers them (secrets)."""
+    protect: tuple[str, ...] = ()
+    """Read-only inside writable paths, even before they exist; relative
+    entries (``.git/hooks``) are taken relative to the workspace."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecPolicy:
+    """Which binaries the cell may execute."""
+
+    allow: tuple[str, ...] = ()
+    """Absolute paths of executables; empty means any readable file may run."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvPolicy:
+    """The cell's environment: nothing of the caller's crosses unless named."""
+
+    passthrough: tuple[str, ...] = ()
+    """Names whose values are copied from the caller's environment, if set."""
+    set: tuple[tuple[str, str], ...] = ()
+    """Variables set to fixed values (``${VAR}`` already expanded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits; ``None`` means no limit of that kind."""
+
+    memory: int | None = None
+    """Bytes of memory (RAM + swap) for the whole cell."""
+    pids: int | None = None
+    """Processes and threads alive at once in the cell."""
+    cpu: float | None = None
+    """CPU time as a number of cores (0.5 = half of one core)."""
+    timeout: float | None = None
+    """Wall-clock seconds from start until every process of the cell is killed."""
+    output: int | None = None
+    """Bytes of stdout + stderr kept; past it output is dropped and recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostRule:
+    """One ``network.allow`` entry: a host pattern the gateway lets through.
+
+    ``host`` is a DNS name, a ``*.`` wildcard (one label or more, see
+    docs/POLICY.md), an IP address or a CIDR network.
+    """
+
+    host: str
+    ports: tuple[int, ...] = (443,)
+    methods: tuple[str, ...] = ()
+    """Upper-case HTTP methods; empty means any."""
+    paths: tuple[str, ...] = ()
+    """URL path prefixes; empty means any."""
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPolicy:
+    """Egress through the gateway, and loopback ports inside the cell."""
+
+    allow: tuple[HostRule, ...] = ()
+    """Hosts the gateway lets through (enforced by the gateway, a later layer)."""
+    loopback_ports: tuple[int, ...] = ()
+    """TCP ports on the cell's own loopback that programs in it may bind and
+    connect to (a test server, say). The cell has no other network."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRule:
+    """One ``tools`` rule of the broker: an intent pattern and its verdict."""
+
+    id: str
+    intent: str
+    verdict: Verdict
+    match: tuple[tuple[str, str], ...] = ()
+    """Argument name to glob pattern; every one must match."""
+
+
+@dataclass(frozen=True, slots=True)
+class LlmPolicy:
+    """Where the cell's LLM endpoint forwards (enforced by a later layer)."""
+
+    provider: str = "openai"
+    base_url: str = "http://127.0.0.1:11434/v1"
+    model: str | None = None
+    api_key_env: str | None = None
+    max_requests: int | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One agent's policy. Build it with ``load_policy`` or ``default_policy``."""
+
+    name: str
+    command: tuple[str, ...] = ()
+    mode: Mode = "enforce"
+    workspace: str | None = None
+    """Absolute path of the workspace; ``None`` means a fresh temporary one."""
+    workdir: str | None = None
+    """Working directory inside the cell; ``None`` means the workspace."""
+    filesystem: FilesystemPolicy = field(default_factory=FilesystemPolicy)
+    exec: ExecPolicy = field(default_factory=ExecPolicy)
+    env: EnvPolicy = field(default_factory=EnvPolicy)
+    limits: Limits = field(default_factory=Limits)
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    tools: tuple[ToolRule, ...] = ()
+    llm: LlmPolicy | None = None
+    source: str | None = None
+    """The file this policy came from, for messages; ``None`` when built in code."""
