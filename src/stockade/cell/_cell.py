@@ -1,0 +1,429 @@
+"""``Cell``: run one command in a kernel sandbox and get back its status,
+output and events. Used by the CLI, the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from stockade.cell import _host
+from stockade.cell._cgroup import CellCgroup
+from stockade.cell._launch import LaunchSpec, launch
+from stockade.cell._plan import NOBODY, CellPlan, ProtectPlaceholder, plan_cell
+from stockade.errors import CellError, HostError
+from stockade.policy import Policy, default_policy
+from stockade.record import Event
+
+if TYPE_CHECKING:
+    from stockade.record._audit import AuditReader
+
+WORKSPACES_ROOT = "/var/lib/stockade/workspaces"
+"""Where fresh workspaces are made. Every cell sees this directory as a decoy,
+so an attempt on another agent's workspace meets Landlock and is recorded."""
+
+OutputSink = Callable[[int, bytes], None]
+"""Called with (1 or 2, chunk) as the command writes to stdout or stderr."""
+
+
+@dataclass(frozen=True, slots=True)
+class CellResult:
+    """How a cell ended."""
+
+    cell_id: str
+    exit_code: int
+    """The command's own exit code; 128+N when a signal N ended it."""
+    stdout: bytes
+    stderr: bytes
+    events: tuple[Event, ...]
+    duration: float
+    timed_out: bool = False
+    limits_hit: tuple[str, ...] = ()
+    """Which limits ended or cut the run: ``timeout``, ``memory``, ``pids``, ``output``."""
+    workspace: str = ""
+
+    @property
+    def denials(self) -> tuple[Event, ...]:
+        return tuple(e for e in self.events if e.outcome in ("denied", "audited"))
+
+
+_shared_audit: AuditReader | None = None
+
+
+def shared_audit_reader() -> AuditReader:
+    """The process-wide kernel audit reader, started on first use.
+
+    Raises:
+        HostError: the kernel audit log cannot be read here (not root, or no
+            audit support); kernel refusals could not become events.
+    """
+    global _shared_audit
+    if _shared_audit is None:
+        from stockade.record._audit import AuditReader
+
+        reader = AuditReader()
+        reader.start()
+        _shared_audit = reader
+    return _shared_audit
+
+
+class Cell:
+    """A kernel sandbox for one command, configured by a policy.
+
+    ``Cell(policy).run(argv)`` launches, waits, enforces the timeout and the
+    output cap, collects the kernel's refusals from the audit log and cleans
+    everything up (processes, cgroups, mounts and, unless asked to keep it, a
+    fresh workspace). A cell object can run several commands, one at a time,
+    each in a fresh cell sharing the workspace.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        keep_workspace: bool | None = None,
+        audit: AuditReader | Literal["auto"] | None = "auto",
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """
+        Args:
+            policy: the policy; the default policy when omitted.
+            workspace: the workspace directory; the policy's, or a fresh one.
+            keep_workspace: keep a fresh workspace after the run (default: remove it).
+            audit: where kernel refusals are read: "auto" (the shared reader),
+                an ``AuditReader``, or None to record no kernel refusals (tests
+                of other layers only; the CLI never does this).
+            environ: the caller's environment, for ``env.pass``; os.environ by default.
+
+        Raises:
+            HostError: the host lacks a layer the policy needs.
+            PolicyError: the policy cannot be honoured (e.g. a bad workspace).
+        """
+        self.policy = policy or default_policy()
+        _host.check(self.policy)
+        self._environ = dict(os.environ if environ is None else environ)
+        chosen = workspace if workspace is not None else self.policy.workspace
+        self._fresh = chosen is None
+        self.keep_workspace = (not self._fresh) if keep_workspace is None else keep_workspace
+        self.workspace = str(chosen) if chosen is not None else _fresh_workspace()
+        self._audit_choice = audit
+        self._prepared: tuple[object, tuple[tuple[bytes, bool], ...]] | None = None
+
+    # ------------------------------------------------------------------ running
+
+    def run(
+        self,
+        argv: list[str] | tuple[str, ...] | None = None,
+        *,
+        stdin: int | None = None,
+        on_output: OutputSink | None = None,
+        timeout: float | None = None,
+    ) -> CellResult:
+        """Run ``argv`` (or the policy's ``command``) in a fresh cell and wait.
+
+        Args:
+            stdin: a file descriptor for the command's stdin (default /dev/null).
+            on_output: stream output chunks here instead of keeping them.
+            timeout: wall-clock seconds; the policy's ``limits.timeout`` by default.
+
+        Raises:
+            CellError: the cell could not be set up.
+            HostError: a layer the policy needs is not available.
+        """
+        command = tuple(argv) if argv else self.policy.command
+        if not command:
+            raise CellError("no command to run: pass one, or set `command` in the policy")
+        cell_id = "c-" + secrets.token_hex(6)
+        policy = self.policy
+        limits = policy.limits
+        deadline_seconds = timeout if timeout is not None else limits.timeout
+        audit = self._audit_reader()
+        plan = plan_cell(policy, workspace=self.workspace, environ=self._environ)
+        landlock, seccomp = self._layers(plan)
+        events: list[Event] = []
+        cgroup = CellCgroup.create(cell_id, limits)
+        created = _create_placeholders(plan.placeholders)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin is None else -1
+        start = time.monotonic()
+        events.append(_start_event(cell_id, policy, command, plan))
+        launched = None
+        try:
+            spec = LaunchSpec(
+                argv=command,
+                plan=plan,
+                cgroup_procs=cgroup.procs_files(),
+                landlock=landlock,
+                seccomp=seccomp,
+                audit_loginuid=plan.host_uid if audit is not None else None,
+                stdin=stdin if stdin is not None else null_fd,
+                stdout=out_w,
+                stderr=err_w,
+                cap_last=_cap_last(),
+            )
+            launched = launch(spec)
+            os.close(out_w)
+            os.close(err_w)
+            out_w = err_w = -1
+            if audit is not None and launched.session is not None:
+                audit.watch(cell_id, session=launched.session, pid=launched.init_pid)
+            status, timed_out, stdout, stderr, truncated = _supervise(
+                launched.pid, out_r, err_r, deadline_seconds, limits.output, on_output, cgroup
+            )
+        finally:
+            for fd in (out_r, err_r, out_w, err_w, null_fd):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            if launched is None:
+                cgroup.destroy()
+                _remove_placeholders(created)
+        duration = time.monotonic() - start
+        stats = cgroup.stats()
+        cgroup.destroy()
+        _remove_placeholders(created)
+        if audit is not None and launched.session is not None:
+            events.extend(audit.collect(cell_id))
+            audit.unwatch(cell_id)
+        limits_hit: list[str] = []
+        if timed_out:
+            limits_hit.append("timeout")
+            events.append(_limit_event(cell_id, "timeout", f"killed after the {deadline_seconds:g} s timeout"))
+        if stats.oom_killed:
+            limits_hit.append("memory")
+            events.append(_limit_event(cell_id, "cgroup", f"memory limit of {limits.memory} bytes reached: killed"))
+        if stats.pids_limit_hit:
+            limits_hit.append("pids")
+            events.append(_limit_event(cell_id, "cgroup", f"process limit of {limits.pids} reached: fork refused"))
+        if truncated:
+            limits_hit.append("output")
+            events.append(_limit_event(cell_id, "cell", f"output past {limits.output} bytes dropped"))
+        exit_code = status
+        if launched.exec_error is not None:
+            _stage, err, message = launched.exec_error
+            exit_code = 126 if err in (1, 13) else 127
+            stderr = stderr + f"stockade: {message}\n".encode()
+        events.append(
+            Event(
+                kind="cell.end",
+                cell=cell_id,
+                layer="cell",
+                outcome="info",
+                summary=f"cell ended with exit code {exit_code}" + (" (timeout)" if timed_out else ""),
+                detail={
+                    "exit_code": exit_code,
+                    "duration": round(duration, 6),
+                    "timed_out": timed_out,
+                    "limits_hit": limits_hit,
+                    "memory_peak": stats.memory_peak,
+                    "cpu_usage_ns": stats.cpu_usage_ns,
+                },
+            )
+        )
+        if self._fresh and not self.keep_workspace:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+        return CellResult(
+            cell_id=cell_id,
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            events=tuple(events),
+            duration=duration,
+            timed_out=timed_out,
+            limits_hit=tuple(limits_hit),
+            workspace=self.workspace,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _audit_reader(self) -> AuditReader | None:
+        if self._audit_choice == "auto":
+            return shared_audit_reader()
+        return self._audit_choice
+
+    def _layers(self, plan: CellPlan) -> tuple[object, tuple[tuple[bytes, bool], ...]]:
+        from stockade.cell._layers import prepare_layers
+
+        return prepare_layers(self.policy, plan)
+
+
+def _fresh_workspace() -> str:
+    os.makedirs(WORKSPACES_ROOT, mode=0o711, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="ws-", dir=WORKSPACES_ROOT)
+    if os.geteuid() == 0:
+        # The cell acts as nobody on the host; its own workspace must be its own.
+        os.chown(path, NOBODY, NOBODY)
+    os.chmod(path, 0o755)
+    return path
+
+
+_CAP_LAST: int | None = None
+
+
+def _cap_last() -> int:
+    global _CAP_LAST
+    if _CAP_LAST is None:
+        try:
+            with open("/proc/sys/kernel/cap_last_cap") as f:
+                _CAP_LAST = int(f.read())
+        except (OSError, ValueError):
+            _CAP_LAST = 40
+    return _CAP_LAST
+
+
+def _create_placeholders(placeholders: tuple[ProtectPlaceholder, ...]) -> list[ProtectPlaceholder]:
+    created: list[ProtectPlaceholder] = []
+    for item in placeholders:
+        try:
+            if item.is_dir:
+                os.makedirs(item.path)
+            else:
+                os.makedirs(os.path.dirname(item.path), exist_ok=True)
+                os.close(os.open(item.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            created.append(item)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise CellError(f"could not create a placeholder for protected path {item.path}: {exc}") from exc
+    return created
+
+
+def _remove_placeholders(created: list[ProtectPlaceholder]) -> None:
+    for item in reversed(created):
+        try:
+            if item.is_dir:
+                os.rmdir(item.path)
+            elif os.path.getsize(item.path) == 0:
+                os.unlink(item.path)
+        except OSError:
+            pass  # not empty any more or already gone: leave it
+        parent = os.path.dirname(item.path)
+        if os.path.basename(parent) == ".git":
+            try:
+                os.rmdir(parent)  # only if we made it and it stayed empty
+            except OSError:
+                pass
+
+
+def _supervise(
+    pid: int,
+    out_r: int,
+    err_r: int,
+    timeout: float | None,
+    output_cap: int | None,
+    on_output: OutputSink | None,
+    cgroup: CellCgroup,
+) -> tuple[int, bool, bytes, bytes, bool]:
+    """Wait for the cell, pumping its output and enforcing the timeout."""
+    pidfd = os.pidfd_open(pid)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    stream = {out_r: 1, err_r: 2}
+    kept = 0
+    truncated = False
+    timed_out = False
+    poller = select.poll()
+    for fd in (out_r, err_r, pidfd):
+        poller.register(fd, select.POLLIN)
+    open_fds = {out_r, err_r}
+    exited = False
+    try:
+        while open_fds or not exited:
+            if deadline is None:
+                wait_ms = -1
+            else:
+                wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            ready = poller.poll(wait_ms)
+            if not ready and deadline is not None and time.monotonic() >= deadline and not timed_out:
+                timed_out = True
+                _kill_cell(pid, cgroup)
+                deadline = None
+                continue
+            for fd, _mask in ready:
+                if fd == pidfd:
+                    exited = True
+                    poller.unregister(pidfd)
+                    # The cell's pid 1 is gone, so its whole pid namespace is
+                    # too; any writer left is dying. Kill the cgroup to be sure.
+                    cgroup.kill()
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                if output_cap is not None and kept + len(data) > output_cap:
+                    data = data[: max(0, output_cap - kept)]
+                    truncated = True
+                kept += len(data)
+                if not data:
+                    continue
+                if on_output is not None:
+                    on_output(stream[fd], data)
+                else:
+                    chunks[fd].append(data)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(pidfd)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        code = 128 - code
+    return code, timed_out, b"".join(chunks[out_r]), b"".join(chunks[err_r]), truncated
+
+
+def _kill_cell(pid: int, cgroup: CellCgroup) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)  # C1's death takes C2, and so the pid namespace, with it
+    except ProcessLookupError:
+        pass
+    cgroup.kill()
+
+
+def _start_event(cell_id: str, policy: Policy, command: tuple[str, ...], plan: CellPlan) -> Event:
+    limits = policy.limits
+    return Event(
+        kind="cell.start",
+        cell=cell_id,
+        layer="cell",
+        outcome="info",
+        summary=f"cell started for policy {policy.name!r}: {' '.join(command)[:200]}",
+        detail={
+            "policy": policy.name,
+            "mode": policy.mode,
+            "argv": list(command),
+            "workspace": plan.workspace,
+            "host_uid": plan.host_uid,
+            "limits": {
+                "memory": limits.memory,
+                "pids": limits.pids,
+                "cpu": limits.cpu,
+                "timeout": limits.timeout,
+                "output": limits.output,
+            },
+            "hidden": list(plan.hidden),
+        },
+    )
+
+
+def _limit_event(cell_id: str, layer: Literal["cell", "cgroup", "timeout"], summary: str) -> Event:
+    return Event(kind="cell.limit", cell=cell_id, layer=layer, outcome="denied", summary=summary, detail={})
+
+
+def run_in_cell(argv: list[str], policy: Policy | None = None, **kwargs: object) -> CellResult:
+    """Shorthand: ``Cell(policy).run(argv)``."""
+    return Cell(policy).run(argv, **kwargs)  # type: ignore[arg-type]
+
+
+__all__ = ["Cell", "CellResult", "HostError", "Path", "run_in_cell", "shared_audit_reader"]

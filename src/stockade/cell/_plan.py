@@ -1,0 +1,391 @@
+"""From a policy to a cell plan: the mounts, Landlock grants and identity of one cell.
+
+Planning happens in the warm parent process, before the fork, so that the
+forked child only replays a list of syscalls. It reads the host filesystem
+(globs, symlinks, the entries of directories that hold a hidden path) but
+changes nothing; the only exception is ``protect`` placeholders, which the
+launcher creates and removes (see ``ProtectPlaceholder``).
+
+Paths inside the cell are the host's paths: a bind mount shows a host directory
+at the same path, so the workspace, ``/usr`` and every grant keep their names.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stockade.errors import PolicyError
+from stockade.policy._model import Policy
+
+CELL_UID = 1000
+"""The uid (and gid) of the agent inside the cell: not root, so nothing in the
+cell can act as root even on files the cell itself created."""
+
+NOBODY = 65534
+"""The host uid a cell runs as when stockade runs as root and the workspace has
+no other owner: a cell never runs as host root."""
+
+MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev"]
+
+
+@dataclass(frozen=True, slots=True)
+class MountOp:
+    """One step of building the cell's filesystem view (replayed in the child).
+
+    ``dst`` is the path inside the cell; ``src`` a host path (for ``bind``), a
+    link target (``symlink``) or unused. ``data`` is file content (``file``) or
+    the names a ``decoy_dir`` shows.
+    """
+
+    kind: MountKind
+    dst: str
+    src: str = ""
+    writable: bool = False
+    data: bytes = b""
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Grants:
+    """What Landlock allows, as paths seen inside the cell."""
+
+    read: tuple[str, ...] = ()
+    read_exec: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    write_exec: tuple[str, ...] = ()
+    exec_files: tuple[str, ...] = ()
+    list_dirs: tuple[str, ...] = ()
+    """Directories that may be listed but whose files are not granted (the
+    parents of hidden paths, and ``/``)."""
+    devices: tuple[str, ...] = ()
+    """Device files that may be read, written and ioctl'd (/dev/null, /dev/tty…)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectPlaceholder:
+    """A protected path that did not exist: the launcher creates it empty on the
+    host (so that a read-only mount can cover it) and removes it after the cell
+    if it is still empty."""
+
+    path: str
+    is_dir: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CellPlan:
+    """Everything the launcher needs, computed before the fork."""
+
+    mounts: tuple[MountOp, ...]
+    grants: Grants
+    workspace: str
+    workdir: str
+    host_uid: int
+    host_gid: int
+    env: tuple[tuple[str, str], ...]
+    placeholders: tuple[ProtectPlaceholder, ...] = ()
+    hidden: tuple[str, ...] = field(default=())
+    """The paths shown as decoys (for docs and the demo)."""
+
+
+SYSTEM_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+_DECOY_NAMES_MAX = 256
+"""A decoy directory mirrors at most this many names of the host directory it
+stands for: enough for an attempt on a real file to meet a Landlock refusal
+(and so an event) rather than a silent ENOENT, without copying a huge tree."""
+
+_DEFAULT_HIDDEN = ("/root", "/home", "/run", "/var/run", "/var/lib/stockade", "/mnt", "/media", "/srv")
+"""Host places that hold homes, sockets and other agents' work: always shown as
+decoys (empty, refused by Landlock, so every attempt is recorded)."""
+
+
+def _expand(pattern: str) -> list[str]:
+    if glob.has_magic(pattern):
+        return sorted(glob.glob(pattern))
+    return [pattern]
+
+
+def _is_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _exists(path: str) -> bool:
+    return os.path.lexists(path)
+
+
+def plan_cell(
+    policy: Policy,
+    *,
+    workspace: str,
+    environ: dict[str, str] | os._Environ[str],
+    extra_hidden: tuple[str, ...] = (),
+) -> CellPlan:
+    """Compute the plan of one cell for ``policy`` with ``workspace``.
+
+    Raises:
+        PolicyError: a grant cannot be honoured (e.g. the workspace is a file).
+    """
+    workspace = os.path.realpath(workspace)
+    if not os.path.isdir(workspace):
+        raise PolicyError(f"workspace {workspace!r} is not a directory; create it or omit it to get a fresh one")
+    host_uid, host_gid = _cell_identity(workspace)
+
+    fs = policy.filesystem
+    ops: list[MountOp] = []
+    read_dirs: list[str] = []
+    write_dirs: list[str] = []
+
+    # Grants: each path at its real location; a symlinked grant (like /bin ->
+    # usr/bin on merged-/usr systems) becomes the same symlink in the cell.
+    symlinks: dict[str, str] = {}
+    for writable, patterns in ((False, fs.read), (True, fs.write)):
+        for pattern in patterns:
+            for path in _expand(pattern):
+                if not _exists(path):
+                    continue
+                real = os.path.realpath(path)
+                if os.path.islink(path):
+                    symlinks[os.path.normpath(path)] = os.readlink(path)
+                (write_dirs if writable else read_dirs).append(real)
+
+    hidden_roots = [*_DEFAULT_HIDDEN, *extra_hidden]
+    home = environ.get("HOME")
+    if home and home not in ("/", ""):
+        hidden_roots.append(os.path.realpath(home))
+    deny: list[str] = []
+    for pattern in fs.deny:
+        deny.extend(p for p in _expand(pattern) if _exists(p))
+    # A hidden root that a grant covers (a policy granting /home/me/project)
+    # stays hidden except for that grant: the grant is mounted on top of it.
+    granted = [*read_dirs, *write_dirs, workspace]
+
+    # Order matters: parents before children, so that a deeper mount (a secret
+    # under /etc, the workspace under /tmp) lands on top of a shallower one.
+    entries: list[tuple[str, MountOp]] = []
+    for path in sorted(set(read_dirs)):
+        entries.append((path, MountOp("bind", path, src=path, writable=False)))
+    for path in sorted(set(write_dirs)):
+        entries.append((path, MountOp("bind", path, src=path, writable=True)))
+    entries.append((workspace, MountOp("bind", workspace, src=workspace, writable=True)))
+    hidden: list[str] = []
+    for path in sorted(set(deny)):
+        real = os.path.realpath(path)
+        if not any(_is_under(real, g) for g in granted):
+            continue  # not in the view at all: nothing to hide
+        hidden.append(real)
+        entries.append((real, _decoy(real)))
+    for root in sorted(set(hidden_roots)):
+        real = os.path.realpath(root)
+        if not _exists(real) or real in granted or real in hidden:
+            continue
+        hidden.append(real)
+        entries.append((real, _decoy(real)))
+    placeholders, protect_ops = _protect(policy, workspace)
+    entries.extend((op.dst, op) for op in protect_ops)
+    # The cell's own /tmp, /dev and /proc are fresh, never the host's.
+    entries.append(("/tmp", MountOp("tmpfs", "/tmp", writable=True)))
+    entries.append(("/dev", MountOp("dev", "/dev")))
+    entries.append(("/proc", MountOp("proc", "/proc")))
+    if os.path.isdir("/sys"):
+        entries.append(("/sys", MountOp("bind", "/sys", src="/sys", writable=False)))
+    if any(_is_under("/etc", r) for r in read_dirs):
+        entries.append(("/etc/passwd", MountOp("file", "/etc/passwd", data=_passwd(workspace))))
+        entries.append(("/etc/group", MountOp("file", "/etc/group", data=_group())))
+        entries.append(("/etc/hostname", MountOp("file", "/etc/hostname", data=b"stockade\n")))
+    # Parents before children (a stable sort keeps a path's own ops in order),
+    # so that a deeper mount (a secret under /etc, the workspace under /tmp)
+    # lands on top of a shallower one.
+    entries.sort(key=lambda e: e[0].rstrip("/").count("/"))
+    ops.extend(op for _, op in entries)
+    for link, target in sorted(symlinks.items()):
+        ops.append(MountOp("symlink", link, src=target))
+
+    grants = _grants(policy, read_dirs, write_dirs, workspace, hidden)
+    workdir = policy.workdir or workspace
+    return CellPlan(
+        mounts=tuple(ops),
+        grants=grants,
+        workspace=workspace,
+        workdir=workdir,
+        host_uid=host_uid,
+        host_gid=host_gid,
+        env=_environment(policy, workspace, environ),
+        placeholders=placeholders,
+        hidden=tuple(hidden),
+    )
+
+
+def _cell_identity(workspace: str) -> tuple[int, int]:
+    """The host uid/gid the cell acts as: never root.
+
+    An unprivileged caller can only map its own uid. Root maps the workspace's
+    owner (so files the agent writes belong to whoever owns the project) or,
+    for a root-owned workspace, nobody.
+    """
+    if os.geteuid() != 0:
+        return os.geteuid(), os.getegid()
+    st = os.stat(workspace)
+    if st.st_uid != 0:
+        return st.st_uid, st.st_gid
+    return NOBODY, NOBODY
+
+
+def _decoy(path: str) -> MountOp:
+    """A stand-in for a hidden path: same name, no content, nothing granted.
+
+    A directory keeps the names of its first entries (as empty files or
+    directories) so that an attempt on ``~/.ssh/id_rsa`` meets Landlock, which
+    refuses it and records the path, instead of a silent "no such file".
+    """
+    if os.path.isdir(path) and not os.path.islink(path):
+        names: list[str] = []
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    if len(names) >= _DECOY_NAMES_MAX:
+                        break
+                    names.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
+        except OSError:
+            pass
+        return MountOp("decoy_dir", path, names=tuple(sorted(names)))
+    return MountOp("decoy_file", path)
+
+
+def _protect(policy: Policy, workspace: str) -> tuple[tuple[ProtectPlaceholder, ...], list[MountOp]]:
+    """Read-only mounts over protected paths inside writable places.
+
+    Every directory between the workspace and a protected path becomes a
+    mount point too (a bind of itself), because the kernel refuses to rename
+    or remove a mount point: renaming ``.git`` away to write a fresh
+    ``.git/hooks`` fails with EBUSY.
+    """
+    fs = policy.filesystem
+    targets: list[str] = []
+    for entry in fs.protect:
+        path = entry if entry.startswith("/") else os.path.join(workspace, entry)
+        targets.extend(_expand(os.path.normpath(path)))
+    if policy.source:
+        targets.append(os.path.realpath(policy.source))
+    placeholders: list[ProtectPlaceholder] = []
+    ops: list[MountOp] = []
+    pinned: set[str] = set()
+    for target in sorted(set(targets)):
+        if not _is_under(target, workspace) or target == workspace:
+            continue  # outside the workspace: read-only or hidden already
+        if os.path.islink(target):
+            continue  # a link out of the workspace leads only to what the view shows
+        if not _exists(target):
+            is_dir = not os.path.splitext(target)[1] and target.rstrip("/").endswith(("hooks", "workflows"))
+            placeholders.append(ProtectPlaceholder(target, is_dir))
+        parent = os.path.dirname(target)
+        chain: list[str] = []
+        while parent != workspace and _is_under(parent, workspace):
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for directory in reversed(chain):
+            if directory not in pinned:
+                pinned.add(directory)
+                ops.append(MountOp("bind", directory, src=directory, writable=True))
+        ops.append(MountOp("bind", target, src=target, writable=False))
+    return tuple(placeholders), ops
+
+
+def _grants(
+    policy: Policy, read_dirs: list[str], write_dirs: list[str], workspace: str, hidden: list[str]
+) -> Grants:
+    """Landlock grants that match the view, with holes where paths are hidden.
+
+    Landlock rules cover a whole hierarchy, so a grant on /etc would also
+    cover a decoy mounted at /etc/shadow. A granted directory that holds a
+    hidden path is therefore granted entry by entry, skipping the hidden one,
+    and only listed itself.
+    """
+    any_exec = not policy.exec.allow
+    read: list[str] = []
+    write: list[str] = []
+    list_dirs: list[str] = ["/"]
+
+    def add(path: str, bucket: list[str]) -> None:
+        holes = [h for h in hidden if _is_under(h, path)]
+        if not holes:
+            bucket.append(path)
+            return
+        if path in holes or not os.path.isdir(path):
+            return
+        list_dirs.append(path)
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return
+        for name in names:
+            add(os.path.join(path, name), bucket)
+
+    for path in read_dirs:
+        add(path, read)
+    for path in [*write_dirs, workspace]:
+        add(path, write)
+    write.append("/tmp")  # the cell's own tmpfs: nothing of the host's is under it
+    read.append("/proc")
+    if os.path.isdir("/sys"):
+        read.append("/sys")
+    devices = tuple(f"/dev/{name}" for name in SYSTEM_DEVICES) + ("/dev/pts", "/dev/ptmx")
+    write.append("/dev/shm")
+    if any_exec:
+        return Grants(
+            read_exec=tuple(read),
+            write_exec=tuple(write),
+            list_dirs=tuple(list_dirs),
+            devices=devices,
+            read=("/etc/passwd", "/etc/group", "/etc/hostname"),
+        )
+    return Grants(
+        read=(*read, "/etc/passwd", "/etc/group", "/etc/hostname"),
+        write=tuple(write),
+        exec_files=tuple(policy.exec.allow),
+        list_dirs=tuple(list_dirs),
+        devices=devices,
+    )
+
+
+def _passwd(workspace: str) -> bytes:
+    # The host's /etc/passwd names the host's users; the cell needs only its own.
+    return (
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"agent:x:{CELL_UID}:{CELL_UID}:stockade agent:{workspace}:/bin/sh\n"
+        f"nobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ).encode()
+
+
+def _group() -> bytes:
+    return f"root:x:0:\nagent:x:{CELL_UID}:\nnogroup:x:{NOBODY}:\n".encode()
+
+
+def _environment(
+    policy: Policy, workspace: str, environ: dict[str, str] | os._Environ[str]
+) -> tuple[tuple[str, str], ...]:
+    """Nothing of the caller's environment crosses unless the policy names it."""
+    env: dict[str, str] = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workspace,
+        "USER": "agent",
+        "LOGNAME": "agent",
+        "TMPDIR": "/tmp",
+        "STOCKADE_CELL": "1",
+    }
+    for name in policy.env.passthrough:
+        value = environ.get(name)
+        if value is not None:
+            env[name] = value
+    env.update(dict(policy.env.set))
+    return tuple(sorted(env.items()))
+
+
+def is_directory(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False
