@@ -27,12 +27,15 @@ no allocation-heavy work, no threads.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
+import socket
+import struct
 from dataclasses import dataclass
 from typing import Any
 
-from stockade.cell._plan import CELL_UID, CellPlan, MountOp
+from stockade.cell._plan import CELL_UID, SYSTEM_DEVICES, CellPlan, MountOp
 from stockade.errors import CellError
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -150,16 +153,28 @@ def _set_attr(path: str, attrs: int, recursive: bool, stage: str) -> None:
 
 
 def _makedirs(path: str) -> None:
+    # os.makedirs stats every component; here parents are usually there already.
     try:
-        os.makedirs(path, exist_ok=True)
+        os.mkdir(path, 0o755)
     except FileExistsError:
-        pass  # a symlink or file already there: the mount will say if it matters
+        return
+    except FileNotFoundError:
+        _makedirs(os.path.dirname(path))
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            return
 
 
 def _touch(path: str) -> None:
-    _makedirs(os.path.dirname(path))
-    if not os.path.lexists(path):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        _makedirs(os.path.dirname(path))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return  # a directory or a read-only mount: the bind will say if it matters
+    os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,12 +420,14 @@ def _cell_init(spec: LaunchSpec, status_w: int) -> None:  # pragma: no cover
             _landlock.apply(spec.landlock)
         except OSError as exc:
             raise _SetupFailed("applying landlock", exc.errno or 0, f"landlock: {exc}") from None
-    for fd in range(3, 1024):
-        if fd != status_w and fd not in spec.keep_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    # Nothing the launcher holds may leak into the cell (close_range(2) under
+    # os.closerange). The status pipe is close-on-exec and reports exec errors.
+    keep = sorted({status_w, *spec.keep_fds})
+    low = 3
+    for fd in keep:
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
     if spec.seccomp:
         from stockade.cell import _seccomp
 
@@ -442,6 +459,8 @@ def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
         kind = op.kind
         if kind == "bind":
             src = "/oldroot" + op.src
+            if not os.path.lexists(src):
+                continue  # gone since planning: nothing to show
             if os.path.isdir(src):
                 _makedirs(dst)
             else:
@@ -500,8 +519,6 @@ def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
 
 
 def _build_dev(dst: str, stage: str) -> None:  # pragma: no cover
-    from stockade.cell._plan import SYSTEM_DEVICES
-
     _makedirs(dst)
     _mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755", stage)
     for name in SYSTEM_DEVICES:
@@ -524,10 +541,6 @@ def _build_dev(dst: str, stage: str) -> None:  # pragma: no cover
 
 
 def _loopback_up() -> None:  # pragma: no cover
-    import fcntl
-    import socket
-    import struct
-
     stage = "bringing up loopback"
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
