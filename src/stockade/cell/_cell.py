@@ -180,6 +180,19 @@ class Cell:
             status, timed_out, stdout, stderr, truncated = _supervise(
                 launched.pid, out_r, err_r, deadline_seconds, limits.output, on_output, cgroup
             )
+        except BaseException:
+            # Interrupted or failed while the cell ran: it must not outlive us.
+            if launched is not None:
+                _kill_cell(launched.pid, cgroup)
+                try:
+                    os.waitpid(launched.pid, 0)
+                except ChildProcessError:
+                    pass
+                if audit is not None:
+                    audit.unwatch(cell_id)
+            cgroup.destroy()
+            _remove_placeholders(created)
+            raise
         finally:
             for fd in (out_r, err_r, out_w, err_w, null_fd):
                 if fd >= 0:
@@ -187,9 +200,6 @@ class Cell:
                         os.close(fd)
                     except OSError:
                         pass
-            if launched is None:
-                cgroup.destroy()
-                _remove_placeholders(created)
         duration = time.monotonic() - start
         stats = cgroup.stats()
         cgroup.destroy()
@@ -232,8 +242,6 @@ class Cell:
                 },
             )
         )
-        if self._fresh and not self.keep_workspace:
-            shutil.rmtree(self.workspace, ignore_errors=True)
         return CellResult(
             cell_id=cell_id,
             exit_code=exit_code,
@@ -245,6 +253,17 @@ class Cell:
             limits_hit=tuple(limits_hit),
             workspace=self.workspace,
         )
+
+    def close(self) -> None:
+        """Remove a fresh workspace unless asked to keep it. Idempotent."""
+        if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
+            shutil.rmtree(self.workspace, ignore_errors=True)
+
+    def __enter__(self) -> Cell:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ helpers
 
@@ -422,8 +441,9 @@ def _limit_event(cell_id: str, layer: Literal["cell", "cgroup", "timeout"], summ
 
 
 def run_in_cell(argv: list[str], policy: Policy | None = None, **kwargs: object) -> CellResult:
-    """Shorthand: ``Cell(policy).run(argv)``."""
-    return Cell(policy).run(argv, **kwargs)  # type: ignore[arg-type]
+    """Shorthand: ``with Cell(policy) as cell: cell.run(argv)``."""
+    with Cell(policy) as cell:
+        return cell.run(argv, **kwargs)  # type: ignore[arg-type]
 
 
 __all__ = ["Cell", "CellResult", "HostError", "Path", "run_in_cell", "shared_audit_reader"]

@@ -1,0 +1,31 @@
+"""Write events as JSON lines, atomically: a reader never sees half a file."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+
+from stockade.record._event import Event
+
+
+def write_jsonl(path: str, events: Iterable[Event]) -> None:
+    """Write ``events`` to ``path``, one JSON object per line.
+
+    The file is written beside its destination and renamed into place, so an
+    interrupted write leaves the previous file (or none), never a torn one.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for event in events:
+            f.write(json.dumps(event.to_dict(), sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str) -> list[dict[str, object]]:
+    """Read back what ``write_jsonl`` wrote (for tests and tools)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
