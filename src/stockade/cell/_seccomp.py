@@ -1,0 +1,416 @@
+"""The cell's seccomp filters: a short deny list of syscalls an agent never needs.
+
+Written as classic BPF by hand, not with a library: libseccomp's Python bindings
+are not on PyPI (only distribution packages built against one CPython), and
+``pyseccomp`` is an unmaintained 2021 ctypes shim over the same C library. The
+filter is a deny list of a few dozen comparisons, assembled once per process
+(:func:`build_filters` is cached) and loaded by the launcher's child with one
+``seccomp(2)`` call each (:func:`apply`).
+
+Two filters are stacked, because the kernel logs an action only when the filter
+that produced it was installed with ``SECCOMP_FILTER_FLAG_LOG``:
+
+1. the *deny* filter, installed with ``SECCOMP_FILTER_FLAG_LOG`` so that every
+   refusal reaches the kernel audit log (AUDIT_SECCOMP, type 1326, with
+   ``syscall=NR``). A foreign architecture (i386 ``int 0x80``) kills the process;
+   x32 calls and the syscalls of :data:`REFUSED` fail with EPERM in ``enforce``
+   mode and are let through but logged (``SECCOMP_RET_LOG``) in ``audit`` mode.
+2. the *clone3* filter, installed without the flag: ``clone3`` keeps its flags
+   behind a pointer that seccomp cannot read, so it fails with ENOSYS and the C
+   library falls back to ``clone``, whose flags the deny filter checks. That
+   fallback happens on every thread creation, so it is not logged.
+
+Every allowed syscall is decided from its number alone, so the kernel's seccomp
+action cache (Linux 5.11) lets it through without running either filter.
+
+Argument checks compare only the low 32 bits of an argument: the kernel
+truncates ``int`` arguments (ioctl's request, socket's domain and type, clone's
+flags, personality's persona), and comparing 64 bits would let a caller slip
+past a check by setting high bits the kernel then ignores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Literal
+
+from stockade.cell._syscall import SYS_SECCOMP, set_no_new_privs, syscall
+from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES, SYSCALLS, X32_SYSCALL_BIT
+from stockade.errors import HostError
+
+Mode = Literal["enforce", "audit"]
+
+# --- <linux/seccomp.h>, seccomp(2) ---------------------------------------------
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_LOG = 1 << 1
+"""Linux 4.14: log every action of this filter but ALLOW (subject to actions_logged)."""
+SECCOMP_RET_KILL_PROCESS = 0x8000_0000
+"""Linux 4.14: kill the whole process with SIGSYS (core dump)."""
+SECCOMP_RET_ERRNO = 0x0005_0000
+"""Fail the call with the errno in the low 16 bits."""
+SECCOMP_RET_LOG = 0x7FFC_0000
+"""Linux 4.14: allow the call and log it."""
+SECCOMP_RET_ALLOW = 0x7FFF_0000
+
+# struct seccomp_data { int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]; }
+_OFF_NR = 0
+_OFF_ARCH = 4
+
+
+def _arg_low(i: int) -> int:
+    """Offset of the low 32 bits of args[i] (x86-64 is little-endian)."""
+    return 16 + 8 * i
+
+
+# --- classic BPF, <linux/bpf_common.h> ------------------------------------------
+BPF_LD_W_ABS = 0x00 | 0x00 | 0x20
+BPF_ALU_AND_K = 0x04 | 0x50 | 0x00
+BPF_JMP_JEQ_K = 0x05 | 0x10 | 0x00
+BPF_JMP_JSET_K = 0x05 | 0x40 | 0x00
+BPF_RET_K = 0x06 | 0x00
+BPF_MAXINSNS = 4096
+
+# --- values the filter compares --------------------------------------------------
+EPERM = 1
+ENOSYS = 38
+AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+SOCK_STREAM = 1
+SOCK_RAW = 3
+SOCK_TYPE_MASK = 0xF
+"""include/linux/net.h: the type without SOCK_NONBLOCK and SOCK_CLOEXEC."""
+IPPROTO_TCP = 6
+TIOCSTI = 0x5412
+"""asm-generic/ioctls.h: push a byte into the terminal's input queue."""
+TIOCLINUX = 0x541C
+"""Linux console multiplexer; subcode 2/3 pastes the selection into the input."""
+PER_LINUX = 0
+PERSONALITY_QUERY = 0xFFFF_FFFF
+CLONE_NEW_FLAGS = (
+    0x0002_0000  # CLONE_NEWNS
+    | 0x0200_0000  # CLONE_NEWCGROUP
+    | 0x0400_0000  # CLONE_NEWUTS
+    | 0x0800_0000  # CLONE_NEWIPC
+    | 0x1000_0000  # CLONE_NEWUSER
+    | 0x2000_0000  # CLONE_NEWPID
+    | 0x4000_0000  # CLONE_NEWNET
+)
+"""<linux/sched.h>. CLONE_NEWTIME (0x80) is not here: clone(2) reads those bits as
+the exit signal; only unshare(2) and clone3(2) take it, and both are refused."""
+
+# --- what is refused, and why ----------------------------------------------------
+_MOUNT = "changes the cell's filesystem view, which the launcher fixed"
+_CLOCK = "sets the host's clock, which no namespace isolates"
+_KEYS = "uses the kernel keyring, which is not isolated between containers"
+_MODULE = "loads or unloads kernel code"
+_KEXEC = "replaces the running kernel"
+_URING = (
+    "io_uring does I/O that seccomp and parts of audit never see, and is a frequent source"
+    " of kernel bugs"
+)
+
+REFUSED: dict[str, str] = {
+    "ptrace": "reads and writes another process's memory and registers",
+    "process_vm_readv": "reads another process's memory",
+    "process_vm_writev": "writes another process's memory",
+    "pidfd_getfd": "copies a file descriptor out of another process",
+    "process_madvise": "acts on another process's memory",
+    "unshare": (
+        "creates namespaces: a new user namespace regains capabilities and widens the"
+        " kernel's attack surface"
+    ),
+    "setns": "joins another namespace",
+    "clone": (
+        "only with a CLONE_NEW* flag, which creates namespaces; plain fork and threads are allowed"
+    ),
+    "clone3": (
+        "refused with ENOSYS and not logged: its flags lie behind a pointer seccomp cannot"
+        " read, and the C library falls back to clone, which is checked"
+    ),
+    "mount": _MOUNT,
+    "umount2": _MOUNT,
+    "pivot_root": _MOUNT,
+    "chroot": _MOUNT,
+    "move_mount": _MOUNT,
+    "open_tree": _MOUNT,
+    "open_tree_attr": _MOUNT,
+    "fsopen": _MOUNT,
+    "fsconfig": _MOUNT,
+    "fsmount": _MOUNT,
+    "fspick": _MOUNT,
+    "mount_setattr": _MOUNT,
+    "bpf": "loads eBPF programs and maps: a large kernel attack surface",
+    "perf_event_open": "profiling reaches kernel addresses and has had many exploitable bugs",
+    "io_uring_setup": _URING,
+    "io_uring_enter": _URING,
+    "io_uring_register": _URING,
+    "userfaultfd": "stalls the kernel on a page fault: the classic tool for winning kernel races",
+    "keyctl": _KEYS,
+    "add_key": _KEYS,
+    "request_key": _KEYS,
+    "init_module": _MODULE,
+    "finit_module": _MODULE,
+    "delete_module": _MODULE,
+    "kexec_load": _KEXEC,
+    "kexec_file_load": _KEXEC,
+    "reboot": "reboots or halts the host",
+    "swapon": "changes the host's swap",
+    "swapoff": "changes the host's swap",
+    "settimeofday": _CLOCK,
+    "clock_settime": _CLOCK,
+    "clock_adjtime": _CLOCK,
+    "adjtimex": _CLOCK,
+    "open_by_handle_at": "opens a file by handle, around the mount view (the 'shocker' escape)",
+    "name_to_handle_at": "makes file handles for open_by_handle_at",
+    "acct": "turns on host-wide process accounting into a file",
+    "quotactl": "changes disk quotas of the host's filesystems",
+    "quotactl_fd": "changes disk quotas of the host's filesystems",
+    "lookup_dcookie": "exposes kernel directory cookies (gone since Linux 6.10)",
+    "personality": (
+        "anything but PER_LINUX or a query: other personalities turn off exploit"
+        " mitigations (ASLR, non-executable data)"
+    ),
+    "ioctl": (
+        "only TIOCSTI and TIOCLINUX, which type into the terminal the cell shares with its"
+        " caller (CVE-2017-5226)"
+    ),
+    "socket": (
+        "anything but AF_UNIX or TCP over AF_INET/AF_INET6: no UDP (DNS exfiltration), raw,"
+        " packet, netlink or vsock socket; the cell reaches out only through the gateway"
+    ),
+}
+"""Each syscall the filters refuse (some only with certain arguments), and why."""
+
+_CONDITIONAL = ("ioctl", "socket", "clone", "personality", "clone3")
+ALWAYS_REFUSED: tuple[str, ...] = tuple(
+    name for name in REFUSED if name not in _CONDITIONAL and name in SYSCALLS
+)
+"""The syscalls the deny filter refuses whatever their arguments."""
+
+X32_REASON = "an x32-ABI call: the cell runs x86-64 programs, and the filter checks x86-64 numbers"
+FOREIGN_ARCH_REASON = "a syscall of another architecture (i386 int 0x80): the process is killed"
+
+
+def refusal_reason(nr: int, arch: int = AUDIT_ARCH_X86_64) -> str | None:
+    """Why the filters refuse syscall ``nr`` of ``arch`` (as an AUDIT_SECCOMP
+    record gives them), or None if they do not refuse it by number."""
+    if arch != AUDIT_ARCH_X86_64:
+        return FOREIGN_ARCH_REASON
+    if nr & X32_SYSCALL_BIT:
+        return X32_REASON
+    name = SYSCALL_NAMES.get(nr)
+    return REFUSED.get(name) if name else None
+
+
+# --- the assembler ------------------------------------------------------------------
+
+_Jump = str | int
+_Insn = tuple[int, _Jump, _Jump, int]
+
+
+def _assemble(program: list[_Insn | str]) -> bytes:
+    """Pack ``program`` (instructions and label names) as struct sock_filter[].
+
+    Jump targets are labels or 0 (the next instruction); each must lie ahead
+    within 255 instructions, as classic BPF requires.
+    """
+    labels: dict[str, int] = {}
+    insns: list[_Insn] = []
+    for item in program:
+        if isinstance(item, str):
+            labels[item] = len(insns)
+        else:
+            insns.append(item)
+    if len(insns) > BPF_MAXINSNS:
+        raise ValueError(f"seccomp program of {len(insns)} instructions exceeds {BPF_MAXINSNS}")
+    out = bytearray()
+    for i, (code, jt, jf, k) in enumerate(insns):
+        offsets = []
+        for target in (jt, jf):
+            off = labels[target] - i - 1 if isinstance(target, str) else target
+            if not 0 <= off <= 255:
+                raise ValueError(f"seccomp jump from {i} to {target!r} is out of range")
+            offsets.append(off)
+        out += struct.pack("=HBBI", code, offsets[0], offsets[1], k)
+    return bytes(out)
+
+
+def _ld(offset: int) -> _Insn:
+    return (BPF_LD_W_ABS, 0, 0, offset)
+
+
+def _jeq(k: int, jt: _Jump, jf: _Jump = 0) -> _Insn:
+    return (BPF_JMP_JEQ_K, jt, jf, k)
+
+
+def _jset(k: int, jt: _Jump, jf: _Jump = 0) -> _Insn:
+    return (BPF_JMP_JSET_K, jt, jf, k)
+
+
+def _ret(k: int) -> _Insn:
+    return (BPF_RET_K, 0, 0, k)
+
+
+_cache: dict[Mode, tuple[bytes, bytes]] = {}
+
+
+def build_filters(mode: Mode) -> tuple[bytes, bytes]:
+    """The (deny, clone3) filter programs for ``mode``, as struct sock_filter arrays.
+
+    Load the first with ``log=True`` and the second with ``log=False`` (or call
+    :func:`apply`). Built once per process and mode.
+    """
+    cached = _cache.get(mode)
+    if cached is not None:
+        return cached
+    refuse = SECCOMP_RET_ERRNO | EPERM if mode == "enforce" else SECCOMP_RET_LOG
+    foreign = SECCOMP_RET_KILL_PROCESS if mode == "enforce" else SECCOMP_RET_LOG
+    deny: list[_Insn | str] = [
+        _ld(_OFF_ARCH),
+        _jeq(AUDIT_ARCH_X86_64, 0, "foreign"),
+        _ld(_OFF_NR),
+        _jset(X32_SYSCALL_BIT, "refuse"),
+        # Argument checks first: ioctl is frequent and not in the action cache.
+        _jeq(SYSCALLS["ioctl"], "ioctl"),
+        _jeq(SYSCALLS["socket"], "socket"),
+        _jeq(SYSCALLS["clone"], "clone"),
+        _jeq(SYSCALLS["personality"], "personality"),
+        *(_jeq(SYSCALLS[name], "refuse") for name in ALWAYS_REFUSED),
+        _ret(SECCOMP_RET_ALLOW),
+        "ioctl",
+        _ld(_arg_low(1)),
+        _jeq(TIOCSTI, "refuse"),
+        _jeq(TIOCLINUX, "refuse", "allow"),
+        "socket",
+        _ld(_arg_low(1)),
+        (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+        _jeq(SOCK_RAW, "refuse"),
+        _ld(_arg_low(0)),
+        _jeq(AF_UNIX, "allow"),
+        _jeq(AF_INET, "inet"),
+        _jeq(AF_INET6, "inet", "refuse"),
+        "inet",
+        _ld(_arg_low(1)),
+        (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+        _jeq(SOCK_STREAM, 0, "refuse"),
+        _ld(_arg_low(2)),
+        _jeq(0, "allow"),
+        _jeq(IPPROTO_TCP, "allow", "refuse"),
+        "clone",
+        _ld(_arg_low(0)),
+        _jset(CLONE_NEW_FLAGS, "refuse", "allow"),
+        "personality",
+        _ld(_arg_low(0)),
+        _jeq(PER_LINUX, "allow"),
+        _jeq(PERSONALITY_QUERY, "allow", "refuse"),
+        "allow",
+        _ret(SECCOMP_RET_ALLOW),
+        "refuse",
+        _ret(refuse),
+        "foreign",
+        _ret(foreign),
+    ]
+    clone3: list[_Insn | str] = [
+        _ld(_OFF_ARCH),
+        _jeq(AUDIT_ARCH_X86_64, 0, "allow"),  # the deny filter handles other arches
+        _ld(_OFF_NR),
+        _jeq(SYSCALLS["clone3"], 0, "allow"),
+        _ret(SECCOMP_RET_ERRNO | ENOSYS),
+        "allow",
+        _ret(SECCOMP_RET_ALLOW),
+    ]
+    built = (_assemble(deny), _assemble(clone3))
+    _cache[mode] = built
+    return built
+
+
+def build_filter(mode: Mode) -> bytes:
+    """The deny filter alone (the first of :func:`build_filters`)."""
+    return build_filters(mode)[0]
+
+
+class _SockFprog(ctypes.Structure):
+    # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load(program: bytes, *, log: bool) -> None:
+    """Install ``program`` on the calling thread with ``seccomp(2)``.
+
+    ``log`` sets SECCOMP_FILTER_FLAG_LOG. The thread needs no_new_privs (or
+    CAP_SYS_ADMIN in its user namespace).
+
+    Raises:
+        OSError: the kernel refused the filter (EINVAL: malformed; EACCES: no
+            no_new_privs; ENOMEM: too many filters).
+    """
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    flags = SECCOMP_FILTER_FLAG_LOG if log else 0
+    syscall(SYS_SECCOMP, SECCOMP_SET_MODE_FILTER, flags, ctypes.byref(fprog))
+
+
+def apply(filters: tuple[bytes, bytes]) -> None:
+    """Set no_new_privs and install the (deny, clone3) filters of :func:`build_filters`.
+
+    Raises:
+        OSError: as :func:`load`.
+    """
+    set_no_new_privs()
+    load(filters[0], log=True)
+    load(filters[1], log=False)
+
+
+_SECCOMP_PROC = "/proc/sys/kernel/seccomp"
+
+
+def check_host(mode: Mode) -> None:
+    """Make sure this kernel can run the filters of ``mode`` and log what they do.
+
+    Raises:
+        HostError: seccomp filtering or an action is missing (``feature='seccomp'``),
+            or the kernel would not log the refusals (``feature='seccomp.log'``).
+    """
+    try:
+        with open(f"{_SECCOMP_PROC}/actions_avail") as f:
+            avail = f.read().split()
+        with open(f"{_SECCOMP_PROC}/actions_logged") as f:
+            logged = f.read().split()
+    except OSError as exc:
+        raise HostError(
+            f"seccomp filtering is not available ({_SECCOMP_PROC} unreadable: {exc.strerror}); "
+            "run on a kernel built with CONFIG_SECCOMP_FILTER",
+            feature="seccomp",
+        ) from exc
+    missing = [a for a in ("kill_process", "errno", "log", "allow") if a not in avail]
+    if missing:
+        raise HostError(
+            f"seccomp actions {', '.join(missing)} are not available on this kernel; "
+            "run on Linux ≥ 4.14",
+            feature="seccomp",
+        )
+    needed = ("errno", "kill_process") if mode == "enforce" else ("log",)
+    unlogged = [a for a in needed if a not in logged]
+    if unlogged:
+        want = " ".join(dict.fromkeys([*logged, *unlogged]))
+        raise HostError(
+            f"the kernel does not log seccomp action {', '.join(unlogged)} "
+            f"({_SECCOMP_PROC}/actions_logged is {' '.join(logged)!r}); "
+            f"run: echo '{want}' > {_SECCOMP_PROC}/actions_logged",
+            feature="seccomp.log",
+        )
+
+
+__all__ = [
+    "ALWAYS_REFUSED",
+    "REFUSED",
+    "Mode",
+    "apply",
+    "build_filter",
+    "build_filters",
+    "check_host",
+    "load",
+    "refusal_reason",
+]
