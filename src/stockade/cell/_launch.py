@@ -466,17 +466,17 @@ def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
             else:
                 _touch(dst)
             _mount(src, dst, None, MS_BIND | MS_REC, None, stage)
-            attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
-            if not op.writable:
-                attrs |= MOUNT_ATTR_RDONLY
-            _set_attr(dst, attrs, True, stage)
+            # Not read-only even for read grants: a read-only mount refuses a
+            # write before Landlock sees it, and so without a record. Landlock
+            # refuses it instead and the kernel logs what was tried.
+            _set_attr(dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, True, stage)
         elif kind == "tmpfs":
             _makedirs(dst)
             _mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777", stage)
         elif kind == "decoy_file":
             _touch(dst)
             _mount("/empty", dst, None, MS_BIND, None, stage)
-            _set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, False, stage)
+            _set_attr(dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, False, stage)
         elif kind == "decoy_dir":
             _makedirs(dst)
             _mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755", stage)
@@ -485,15 +485,15 @@ def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
                     os.mkdir(dst + "/" + name[:-1], 0o755)
                 else:
                     os.close(os.open(dst + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444))
-            _set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, False, stage)
+            # Left writable, like the cell's root: Landlock grants nothing
+            # here, so every attempt is refused and recorded by the kernel.
         elif kind == "file":
             staged = f"/file{index}"
-            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             os.write(fd, op.data)
             os.close(fd)
             _touch(dst)
             _mount(staged, dst, None, MS_BIND, None, stage)
-            _set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, False, stage)
         elif kind == "symlink":
             _makedirs(os.path.dirname(dst))
             if not os.path.lexists(dst):
@@ -511,7 +511,6 @@ def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
                     _set_attr(path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, True, stage)
         elif kind == "dev":
             _build_dev(dst, stage)
-    _set_attr("/newroot", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, False, stage)
     os.chdir("/newroot")
     _check(_libc.syscall(SYS_pivot_root, b".", b"."), stage, "pivot_root into the cell")
     _check(_libc.umount2(b".", MNT_DETACH), stage, "detaching the host's root")
