@@ -201,14 +201,19 @@ def _swap_active() -> bool:
 # --------------------------------------------------------------------------- the plan
 
 
-@dataclass(frozen=True, slots=True)
 class _Dir:
-    """One directory of a cell's cgroup: its hierarchy and what it does there."""
+    """One directory of a cell's cgroup: its hierarchy and what it does there.
 
-    path: str
-    version: Literal[1, 2]
-    controllers: tuple[str, ...]
-    """Controllers whose files this cell uses in this directory."""
+    A plain class, not a dataclass: it is internal, and a dataclass costs
+    import time on the launch path."""
+
+    __slots__ = ("controllers", "path", "version")
+
+    def __init__(self, path: str, version: Literal[1, 2], controllers: tuple[str, ...]) -> None:
+        self.path = path
+        self.version = version
+        self.controllers = controllers
+        """Controllers whose files this cell uses in this directory."""
 
 
 @dataclass(frozen=True, slots=True)
