@@ -452,8 +452,9 @@ def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
     _check(_libc.syscall(SYS_pivot_root, STAGE.encode(), (STAGE + "/oldroot").encode()), stage, "pivot_root")
     os.chdir("/")
     _mount("tmpfs", "/newroot", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755", stage)
+    # Decoys are writable by file mode on purpose: Landlock, not the file
+    # mode, must be what refuses an attempt, so that the kernel records it.
     _touch("/empty")
-    os.chmod("/empty", 0o444)
     for index, op in enumerate(mounts):
         dst = "/newroot" + op.dst
         kind = op.kind
@@ -479,12 +480,15 @@ def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
             _set_attr(dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, False, stage)
         elif kind == "decoy_dir":
             _makedirs(dst)
-            _mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755", stage)
+            if op.writable:
+                # Inside a bind mount of the host: cover it with a tmpfs. A
+                # decoy in the cell's own root needs no mount of its own.
+                _mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755", stage)
             for name in op.names:
                 if name.endswith("/"):
                     os.mkdir(dst + "/" + name[:-1], 0o755)
                 else:
-                    os.close(os.open(dst + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444))
+                    os.close(os.open(dst + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
             # Left writable, like the cell's root: Landlock grants nothing
             # here, so every attempt is refused and recorded by the kernel.
         elif kind == "file":

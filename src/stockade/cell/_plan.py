@@ -177,13 +177,13 @@ def plan_cell(
         if not any(_is_under(real, g) for g in granted):
             continue  # not in the view at all: nothing to hide
         hidden.append(real)
-        entries.append((real, _decoy(real)))
+        entries.append((real, _decoy(real, inside_grant=True)))
     for root in sorted(set(hidden_roots)):
         real = os.path.realpath(root)
         if not _exists(real) or real in granted or real in hidden:
             continue
         hidden.append(real)
-        entries.append((real, _decoy(real)))
+        entries.append((real, _decoy(real, inside_grant=any(_is_under(real, g) for g in granted))))
     placeholders, protect_ops = _protect(policy, workspace)
     entries.extend((op.dst, op) for op in protect_ops)
     # The cell's own /tmp, /dev and /proc are fresh, never the host's.
@@ -234,7 +234,7 @@ def _cell_identity(workspace: str) -> tuple[int, int]:
     return NOBODY, NOBODY
 
 
-def _decoy(path: str) -> MountOp:
+def _decoy(path: str, *, inside_grant: bool) -> MountOp:
     """A stand-in for a hidden path: same name, no content, nothing granted.
 
     A directory keeps the names of its first entries (as empty files or
@@ -251,7 +251,9 @@ def _decoy(path: str) -> MountOp:
                     names.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
         except OSError:
             pass
-        return MountOp("decoy_dir", path, names=tuple(sorted(names)))
+        # ``writable`` marks a decoy that must cover part of a bind mount
+        # with a tmpfs; elsewhere it is made in the cell's own root.
+        return MountOp("decoy_dir", path, names=tuple(sorted(names)), writable=inside_grant)
     return MountOp("decoy_file", path)
 
 
