@@ -170,6 +170,7 @@ class Cell:
                 stdout=out_w,
                 stderr=err_w,
                 cap_last=_cap_last(),
+                idmap_userns=_idmaps(plan),
             )
             launched = launch(spec)
             os.close(out_w)
@@ -288,6 +289,18 @@ def _fresh_workspace() -> str:
     return path
 
 
+def _idmaps(plan: CellPlan) -> tuple[tuple[int, int, int], ...]:
+    from stockade.cell._launch import idmap_userns
+
+    owners: dict[int, int] = {}
+    for op in plan.mounts:
+        if op.idmap_owner is not None and op.idmap_owner not in owners:
+            owners[op.idmap_owner] = os.stat(op.src).st_gid
+    return tuple(
+        (uid, gid, idmap_userns(uid, gid, plan.host_uid, plan.host_gid)) for uid, gid in owners.items()
+    )
+
+
 _CAP_LAST: int | None = None
 
 
@@ -302,38 +315,43 @@ def _cap_last() -> int:
     return _CAP_LAST
 
 
-def _create_placeholders(placeholders: tuple[ProtectPlaceholder, ...]) -> list[ProtectPlaceholder]:
-    created: list[ProtectPlaceholder] = []
+def _create_placeholders(placeholders: tuple[ProtectPlaceholder, ...]) -> list[str]:
+    """Create the protected paths that do not exist yet, empty; return every
+    path created (directories included), in creation order."""
+    created: list[str] = []
     for item in placeholders:
+        missing: list[str] = []
+        parent = os.path.dirname(item.path)
+        while not os.path.lexists(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
         try:
+            for directory in reversed(missing):
+                os.mkdir(directory, 0o755)
+                created.append(directory)
             if item.is_dir:
-                os.makedirs(item.path)
+                os.mkdir(item.path, 0o755)
             else:
-                os.makedirs(os.path.dirname(item.path), exist_ok=True)
                 os.close(os.open(item.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            created.append(item)
+            created.append(item.path)
         except FileExistsError:
             continue
         except OSError as exc:
+            _remove_placeholders(created)
             raise CellError(f"could not create a placeholder for protected path {item.path}: {exc}") from exc
     return created
 
 
-def _remove_placeholders(created: list[ProtectPlaceholder]) -> None:
-    for item in reversed(created):
+def _remove_placeholders(created: list[str]) -> None:
+    """Remove what ``_create_placeholders`` made, where it is still empty."""
+    for path in reversed(created):
         try:
-            if item.is_dir:
-                os.rmdir(item.path)
-            elif os.path.getsize(item.path) == 0:
-                os.unlink(item.path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            elif os.path.getsize(path) == 0:
+                os.unlink(path)
         except OSError:
-            pass  # not empty any more or already gone: leave it
-        parent = os.path.dirname(item.path)
-        if os.path.basename(parent) == ".git":
-            try:
-                os.rmdir(parent)  # only if we made it and it stayed empty
-            except OSError:
-                pass
+            pass  # not empty any more, or gone: leave it
 
 
 def _supervise(

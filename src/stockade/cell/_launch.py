@@ -74,6 +74,15 @@ MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_NOEXEC = 0x8
 
+# open_tree(2)/move_mount(2), Linux 5.2; MOUNT_ATTR_IDMAP, Linux 5.12.
+SYS_open_tree = 428
+SYS_move_mount = 429
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+AT_EMPTY_PATH = 0x1000
+MOUNT_ATTR_IDMAP = 0x00100000
+MOVE_MOUNT_F_EMPTY_PATH = 0x00000004
+
 # <linux/prctl.h>.
 PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
@@ -194,6 +203,8 @@ class LaunchSpec:
     stderr: int
     cap_last: int
     keep_fds: tuple[int, ...] = ()
+    idmap_userns: tuple[tuple[int, int, int], ...] = ()
+    """(owner uid, owner gid, user namespace fd) for each idmapped grant."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +219,54 @@ class Launched:
     """The cell's audit session id (``ses=`` in audit records)."""
     exec_error: tuple[str, int, str] | None
     """Set when the command itself could not be executed (stage, errno, message)."""
+
+
+_USERNS_FDS: dict[tuple[int, int, int, int], int] = {}
+
+
+def idmap_userns(owner_uid: int, owner_gid: int, host_uid: int, host_gid: int) -> int:
+    """A user namespace fd mapping ``owner`` to the cell's host ids, for
+    idmapped mounts. Made once per process and kept (an fd is all it costs).
+
+    Raises:
+        CellError: the namespace could not be made (see ``stockade doctor``).
+    """
+    key = (owner_uid, owner_gid, host_uid, host_gid)
+    fd = _USERNS_FDS.get(key)
+    if fd is not None:
+        return fd
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    done_r, done_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - a placeholder process that only holds the namespace
+        try:
+            ok = _libc.unshare(CLONE_NEWUSER) == 0
+            os.write(ready_w, b"1" if ok else b"0")
+            os.read(done_r, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(done_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise CellError("could not create a user namespace for an idmapped mount; run `stockade doctor`")
+        try:
+            with open(f"/proc/{pid}/uid_map", "w") as f:
+                f.write(f"{owner_uid} {host_uid} 1\n")
+            with open(f"/proc/{pid}/setgroups", "w") as f:
+                f.write("deny")
+            with open(f"/proc/{pid}/gid_map", "w") as f:
+                f.write(f"{owner_gid} {host_gid} 1\n")
+            fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CellError(f"could not map uid {owner_uid} for an idmapped mount: {exc}") from exc
+    finally:
+        os.write(done_w, b"x")
+        os.close(done_w)
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+    _USERNS_FDS[key] = fd
+    return fd
 
 
 def launch(spec: LaunchSpec) -> Launched:
@@ -366,6 +425,7 @@ def _first_child(spec: LaunchSpec, parent: int, status_w: int, go_r: int) -> Non
         fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
         os.write(fd, b"0")
         os.close(fd)
+    idmapped = _idmapped_trees(spec)
     if os.geteuid() == 0:
         os.setgroups([])
     _check(_libc.unshare(CELL_NAMESPACES), "unshare", "unshare namespaces")
@@ -378,7 +438,7 @@ def _first_child(spec: LaunchSpec, parent: int, status_w: int, go_r: int) -> Non
     pid = os.fork()
     if pid == 0:
         try:
-            _cell_init(spec, status_w)
+            _cell_init(spec, status_w, idmapped)
         except _SetupFailed as exc:
             _report(status_w, exc.stage, exc.err, str(exc))
         except OSError as exc:
@@ -401,10 +461,47 @@ def _first_child(spec: LaunchSpec, parent: int, status_w: int, go_r: int) -> Non
     os._exit(os.WEXITSTATUS(status))
 
 
-def _cell_init(spec: LaunchSpec, status_w: int) -> None:  # pragma: no cover
+def _idmapped_trees(spec: LaunchSpec) -> dict[int, int]:  # pragma: no cover
+    """Detached, idmapped copies of the grants that need one, made while this
+    process is still host root (only the initial namespace may idmap an ext4
+    mount); the cell's pid 1 moves them into its view."""
+    trees: dict[int, int] = {}
+    users = {uid: fd for uid, _gid, fd in spec.idmap_userns}
+    stage = "idmapping a writable grant"
+    for index, op in enumerate(spec.plan.mounts):
+        if op.kind != "bind" or op.idmap_owner is None or op.idmap_owner not in users:
+            continue
+        fd = _check(
+            _libc.syscall(
+                SYS_open_tree,
+                ctypes.c_int(AT_FDCWD),
+                op.src.encode(),
+                ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC),
+            ),
+            stage,
+            f"open_tree {op.src}",
+        )
+        attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, users[op.idmap_owner])
+        _check(
+            _libc.syscall(
+                SYS_mount_setattr,
+                ctypes.c_int(fd),
+                b"",
+                ctypes.c_uint(AT_EMPTY_PATH),
+                ctypes.byref(attr),
+                ctypes.c_size_t(ctypes.sizeof(attr)),
+            ),
+            stage,
+            f"idmapping {op.src}",
+        )
+        trees[index] = fd
+    return trees
+
+
+def _cell_init(spec: LaunchSpec, status_w: int, idmapped: dict[int, int]) -> None:  # pragma: no cover
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "preparing", "death signal")
     plan = spec.plan
-    _build_view(plan.mounts)
+    _build_view(plan.mounts, idmapped)
     _check(_libc.sethostname(b"stockade", 8), "naming the host", "sethostname")
     _loopback_up()
     stage = "entering the workdir"
@@ -443,7 +540,7 @@ def _cell_init(spec: LaunchSpec, status_w: int) -> None:  # pragma: no cover
         raise _SetupFailed("exec", exc.errno or 0, f"{spec.argv[0]}: {exc.strerror}") from None
 
 
-def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
+def _build_view(mounts: tuple[MountOp, ...], idmapped: dict[int, int]) -> None:  # pragma: no cover
     stage = "building the filesystem view"
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None, stage)
     _mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700", stage)
@@ -459,18 +556,40 @@ def _build_view(mounts: tuple[MountOp, ...]) -> None:  # pragma: no cover
         dst = "/newroot" + op.dst
         kind = op.kind
         if kind == "bind":
-            src = "/oldroot" + op.src
+            src = ("/newroot" if op.from_view else "/oldroot") + op.src
             if not os.path.lexists(src):
                 continue  # gone since planning: nothing to show
             if os.path.isdir(src):
                 _makedirs(dst)
             else:
                 _touch(dst)
+            tree = idmapped.get(index)
+            if tree is not None:
+                _check(
+                    _libc.syscall(
+                        SYS_move_mount,
+                        ctypes.c_int(tree),
+                        b"",
+                        ctypes.c_int(AT_FDCWD),
+                        dst.encode(),
+                        ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH),
+                    ),
+                    stage,
+                    f"move_mount {op.src}",
+                )
+                os.close(tree)
+                continue
             _mount(src, dst, None, MS_BIND | MS_REC, None, stage)
-            # Not read-only even for read grants: a read-only mount refuses a
-            # write before Landlock sees it, and so without a record. Landlock
-            # refuses it instead and the kernel logs what was tried.
-            _set_attr(dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, True, stage)
+            # Grants are not read-only mounts even when read-only: such a mount
+            # refuses a write before Landlock sees it, and so without a record;
+            # Landlock refuses it instead and the kernel logs what was tried.
+            # A protected file inside a writable grant is the exception: no
+            # Landlock rule can carve a name out of a writable tree, so a
+            # read-only mount is what refuses it (EROFS).
+            attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+            if op.from_view and not op.writable:
+                attrs |= MOUNT_ATTR_RDONLY
+            _set_attr(dst, attrs, True, stage)
         elif kind == "tmpfs":
             _makedirs(dst)
             _mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777", stage)

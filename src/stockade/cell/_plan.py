@@ -47,6 +47,13 @@ class MountOp:
     writable: bool = False
     data: bytes = b""
     names: tuple[str, ...] = ()
+    idmap_owner: int | None = None
+    """For a writable bind whose owner is not the cell's host uid: show it
+    through an idmapped mount, on which that owner's files are the cell's own
+    and files the cell creates belong to that owner on disk."""
+    from_view: bool = False
+    """Bind ``src`` as the cell already sees it (inside an earlier mount, such
+    as the idmapped workspace) rather than from the host."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +175,8 @@ def plan_cell(
     entries: list[tuple[str, MountOp]] = []
     for path in sorted(set(read_dirs)):
         entries.append((path, MountOp("bind", path, src=path, writable=False)))
-    for path in sorted(set(write_dirs)):
-        entries.append((path, MountOp("bind", path, src=path, writable=True)))
-    entries.append((workspace, MountOp("bind", workspace, src=workspace, writable=True)))
+    for path in sorted({*write_dirs, workspace}):
+        entries.append((path, MountOp("bind", path, src=path, writable=True, idmap_owner=_idmap(path, host_uid))))
     hidden: list[str] = []
     for path in sorted(set(deny)):
         real = os.path.realpath(path)
@@ -234,6 +240,21 @@ def _cell_identity(workspace: str) -> tuple[int, int]:
     return NOBODY, NOBODY
 
 
+def _idmap(path: str, host_uid: int) -> int | None:
+    """The owner to idmap a writable grant from, if it is not the cell's own.
+
+    Only root can make idmapped mounts; an unprivileged caller's cell is the
+    caller, and owns what the caller owns.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return None
+    return owner if owner != host_uid else None
+
+
 def _decoy(path: str, *, inside_grant: bool) -> MountOp:
     """A stand-in for a hidden path: same name, no content, nothing granted.
 
@@ -291,8 +312,8 @@ def _protect(policy: Policy, workspace: str) -> tuple[tuple[ProtectPlaceholder, 
         for directory in reversed(chain):
             if directory not in pinned:
                 pinned.add(directory)
-                ops.append(MountOp("bind", directory, src=directory, writable=True))
-        ops.append(MountOp("bind", target, src=target, writable=False))
+                ops.append(MountOp("bind", directory, src=directory, writable=True, from_view=True))
+        ops.append(MountOp("bind", target, src=target, writable=False, from_view=True))
     return tuple(placeholders), ops
 
 
