@@ -1,0 +1,274 @@
+"""``stockade doctor``: what this host offers the cell, and what a policy needs of it.
+
+Thin: the facts come from ``stockade.cell._host.probe(deep=True)``, the verdicts
+from ``assess``; this module only renders them (a rich table, or JSON). Exit 0
+when the host has everything the policy (the default one, or ``--policy``)
+needs, 5 (``HostError.exit_code``) otherwise. docs/DOCTOR.md explains every
+check and every fix.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from stockade.errors import HostError
+
+if TYPE_CHECKING:
+    from stockade.cell._host import Finding, HostFacts
+    from stockade.policy import Policy
+
+
+@click.command("doctor")
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Check what this policy file needs (default: the built-in default policy).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the facts and verdicts as JSON.")
+def doctor(policy_file: str | None, as_json: bool) -> None:
+    """Show which containment layers this host offers and what a policy needs.
+
+    Exits 0 when every layer the policy needs is here, 5 when one is missing,
+    3 when the policy file is wrong.
+    """
+    from stockade.cell._host import assess, probe
+
+    # A PolicyError propagates: the application prints it and exits 3.
+    policy = _load(policy_file)
+    facts = probe(deep=True)
+    findings = assess(policy, facts)
+    if as_json:
+        _print_json(facts, policy, findings)
+    else:
+        _print_tables(facts, policy, findings)
+    missing = [f.requirement.feature for f in findings if not f.met]
+    if missing:
+        # Raised, not ctx.exit(5): the application maps StockadeError to its exit
+        # code, and the report above is already on stdout (JSON stays clean).
+        raise HostError(
+            f"this host lacks {', '.join(missing)}, which policy {policy.name!r} needs; "
+            "see the report above and docs/DOCTOR.md",
+            feature=",".join(missing),
+        )
+
+
+def _load(policy_file: str | None) -> Policy:
+    if policy_file is None:
+        from stockade.policy import default_policy
+
+        return default_policy()
+    from stockade.policy import load_policy
+
+    policy: Policy = load_policy(policy_file)
+    return policy
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def report(facts: HostFacts, policy: Policy, findings: list[Finding]) -> dict[str, Any]:
+    """The doctor's report as plain data (what ``--json`` prints)."""
+    import dataclasses
+
+    return {
+        "facts": {
+            f.name: _plain(getattr(facts, f.name))
+            for f in dataclasses.fields(facts)
+            if getattr(facts, f.name) is not None
+        },
+        "policy": {"name": policy.name, "source": policy.source, "mode": policy.mode},
+        "requirements": [
+            {
+                "feature": f.requirement.feature,
+                "needs": f.requirement.needs,
+                "why": f.requirement.why,
+                "met": f.met,
+                "have": f.have,
+                "fix": f.fix,
+            }
+            for f in findings
+        ],
+        "ok": all(f.met for f in findings),
+    }
+
+
+def _plain(fact: Any) -> dict[str, Any]:
+    value = fact.value
+    return {
+        "value": list(value) if isinstance(value, tuple) else value,
+        "how": fact.how,
+        "fix": fact.fix,
+    }
+
+
+def _print_json(facts: HostFacts, policy: Policy, findings: list[Finding]) -> None:
+    import json
+
+    click.echo(json.dumps(report(facts, policy, findings), indent=2))
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def layers(facts: HostFacts) -> list[tuple[str, str, str, str | None]]:
+    """(layer, what is here, how it was seen, fix) rows for the host table."""
+    from stockade.cell._host import LANDLOCK_ABI_BRINGS
+
+    abi = facts.landlock_abi.value
+    rows: list[tuple[str, str, str, str | None]] = [
+        ("kernel", facts.kernel.value, facts.kernel.how, None),
+        (
+            "Landlock",
+            f"ABI {abi}: " + ", ".join(LANDLOCK_ABI_BRINGS[n] for n in range(1, abi + 1))
+            if abi
+            else "absent",
+            facts.landlock_abi.how,
+            facts.landlock_abi.fix,
+        ),
+        (
+            "seccomp",
+            ("filters; actions " + " ".join(facts.seccomp_actions.value))
+            if facts.seccomp.value
+            else "no filters",
+            facts.seccomp_actions.how,
+            facts.seccomp.fix or facts.seccomp_actions.fix,
+        ),
+        (
+            "seccomp logging",
+            " ".join(facts.seccomp_actions_logged.value or ()) or "none",
+            facts.seccomp_actions_logged.how,
+            facts.seccomp_actions_logged.fix,
+        ),
+        (
+            "namespaces",
+            " ".join(facts.namespaces.value),
+            facts.namespaces.how,
+            facts.namespaces.fix,
+        ),
+        (
+            "user namespaces",
+            "can create" if facts.userns.value else "cannot create",
+            facts.userns.how,
+            facts.userns.fix,
+        ),
+        (
+            "AppArmor userns restriction",
+            "in force" if facts.userns_apparmor.value else "not in force",
+            "kernel.apparmor_restrict_unprivileged_userns",
+            facts.userns_apparmor.fix,
+        ),
+    ]
+    if facts.userns_tested is not None:
+        rows.append(
+            (
+                "user namespace test",
+                "passed" if facts.userns_tested.value else "failed",
+                facts.userns_tested.how,
+                facts.userns_tested.fix,
+            )
+        )
+    rows += [
+        (
+            "cgroup v2",
+            f"{facts.cgroup_v2.value}; controllers: "
+            + (" ".join(facts.cgroup_v2_controllers.value) or "none")
+            if facts.cgroup_v2.value
+            else "not mounted",
+            facts.cgroup_v2_controllers.how,
+            facts.cgroup_v2.fix,
+        ),
+        (
+            "cgroup v1",
+            " ".join(facts.cgroup_v1.value) or "none",
+            facts.cgroup_v1.how,
+            None,
+        ),
+    ]
+    for name, fact in (
+        ("memory", facts.cgroup_memory),
+        ("pids", facts.cgroup_pids),
+        ("cpu", facts.cgroup_cpu),
+    ):
+        rows.append(
+            (
+                f"cgroup {name} limit",
+                f"via {fact.value}" if fact.value else "none",
+                fact.how,
+                fact.fix,
+            )
+        )
+    rows.append(
+        ("cell kill", facts.cgroup_kill.value, facts.cgroup_kill.how, facts.cgroup_kill.fix)
+    )
+    audit = "readable" if facts.audit.value else "not readable"
+    audit_how = facts.audit.how
+    audit_fix = facts.audit.fix
+    if facts.audit_enabled is not None:
+        audit += f"; enabled={facts.audit_enabled.value}"
+        audit_how += "; " + facts.audit_enabled.how
+        audit_fix = audit_fix or facts.audit_enabled.fix
+    rows.append(("kernel audit", audit, audit_how, audit_fix))
+    version = facts.bwrap_version.value if facts.bwrap_version is not None else None
+    rows.append(
+        (
+            "bubblewrap (benchmarks only)",
+            f"{version or '?'} at {facts.bwrap.value}" if facts.bwrap.value else "absent",
+            facts.bwrap.how,
+            facts.bwrap.fix,
+        )
+    )
+    rows.append(("root", "yes" if facts.root.value else "no", facts.root.how, None))
+    return rows
+
+
+def _print_tables(facts: HostFacts, policy: Policy, findings: list[Finding]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    host = Table(title="What this host offers", title_justify="left", show_lines=False)
+    host.add_column("layer", style="bold")
+    host.add_column("here")
+    host.add_column("how it was seen", style="dim")
+    for layer, here, how, fix in layers(facts):
+        host.add_row(layer, here if fix is None else f"[yellow]{here}[/yellow]", how)
+    console.print(host)
+
+    source = f" ({policy.source})" if policy.source else ""
+    needs = Table(
+        title=f"What policy {policy.name!r}{source} needs", title_justify="left", show_lines=False
+    )
+    needs.add_column("", width=1)
+    needs.add_column("feature", style="bold")
+    needs.add_column("needs")
+    needs.add_column("here")
+    for f in findings:
+        mark = "[green]✓[/green]" if f.met else "[red]✗[/red]"
+        needs.add_row(mark, f.requirement.feature, f.requirement.needs, f.have)
+    console.print(needs)
+
+    missing = [f for f in findings if not f.met]
+    if missing:
+        console.print("[bold red]Missing[/bold red] (see docs/DOCTOR.md):")
+        for f in missing:
+            console.print(f"  [bold]{f.requirement.feature}[/bold] ({f.requirement.why}): {f.fix}")
+        console.print(
+            f"[red]stockade will refuse to run policy {policy.name!r} here: "
+            f"{len(missing)} feature(s) missing.[/red]"
+        )
+    else:
+        console.print(f"[green]This host has every layer policy {policy.name!r} needs.[/green]")
+    notes = [(layer, fix) for layer, _, _, fix in layers(facts) if fix]
+    needed = {f.fix for f in missing}
+    notes = [(layer, fix) for layer, fix in notes if fix not in needed]
+    if notes:
+        console.print("Notes:")
+        for layer, fix in notes:
+            console.print(f"  [bold]{layer}[/bold]: {fix}")
+
+
+__all__ = ["doctor", "layers", "report"]
