@@ -1,0 +1,936 @@
+"""Loading a policy file: YAML with a mark on every key and value, precise errors.
+
+The steps, each of which can fail with a ``PolicyError`` that names
+``file:line:col``, the offending value and the fix:
+
+1. read the file (UTF-8, at most 1 MiB);
+2. compose the YAML and walk it into plain data, recording where every key and
+   value is, refusing duplicate keys, unknown tags and alias bombs;
+3. tell the format by its keys: stockade, or an AgentOS manifest (``_agentos``);
+4. expand ``${VAR}`` (``$${`` stays a literal ``${``);
+5. validate with the pydantic models of ``_schema``, mapping each error's
+   location back to the file;
+6. check what only makes sense as a whole (a rule id used twice, a grant
+   inside a hidden path…) and build the frozen ``Policy``.
+
+The first problem is the error; every other one is attached as a note
+(``exc.__notes__``), so a user can fix them all in one go.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from stockade.errors import PolicyError
+from stockade.policy import _agentos
+from stockade.policy._default import DEFAULT_LIMITS, PROTECT, SECRETS_DENY, SYSTEM_READ
+from stockade.policy._model import (
+    ExecPolicy,
+    FilesystemPolicy,
+    HostRule,
+    Limits,
+    LlmPolicy,
+    NetworkPolicy,
+    Policy,
+    ToolRule,
+)
+from stockade.policy._schema import (
+    LLM_BASE_URLS,
+    STOCKADE_KEYS,
+    PathKey,
+    PolicyFile,
+    Problem,
+    Problems,
+    covered_by,
+    default_env,
+    show,
+)
+
+MAX_BYTES = 1024 * 1024
+"""A policy file is a few kilobytes; a larger one is a mistake (or an attack)."""
+MAX_NODES = 100_000
+"""YAML aliases can make a small file expand exponentially ("billion laughs")."""
+
+Format = Literal["stockade", "agentos"]
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_EXAMPLES = {
+    "name": "'name: my-agent'",
+    "host": "'host: api.example.com'",
+    "id": "'id: read-docs'",
+    "intent": "'intent: fs.read'",
+    "verdict": "'verdict: ask'",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPolicy:
+    """A policy and the format its file was written in."""
+
+    policy: Policy
+    format: Format
+
+
+# --------------------------------------------------------------------------- public
+
+
+def load_policy(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> Policy:
+    """Load the policy file at ``path`` (stockade YAML, or an AgentOS manifest in YAML or JSON).
+
+    ``environ`` supplies ``${VAR}`` values (default: ``os.environ``).
+
+    Raises:
+        PolicyError: the file cannot be read or is wrong; ``location`` is
+            ``file:line:col`` and further problems are in ``__notes__``.
+    """
+    return load_policy_file(path, environ=environ).policy
+
+
+def loads_policy(
+    text: str, *, source: str = "<string>", environ: Mapping[str, str] | None = None
+) -> Policy:
+    """Load a policy from ``text``; ``source`` names it in messages.
+
+    A ``source`` that is not of the form ``<…>`` is taken as the file's path:
+    a relative ``workspace`` is then relative to its directory, and
+    ``Policy.source`` is its absolute path.
+
+    Raises:
+        PolicyError: the text is not a valid policy.
+    """
+    return loads_policy_text(text, source=source, environ=environ).policy
+
+
+def load_policy_file(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> LoadedPolicy:
+    """``load_policy``, also saying which format the file was in."""
+    name = os.fspath(path)
+    return loads_policy_text(_read(name), source=name, environ=environ)
+
+
+def loads_policy_text(
+    text: str, *, source: str = "<string>", environ: Mapping[str, str] | None = None
+) -> LoadedPolicy:
+    """``loads_policy``, also saying which format the text was in."""
+    doc = _Document(source)
+    data = doc.compose(text)
+    fmt = _detect_format(doc, data)
+    env = os.environ if environ is None else environ
+    path = None if source.startswith("<") and source.endswith(">") else os.path.abspath(source)
+    if fmt == "agentos":
+        # AgentOS expands ${VAR} in env values only.
+        data, problems = _expand(data, env, lambda key: len(key) == 2 and key[0] == "env")
+        manifest = _validate(doc, _agentos.AgentOSManifest, data, problems, flat=True)
+        try:
+            policy = _agentos.to_policy(manifest, source=path)
+        except Problems as exc:
+            raise doc.error(exc.problems) from None
+        return LoadedPolicy(policy, "agentos")
+    data, problems = _expand(data, env, lambda key: True)
+    model = _validate(doc, PolicyFile, data, problems)
+    return LoadedPolicy(_to_policy(doc, model, path), "stockade")
+
+
+def policy_json_schema(*, agentos: bool = False) -> dict[str, Any]:
+    """The JSON Schema of a stockade policy file (or of an AgentOS manifest), for editors."""
+    model: type[BaseModel] = _agentos.AgentOSManifest if agentos else PolicyFile
+    schema = model.model_json_schema(by_alias=True)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://stockade.dev/schema/"
+        + ("agentos-manifest.json" if agentos else "policy.json"),
+        **schema,
+    }
+
+
+# ------------------------------------------------------------------------- reading
+
+
+def _read(name: str) -> str:
+    what = f"cannot read the policy file {show(name)}"
+    try:
+        with open(name, "rb") as file:
+            data = file.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise PolicyError(f"{what}: it does not exist; check the path") from None
+    except IsADirectoryError:
+        raise PolicyError(f"{what}: it is a directory; name the policy file inside it") from None
+    except PermissionError:
+        raise PolicyError(f"{what}: permission denied; make it readable by this user") from None
+    except OSError as exc:
+        raise PolicyError(f"{what}: {exc.strerror or exc}; check the path") from None
+    if len(data) > MAX_BYTES:
+        raise PolicyError(
+            f"the policy file {show(name)} is larger than 1 MiB; a policy is a few kilobytes, "
+            "so check that this is the right file"
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n") + 1
+        col = exc.start - (before.rfind(b"\n") + 1) + 1
+        raise PolicyError(
+            f"byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8",
+            location=f"{name}:{line}:{col}",
+        ) from None
+
+
+# ---------------------------------------------------------------- YAML with marks
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    line: int
+    col: int
+    style: str | None = None
+    one_line: bool = False
+
+
+class _Document:
+    """The data of one file and where each of its keys and values is."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.values: dict[PathKey, _Mark] = {}
+        self.keys: dict[PathKey, _Mark] = {}
+        self.raw: dict[PathKey, str] = {}
+        self._nodes = 0
+        self._loader: yaml.SafeLoader | None = None
+        self._problems: list[Problem] = []
+
+    # -- locating
+
+    def position(self, path: PathKey, *, at_key: bool = False, offset: int = 0) -> tuple[int, int]:
+        if at_key and path in self.keys:
+            mark = self.keys[path]
+            return mark.line, mark.col
+        for cut in range(len(path), -1, -1):
+            mark_or_none = self.values.get(path[:cut])
+            if mark_or_none is not None:
+                mark = mark_or_none
+                if cut == len(path) and offset and mark.one_line:
+                    return mark.line, mark.col + offset + (1 if mark.style in ("'", '"') else 0)
+                return mark.line, mark.col
+        return 1, 1
+
+    def location(self, path: PathKey = (), *, at_key: bool = False, offset: int = 0) -> str:
+        line, col = self.position(path, at_key=at_key, offset=offset)
+        return f"{self.source}:{line}:{col}"
+
+    def shown(self, path: PathKey, value: object) -> str:
+        """A value as the file has it (``yes``, not ``True``)."""
+        raw = self.raw.get(path)
+        if raw is not None and not isinstance(value, str):
+            return show(raw)
+        return show(value)
+
+    def error(self, problems: list[Problem]) -> PolicyError:
+        """One ``PolicyError`` for the first problem in the file, the others as notes."""
+        ordered: list[tuple[tuple[int, int], str, str]] = []
+        for problem in problems:
+            position = problem.at or self.position(
+                problem.path, at_key=problem.at_key, offset=problem.offset
+            )
+            message = f"{_dotted(problem.path)} {problem.detail}".strip()
+            location = f"{self.source}:{position[0]}:{position[1]}"
+            if all((location, message) != (o[1], o[2]) for o in ordered):
+                ordered.append((position, location, message))
+        ordered.sort(key=lambda item: item[0])
+        first = ordered[0]
+        exc = PolicyError(first[2], location=first[1])
+        for _, location, message in ordered[1:]:
+            exc.add_note(f"{location}: {message}")
+        return exc
+
+    def fatal(self, message: str, mark: yaml.Mark | None) -> PolicyError:
+        if mark is None:
+            return PolicyError(message, location=f"{self.source}:1:1")
+        return PolicyError(message, location=f"{self.source}:{mark.line + 1}:{mark.column + 1}")
+
+    # -- composing
+
+    def compose(self, text: str) -> dict[str, Any]:
+        if text.startswith("\ufeff"):
+            text = text[1:]
+        if self.source.endswith(".json") or text.lstrip().startswith("{"):
+            # JSON allows tabs between tokens; YAML does not. Outside strings a
+            # tab is whitespace either way, and inside a JSON string it is invalid.
+            text = text.replace("\t", " ")
+        loader = yaml.SafeLoader(text)
+        self._loader = loader
+        try:
+            try:
+                node = loader.get_single_node()
+            except yaml.MarkedYAMLError as exc:
+                raise self._syntax_error(exc) from None
+            except yaml.reader.ReaderError as exc:
+                before = text[: exc.position]
+                line = before.count("\n") + 1
+                col = exc.position - (before.rfind("\n") + 1) + 1
+                raise PolicyError(
+                    f"the character #x{exc.character:04x} is not allowed in YAML; remove it"
+                    if isinstance(exc.character, int)
+                    else f"the file holds a character YAML does not allow ({exc.reason}); "
+                    "remove it",
+                    location=f"{self.source}:{line}:{col}",
+                ) from None
+            except RecursionError:
+                raise PolicyError(
+                    "the file is nested too deeply to be a policy; check it is the right file",
+                    location=f"{self.source}:1:1",
+                ) from None
+            if node is None:
+                raise PolicyError(
+                    "the file is empty; a policy needs at least a line such as 'name: my-agent'",
+                    location=f"{self.source}:1:1",
+                )
+            if not isinstance(node, yaml.MappingNode):
+                kind = (
+                    "a list"
+                    if isinstance(node, yaml.SequenceNode)
+                    else f"the value {show(node.value)}"
+                )
+                raise self.fatal(
+                    f"the top level is {kind}, but a policy is a mapping of keys; "
+                    "start with a line such as 'name: my-agent'",
+                    node.start_mark,
+                )
+            try:
+                data = self._walk(node, (), set())
+            except RecursionError:
+                raise self.fatal(
+                    "the file is nested too deeply to be a policy", node.start_mark
+                ) from None
+        finally:
+            loader.dispose()
+            self._loader = None
+        if self._problems:
+            raise self.error(self._problems)
+        assert isinstance(data, dict)
+        return data
+
+    def _syntax_error(self, exc: yaml.MarkedYAMLError) -> PolicyError:
+        problem = exc.problem or "unexpected text"
+        if exc.context and "another document" in exc.context:
+            return self.fatal(
+                "the file holds more than one YAML document ('---'); keep one policy per file",
+                exc.problem_mark,
+            )
+        if "\\t" in problem or "\t" in problem:
+            fix = "indent with spaces, not tabs"
+        elif "found undefined alias" in problem:
+            fix = "define the anchor ('&name') before using it"
+        else:
+            fix = "check the indentation, colons and quotes here"
+        context = f" ({exc.context})" if exc.context else ""
+        return self.fatal(
+            f"this is not valid YAML: {problem}{context}; {fix}",
+            exc.problem_mark or exc.context_mark,
+        )
+
+    def _walk(self, node: yaml.Node, path: PathKey, stack: set[int]) -> Any:
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise self.fatal(
+                f"the file expands to more than {MAX_NODES} values (through aliases); "
+                "write the values out instead",
+                node.start_mark,
+            )
+        one_line = node.start_mark.line == node.end_mark.line
+        style = node.style if isinstance(node, yaml.ScalarNode) else None
+        self.values[path] = _Mark(
+            node.start_mark.line + 1, node.start_mark.column + 1, style, one_line
+        )
+        if id(node) in stack:
+            raise self.fatal(
+                "an alias refers to a node that contains it; remove the loop", node.start_mark
+            )
+        if isinstance(node, yaml.ScalarNode):
+            self.raw[path] = node.value
+            assert self._loader is not None
+            try:
+                return self._loader.construct_object(node)
+            except yaml.constructor.ConstructorError:
+                raise self.fatal(
+                    f"the YAML tag {show(node.tag)} is not supported in a policy; remove it",
+                    node.start_mark,
+                ) from None
+        stack = stack | {id(node)}
+        if isinstance(node, yaml.SequenceNode):
+            return [self._walk(item, (*path, i), stack) for i, item in enumerate(node.value)]
+        assert isinstance(node, yaml.MappingNode)
+        result: dict[str, Any] = {}
+        merged: list[tuple[yaml.Node, yaml.Node]] = []
+        seen: dict[str, yaml.Mark] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                merged.extend(self._merge_sources(value_node, stack))
+                continue
+            key = self._key(key_node, path)
+            if key is None:
+                continue
+            if key in seen:
+                self._problems.append(
+                    Problem(
+                        (*path, key),
+                        f"appears twice, at lines {seen[key].line + 1} and "
+                        f"{key_node.start_mark.line + 1}; keep one of them",
+                        at=(key_node.start_mark.line + 1, key_node.start_mark.column + 1),
+                    )
+                )
+                continue
+            seen[key] = key_node.start_mark
+            self.keys[(*path, key)] = _Mark(
+                key_node.start_mark.line + 1, key_node.start_mark.column + 1
+            )
+            result[key] = self._walk(value_node, (*path, key), stack)
+        for key_node, value_node in merged:  # explicit keys win over merged ones
+            key = self._key(key_node, path)
+            if key is not None and key not in result:
+                self.keys[(*path, key)] = _Mark(
+                    key_node.start_mark.line + 1, key_node.start_mark.column + 1
+                )
+                result[key] = self._walk(value_node, (*path, key), stack)
+        return result
+
+    def _merge_sources(self, node: yaml.Node, stack: set[int]) -> list[tuple[yaml.Node, yaml.Node]]:
+        sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        pairs: list[tuple[yaml.Node, yaml.Node]] = []
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode) or id(source) in stack:
+                raise self.fatal(
+                    "'<<' merges only mappings; give it an alias such as '*defaults'",
+                    source.start_mark,
+                )
+            pairs.extend(source.value)
+        return pairs
+
+    def _key(self, node: yaml.Node, path: PathKey) -> str | None:
+        # A key is taken as written: 'on:' is the key "on", never the boolean.
+        if isinstance(node, yaml.ScalarNode) and node.tag != "tag:yaml.org,2002:null":
+            return str(node.value)
+        where = _dotted(path) or "the top level"
+        what = "empty" if isinstance(node, yaml.ScalarNode) else "a list or a mapping"
+        self._problems.append(
+            Problem(
+                path,
+                f"has a key that is {what}; keys of {where} are names such as 'name'",
+            )
+        )
+        self.values.setdefault(path, _Mark(node.start_mark.line + 1, node.start_mark.column + 1))
+        return None
+
+
+def _dotted(path: PathKey) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out
+
+
+# ---------------------------------------------------------------------------- format
+
+
+def _detect_format(doc: _Document, data: dict[str, Any]) -> Format:
+    agentos = [key for key in data if key in _agentos.AGENTOS_ONLY]
+    if not agentos:
+        return "stockade"
+    stockade = [key for key in data if key in STOCKADE_KEYS and key not in _agentos.AGENTOS_KEYS]
+    if stockade:
+        key, other = agentos[0], stockade[0]
+        line = doc.position((other,), at_key=True)[0]
+        raise PolicyError(
+            f"{key} is a key of AgentOS manifests, but this file also has the stockade key "
+            f"{show(other)} (line {line}); write {key} as {_agentos.STOCKADE_EQUIVALENT[key]}, "
+            "so that the whole file is in stockade's format",
+            location=doc.location((key,), at_key=True),
+        )
+    return "agentos"
+
+
+# ------------------------------------------------------------------------- ${VAR}
+
+
+def _expand(
+    data: Any, environ: Mapping[str, str], applies: Callable[[PathKey], bool]
+) -> tuple[Any, list[Problem]]:
+    """``data`` with ``${VAR}`` expanded where ``applies``, and the problems met."""
+    problems: list[Problem] = []
+
+    def walk(value: Any, path: PathKey) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v, (*path, k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, (*path, i)) for i, v in enumerate(value)]
+        if isinstance(value, str) and "$" in value and applies(path):
+            return _expand_one(value, path, environ, problems)
+        return value
+
+    return walk(data, ()), problems
+
+
+def _expand_one(
+    text: str, path: PathKey, environ: Mapping[str, str], problems: list[Problem]
+) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("$${", i):
+            out.append("${")
+            i += 3
+            continue
+        if not text.startswith("${", i):
+            out.append(text[i])
+            i += 1
+            continue
+        end = text.find("}", i)
+        if end < 0:
+            problems.append(
+                Problem(
+                    path,
+                    f"{show(text)} has a '${{' with no closing '}}'; close it, or write '$${{' "
+                    "for a literal '${'",
+                    offset=i,
+                )
+            )
+            return text
+        inner = text[i + 2 : end]
+        name, sep, default = inner.partition(":-")
+        if not _VAR.fullmatch(name):
+            problems.append(
+                Problem(
+                    path,
+                    f"{show(text)} has {show('${' + inner + '}')}, which does not name a "
+                    "variable; write '${NAME}' or '${NAME:-default}', or '$${' for a literal '${'",
+                    offset=i,
+                )
+            )
+            return text
+        value = environ.get(name)
+        if sep and not value:
+            value = default
+        if value is None:
+            problems.append(
+                Problem(
+                    path,
+                    f"{show(text)} uses the variable {name}, which is not set; set it, give "
+                    f"a default as '${{{name}:-value}}', or write '$${{' for a literal '${{'",
+                    offset=i,
+                )
+            )
+            return text
+        out.append(value)
+        i = end + 1
+    return "".join(out)
+
+
+# ------------------------------------------------------------------------ pydantic
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validate(
+    doc: _Document,
+    model: type[M],
+    data: dict[str, Any],
+    earlier: list[Problem],
+    *,
+    flat: bool = False,
+) -> M:
+    """Validate ``data``; raise its problems and the ``earlier`` ones together.
+
+    With ``flat``, a problem found inside a scalar that a validator expanded
+    (``allowed_hosts[0]`` into ``{host, ports}``) is reported at the scalar.
+    """
+    for _ in range(4):
+        try:
+            result = model.model_validate(data)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+        else:
+            if earlier:
+                raise doc.error(earlier)
+            return result
+        # A plain scalar where text is wanted is taken as written: command
+        # [sleep, 10], env PYTHONUNBUFFERED: 1, user: 65534.
+        changed = False
+        for error in errors:
+            path = tuple(error["loc"])
+            value = error.get("input")
+            if (
+                error["type"] == "string_type"
+                and path in doc.raw
+                and value is not None
+                and not isinstance(value, str | list | dict)
+            ):
+                _replace(data, path, doc.raw[path])
+                changed = True
+        if not changed:
+            found = [_problem(doc, model, error) for error in errors]
+            if flat:
+                found = [_flatten(doc, problem) for problem in found]
+            raise doc.error([*earlier, *found])
+    raise AssertionError("unreachable: each round replaces at least one value")
+
+
+def _flatten(doc: _Document, problem: Problem) -> Problem:
+    for cut in range(len(problem.path) - 1, 0, -1):
+        if problem.path[:cut] in doc.raw:
+            return Problem(problem.path[:cut], problem.detail)
+    return problem
+
+
+def _replace(data: Any, path: PathKey, value: str) -> None:
+    target = data
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if value is None:
+        return "empty"
+    return "a " + type(value).__name__
+
+
+def _problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
+    loc: list[str | int] = list(error["loc"])
+    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if loc and loc[-1] == "[key]":
+        loc.pop()
+        path = tuple(loc)
+        detail = ctx.get("detail") or error["msg"]
+        return Problem(path[:-1], f"key {detail}", at_key=True) if path else Problem(path, detail)
+    path = tuple(loc)
+    shown = doc.shown(path, value)
+    if kind == "policy":
+        return Problem(path, ctx["detail"])
+    if kind == "missing":
+        field = str(path[-1])
+        example = _EXAMPLES.get(field, f"'{field}: …'")
+        return Problem(path, f"is missing; add it, as in {example}")
+    if kind == "extra_forbidden":
+        return Problem(path, _unknown_key(model, path), at_key=True)
+    if kind == "string_type":
+        if value is None:
+            return Problem(path, "is empty; give it a value, or remove the line")
+        return Problem(
+            path, f"must be text, not {_kind(value)}; write one value, such as 'example'"
+        )
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        fix = (
+            f"write it without quotes: {value.strip()}"
+            if isinstance(value, str) and value.strip().isdigit()
+            else "write a whole number, such as 10"
+        )
+        return Problem(path, f"{shown} is {_kind(value)}, not a whole number; {fix}")
+    if kind in ("float_type", "float_parsing"):
+        return Problem(
+            path, f"{shown} is {_kind(value)}, not a number; write a number, such as 1.5"
+        )
+    if kind == "bool_type":
+        return Problem(path, f"{shown} is not true or false; write true or false")
+    if kind in ("list_type", "tuple_type"):
+        return Problem(
+            path,
+            f"must be a list, not {_kind(value)}; "
+            "write each item on its own '- ' line, or as [a, b]",
+        )
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        keys = _fields_at(model, path)
+        example = f" such as {', '.join(repr(k) for k in keys[:3])}" if keys else ""
+        return Problem(path, f"must be a mapping of keys{example}, not {_kind(value)}")
+    if kind == "literal_error":
+        expected = str(ctx.get("expected", ""))
+        options = re.findall(r"'([^']*)'", expected)
+        close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5)
+        fix = f"did you mean {show(close[0])}?" if close else "write one of them"
+        return Problem(path, f"{shown} is not one of {expected}; {fix}")
+    if kind == "too_short":
+        return Problem(path, "is empty; list at least one value, or remove the line")
+    if kind == "greater_than_equal":
+        return Problem(path, f"{shown} is less than {ctx.get('ge')}; write {ctx.get('ge')} or more")
+    msg = str(error["msg"]).removeprefix("Value error, ")
+    return Problem(path, f"{shown} is not valid: {msg}")
+
+
+def _unwrap(annotation: Any) -> Any:
+    while True:
+        origin = get_origin(annotation)
+        if origin is not None and str(origin) == "typing.Annotated":
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                return annotation
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def _fields_at(model: type[BaseModel], path: PathKey) -> list[str]:
+    """The keys that the mapping at ``path`` accepts, in the order of the model."""
+    current: Any = model
+    for part in path:
+        current = _unwrap(current)
+        origin = get_origin(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            fields = {(f.alias or n): f for n, f in current.model_fields.items()}
+            if part not in fields:
+                return []
+            current = fields[str(part)].annotation
+        elif origin is list:
+            current = get_args(current)[0]
+        elif origin is dict:
+            current = get_args(current)[1]
+        else:
+            return []
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return [(f.alias or n) for n, f in current.model_fields.items()]
+    return []
+
+
+def _unknown_key(model: type[BaseModel], path: PathKey) -> str:
+    key = str(path[-1])
+    valid = _fields_at(model, path[:-1])
+    if (
+        model is PolicyFile
+        and path[:-1] == ("env",)
+        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key)
+    ):
+        return (
+            f"is not a key of env; to set the variable {key}, put it under env.set "
+            f"(valid keys: {', '.join(valid)})"
+        )
+    lowered = {k.lower(): k for k in valid}
+    close = (
+        [lowered[key.lower()]]
+        if key.lower() in lowered
+        else difflib.get_close_matches(key, valid, n=1)
+    )
+    hint = f"did you mean {show(close[0])}? " if close else ""
+    return f"is not a known key; {hint}(valid keys: {', '.join(valid)})"
+
+
+# ---------------------------------------------------------------- file → Policy
+
+
+def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
+    problems: list[Problem] = []
+
+    workspace = model.workspace
+    if workspace is not None and not workspace.startswith("/"):
+        if source is None:
+            problems.append(
+                Problem(
+                    ("workspace",),
+                    f"{show(workspace)} is relative, and this policy was not read from a file; "
+                    "write an absolute path",
+                )
+            )
+        else:
+            workspace = os.path.normpath(os.path.join(os.path.dirname(source), workspace))
+    if workspace is not None and (
+        workspace in ("/", *SYSTEM_READ) or covered_by(workspace, ("/proc", "/sys", "/dev"))
+    ):
+        problems.append(
+            Problem(
+                ("workspace",),
+                f"{show(workspace)} is a system directory, and a workspace is read-write; "
+                "choose the directory of a project",
+            )
+        )
+
+    fs = model.filesystem
+    system = fs.base == "system"
+    read = _unique([*(SYSTEM_READ if system else ()), *fs.read])
+    write = _unique(fs.write)
+    deny = _unique([*(SECRETS_DENY if system else ()), *fs.deny])
+    protect = _unique([*(PROTECT if system else ()), *fs.protect])
+
+    for index, path in enumerate(fs.read):
+        if path in write:
+            problems.append(
+                Problem(
+                    ("filesystem", "read", index),
+                    f"{show(path)} is also in filesystem.write, which lets it be read too; "
+                    "remove it from read",
+                )
+            )
+    for section, entries in (("read", fs.read), ("write", fs.write)):
+        for index, path in enumerate(entries):
+            hidden = covered_by(path, deny)
+            if hidden is not None:
+                whose = (
+                    "the secrets that base: system hides"
+                    if hidden in SECRETS_DENY and hidden not in fs.deny
+                    else "filesystem.deny"
+                )
+                problems.append(
+                    Problem(
+                        ("filesystem", section, index),
+                        f"{show(path)} is inside {show(hidden)}, one of {whose}, so it would stay "
+                        "hidden; remove it"
+                        + (
+                            ", or set filesystem.base: none and list what you need"
+                            if system
+                            else ""
+                        ),
+                    )
+                )
+
+    grants = [*read, *write, *([workspace] if workspace and workspace.startswith("/") else [])]
+    for index, program in enumerate(model.exec_.allow):
+        if covered_by(program, grants) is None:
+            problems.append(
+                Problem(
+                    ("exec", "allow", index),
+                    f"{show(program)} is outside every readable path, so it could not run; "
+                    "add its directory to filesystem.read",
+                )
+            )
+        elif covered_by(program, deny) is not None:
+            problems.append(
+                Problem(
+                    ("exec", "allow", index),
+                    f"{show(program)} is hidden by filesystem.deny; remove it",
+                )
+            )
+    if model.workdir is not None and covered_by(model.workdir, grants) is None:
+        problems.append(
+            Problem(
+                ("workdir",),
+                f"{show(model.workdir)} is outside the workspace and every filesystem.read or "
+                "write path, so the cell could not enter it; add it to filesystem.write, "
+                "or remove workdir",
+            )
+        )
+
+    env = model.env
+    for name in env.set_:
+        if name in env.pass_:
+            problems.append(
+                Problem(
+                    ("env", "set", name),
+                    f"{show(name)} is also in env.pass; keep it in one of them",
+                    at_key=True,
+                )
+            )
+
+    first_use: dict[str, int] = {}
+    for index, rule in enumerate(model.tools):
+        if rule.id in first_use:
+            other = first_use[rule.id]
+            line = doc.position(("tools", other, "id"))[0]
+            problems.append(
+                Problem(
+                    ("tools", index, "id"),
+                    f"{show(rule.id)} is already the id of tools[{other}] (line {line}); give each "
+                    "rule its own id",
+                )
+            )
+        else:
+            first_use[rule.id] = index
+
+    if problems:
+        raise doc.error(problems)
+
+    limits = model.limits
+    given = limits.model_fields_set
+
+    def limit(name: str) -> Any:
+        return getattr(limits, name) if name in given else getattr(DEFAULT_LIMITS, name)
+
+    llm = None
+    if model.llm is not None:
+        llm = LlmPolicy(
+            provider=model.llm.provider,
+            base_url=model.llm.base_url or LLM_BASE_URLS[model.llm.provider],
+            model=model.llm.model,
+            api_key_env=model.llm.api_key_env,
+            max_requests=model.llm.max_requests,
+            max_tokens=model.llm.max_tokens,
+        )
+    return Policy(
+        name=model.name,
+        command=tuple(model.command or ()),
+        mode=model.mode,
+        workspace=workspace,
+        workdir=model.workdir,
+        filesystem=FilesystemPolicy(read=read, write=write, deny=deny, protect=protect),
+        exec=ExecPolicy(allow=_unique(model.exec_.allow)),
+        env=default_env(base=env.base, passthrough=env.pass_, values=dict(env.set_)),
+        limits=Limits(
+            memory=limit("memory"),
+            pids=limit("pids"),
+            cpu=limit("cpu"),
+            timeout=limit("timeout"),
+            output=limit("output"),
+        ),
+        network=NetworkPolicy(
+            allow=tuple(
+                HostRule(
+                    host=rule.host,
+                    ports=tuple(rule.ports),
+                    methods=_unique(rule.methods),
+                    paths=_unique(rule.paths),
+                )
+                for rule in model.network.allow
+            ),
+            loopback_ports=_unique(model.network.loopback_ports),
+        ),
+        tools=tuple(
+            ToolRule(
+                id=rule.id,
+                intent=rule.intent,
+                verdict=rule.verdict,
+                match=tuple(rule.match.items()),
+            )
+            for rule in model.tools
+        ),
+        llm=llm,
+        source=source,
+    )
+
+
+def _unique(items: Any) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+__all__ = [
+    "Format",
+    "LoadedPolicy",
+    "load_policy",
+    "load_policy_file",
+    "loads_policy",
+    "loads_policy_text",
+    "policy_json_schema",
+]

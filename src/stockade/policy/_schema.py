@@ -1,0 +1,811 @@
+"""The policy file format: pydantic models, the grammar of its values, its units.
+
+This is the trust boundary between a user's file and the frozen dataclasses of
+``_model``. The models here validate the shape and every single value (a path,
+a size, a host pattern); ``_load`` maps their errors back to ``file:line:col``
+and turns a valid model into a ``Policy``.
+
+A validator's message starts with the offending value and ends with the fix
+(``'etc' is relative; write an absolute path, starting with '/'``); the loader
+puts the field's dotted name in front of it.
+
+Importing this module imports pydantic: only ``_load`` and ``_agentos`` do.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, NoReturn, TypeVar, get_args
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+from stockade.policy._default import DEFAULT_PASSTHROUGH, DEFAULT_PATH
+from stockade.policy._match import normalize_host_pattern
+from stockade.policy._model import EnvPolicy
+
+T = TypeVar("T")
+PathKey = tuple[str | int, ...]
+"""Where a value is in the document: keys and list indices from the top."""
+
+Intent = Literal[
+    "fs.read",
+    "fs.write",
+    "fs.list",
+    "exec",
+    "ask",
+    "http.fetch",
+    "llm.chat",
+    "agent.spawn",
+    "agent.send",
+    "agent.recv",
+]
+INTENTS: tuple[str, ...] = get_args(Intent)
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE")
+LLM_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+
+# --------------------------------------------------------------------------- errors
+
+
+def fail(detail: str) -> NoReturn:
+    """Raise the validation error the loader turns into ``<field> <detail>``."""
+    raise PydanticCustomError("policy", "{detail}", {"detail": detail})
+
+
+def show(value: object) -> str:
+    """A value as a message shows it: text quoted, YAML words for the rest."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "\\'") + "'"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return str(value)
+
+
+def _checked(check: Callable[[Any], T]) -> Callable[[Any], T]:
+    """Wrap a pure ``check`` that raises ``ValueError`` into a pydantic validator."""
+
+    def validator(value: Any) -> T:
+        try:
+            return check(value)
+        except ValueError as exc:
+            fail(str(exc))
+
+    return validator
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong in a file that validated but does not make sense as a whole."""
+
+    path: PathKey
+    detail: str
+    """Starts with the offending value; the loader puts the field's name in front."""
+    at_key: bool = False
+    """Point at the key of ``path`` rather than its value."""
+    offset: int = 0
+    """Characters into a one-line scalar where the problem is (a ``${`` in it)."""
+    at: tuple[int, int] | None = None
+    """Line and column (from 1) when the path alone cannot say (a duplicate key)."""
+
+
+class Problems(Exception):
+    """Raised by the conversion to ``Policy``; the loader locates each problem."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(problems)
+        self.problems = problems
+
+
+# ---------------------------------------------------------------------------- units
+
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*([kmgtp]?)(?:i?b)?$", re.IGNORECASE)
+SIZE_PATTERN = r"^(\d+(\.\d+)?|\.\d+) *([kKmMgGtTpP]?)([iI]?[bB])?$"
+
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+_DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ns|us|µs|μs|ms|s|m|h|d)", re.IGNORECASE)
+_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*$")
+DURATION_PATTERN = (
+    r"^( *(\d+(\.\d+)?|\.\d+) *(ns|us|µs|μs|ms|s|m|h|d))+ *$|^ *(\d+(\.\d+)?|\.\d+) *$"
+)
+
+
+def parse_size(value: object) -> int:
+    """Bytes from ``512``, ``'512M'``, ``'2G'``, ``'1.5GiB'``; units are powers of 1024.
+
+    Raises:
+        ValueError: not a size; the message says how to write one.
+    """
+    hint = "write a number of bytes or a number with a unit, such as '512M' or '2G'"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{show(value)} is not a size; {hint}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{value} is negative; {hint}")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0 or not value.is_integer():
+            raise ValueError(f"{show(value)} is not a whole number of bytes; {hint}")
+        return int(value)
+    match = _SIZE.match(value.strip())
+    if match is None:
+        raise ValueError(f"{show(value)} is not a size; {hint}")
+    number, unit = match.groups()
+    return round(float(number) * _SIZE_UNITS[unit.lower()])
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``30``, ``1.5``, ``'30s'``, ``'5m'``, ``'1h30m'``, ``'500ms'``, ``'2d'``.
+
+    Units: ns, us (µs), ms, s, m, h, d, as in Go's ``time.ParseDuration`` plus
+    days; a bare number is seconds.
+
+    Raises:
+        ValueError: not a duration; the message says how to write one.
+    """
+    hint = "write a number of seconds or a number with a unit, such as '30s', '5m' or '1h'"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{show(value)} is not a duration; {hint}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{show(value)} is not a duration; {hint}")
+        return float(value)
+    plain = _NUMBER.match(value)
+    if plain is not None:
+        return float(plain.group(1))
+    total, end = 0.0, 0
+    for part in _DURATION_PART.finditer(value):
+        if part.start() != end:
+            break
+        total += float(part.group(1)) * _DURATION_UNITS[part.group(2).lower()]
+        end = part.end()
+    if end == 0 or value[end:].strip():
+        raise ValueError(f"{show(value)} is not a duration; {hint}")
+    return total
+
+
+def parse_cpu(value: object) -> float:
+    """Cores from ``2``, ``0.5``, ``'0.5'`` or a percentage of one core, ``'50%'``.
+
+    Raises:
+        ValueError: not a positive CPU amount.
+    """
+    hint = "write a number of cores such as 0.5 or 2, or a percentage of one core such as '50%'"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{show(value)} is not a CPU amount; {hint}")
+    if isinstance(value, str):
+        text = value.strip()
+        percent = text.endswith("%")
+        match = _NUMBER.match(text[:-1] if percent else text)
+        if match is None:
+            raise ValueError(f"{show(value)} is not a CPU amount; {hint}")
+        cores = float(match.group(1)) / (100 if percent else 1)
+    else:
+        cores = float(value)
+    if not math.isfinite(cores) or cores <= 0:
+        raise ValueError(f"{show(value)} is not more than zero; {hint}")
+    return cores
+
+
+def format_size(n: int) -> str:
+    """``2147483648`` → ``'2 GiB'``; exact, so that it parses back to ``n``."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor} {unit}"
+    return f"{n} bytes"
+
+
+def format_duration(seconds: float) -> str:
+    """``5400`` → ``'1h30m'``; ``0.25`` → ``'250ms'``."""
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    whole = int(seconds)
+    if whole != seconds:
+        return f"{seconds:g}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if whole >= size:
+            parts.append(f"{whole // size}{unit}")
+            whole %= size
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------- paths
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def normalize_path(path: str) -> str:
+    """Collapse ``//`` and ``/./`` and drop a trailing ``/``; never resolves ``..``."""
+    absolute = path.startswith("/")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    joined = "/".join(parts)
+    return "/" + joined if absolute else joined
+
+
+def check_path(value: str, *, relative: bool = False) -> str:
+    """Validate and normalise a path or path glob of the filesystem lists.
+
+    Globs may use ``*``, ``?`` and ``[...]`` within one component; ``**`` is
+    refused, since a directory already stands for its whole tree.
+
+    Raises:
+        ValueError: the path is unusable; the message says how to write it.
+    """
+    if not value:
+        raise ValueError("'' is empty; write a path, starting with '/'")
+    if "\x00" in value:
+        raise ValueError(f"{show(value)} contains a NUL byte, which no path can; remove it")
+    if _CONTROL.search(value):
+        raise ValueError(f"{show(value)} contains a control character; remove it")
+    if value.startswith("~"):
+        raise ValueError(
+            f"{show(value)} starts with '~', which stockade does not expand; write the absolute "
+            f"path, or {show('${HOME}' + value[1:])}"
+        )
+    if not relative and not value.startswith("/"):
+        raise ValueError(f"{show(value)} is relative; write an absolute path, starting with '/'")
+    parts = value.split("/")
+    if ".." in parts:
+        raise ValueError(
+            f"{show(value)} contains '..', which could lead anywhere through a symbolic link; "
+            "write the path without it"
+        )
+    if "**" in value:
+        before = value.split("**", 1)[0]
+        tree = before if before.endswith("/") else posixpath.dirname(before) + "/"
+        raise ValueError(
+            f"{show(value)} uses '**', which paths do not support; a directory stands for its "
+            f"whole tree, so write {show(tree.replace('//', '/'))}"
+        )
+    if len(value) > 4095:
+        raise ValueError(f"{show(value[:40] + '…')} is longer than 4095 bytes, the limit of a path")
+    normalized = normalize_path(value)
+    if relative and not normalized:
+        raise ValueError(f"{show(value)} names the workspace itself; name a path inside it")
+    return normalized
+
+
+def _relative_ok(value: str) -> str:
+    return check_path(value, relative=True)
+
+
+def check_dir(value: str, *, relative: bool = False) -> str:
+    """A directory (no glob); with ``relative``, ``.`` and relative paths are kept as such."""
+    if is_glob(value):
+        raise ValueError(f"{show(value)} is a glob; name one directory")
+    if relative and value.strip() in (".", "./"):
+        return "."
+    return check_path(value, relative=relative)
+
+
+def _workspace(value: str) -> str:
+    return check_dir(value, relative=True)
+
+
+def is_glob(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _glob_covers(pattern: str, path: str) -> bool:
+    """Whether the glob ``pattern`` matches ``path`` or one of its parents."""
+    import fnmatch
+
+    pat = pattern.strip("/").split("/")
+    parts = path.strip("/").split("/")
+    return len(parts) >= len(pat) and all(
+        fnmatch.fnmatchcase(p, q) for p, q in zip(parts, pat, strict=False)
+    )
+
+
+def covered_by(path: str, entries: Iterable[str]) -> str | None:
+    """The first of ``entries`` that is ``path`` or a parent of it (globs allowed)."""
+    for entry in entries:
+        if is_glob(entry):
+            if _glob_covers(entry, path):
+                return entry
+        elif entry == "/" or path == entry or path.startswith(entry + "/"):
+            return entry
+    return None
+
+
+# --------------------------------------------------------------------- small values
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TOOL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def check_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{show(value)} is not a valid name; use up to 63 letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit, such as 'my-agent'"
+        )
+    return value
+
+
+def check_env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError(
+            f"{show(value)} is not a variable name; use letters, digits and '_', "
+            "not starting with a digit"
+        )
+    return value
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError(f"{show(value)} contains a NUL byte, which cannot be passed to a program")
+    return value
+
+
+def _tool_id(value: str) -> str:
+    if not _TOOL_ID.match(value):
+        raise ValueError(
+            f"{show(value)} is not a valid rule id; use letters, digits, '.', '_', ':' and '-', "
+            "such as 'read-docs'"
+        )
+    return value
+
+
+def _arg_name(value: str) -> str:
+    if not _ARG_NAME.match(value):
+        raise ValueError(
+            f"{show(value)} is not an argument name; use letters, digits, '_' and '.', "
+            "such as 'path'"
+        )
+    return value
+
+
+def _method(value: str) -> str:
+    upper = value.upper()
+    if upper not in HTTP_METHODS:
+        import difflib
+
+        close = difflib.get_close_matches(upper, HTTP_METHODS, n=1)
+        hint = f"did you mean {show(close[0])}? " if close else ""
+        raise ValueError(
+            f"{show(value)} is not an HTTP method; {hint}use one of {', '.join(HTTP_METHODS)}"
+        )
+    return upper
+
+
+def _url_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{show(value)} does not start with '/'; write a URL path such as '/v1/'")
+    if _CONTROL.search(value) or " " in value or "?" in value or "#" in value:
+        raise ValueError(
+            f"{show(value)} is not a plain URL path; write the path alone, without spaces, "
+            "query or fragment"
+        )
+    if "*" in value:
+        raise ValueError(
+            f"{show(value)} holds a '*', but paths are prefixes already; write "
+            f"{show(value.split('*', 1)[0])}"
+        )
+    return value
+
+
+def _port(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{show(value)} is not a port; write a number from 1 to 65535")
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{value} is not a port; write a number from 1 to 65535")
+    return value
+
+
+def _ports(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return list(dict.fromkeys(value)) if all(isinstance(v, int) for v in value) else value
+    return value
+
+
+def _url(value: str) -> str:
+    hint = "write a URL such as 'https://api.openai.com/v1'"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(f"{show(value)} is not a valid URL; {hint}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{show(value)} is not an http or https URL; {hint}")
+    if parts.username or parts.password:
+        raise ValueError(
+            f"{show(value)} holds a user name or password; remove it and name the key's "
+            "variable in llm.api_key_env"
+        )
+    if parts.query or parts.fragment:
+        raise ValueError(f"{show(value)} has a query or fragment; {hint}")
+    return value.rstrip("/")
+
+
+def _command(value: object) -> object:
+    """A string command runs through ``/bin/sh -c``; a list is the argv itself."""
+    if isinstance(value, str):
+        if not value.strip():
+            fail(
+                f"{show(value)} is empty; write the program and its arguments, or leave command "
+                "out to give it on the command line"
+            )
+        if "\x00" in value:
+            fail(f"{show(value)} contains a NUL byte, which cannot be passed to a program")
+        return ["/bin/sh", "-c", value]
+    if isinstance(value, list):
+        if not value:
+            fail(
+                "[] is empty; list the program and its arguments, such as ['python3', 'agent.py'], "
+                "or leave command out to give it on the command line"
+            )
+        if value[0] == "":
+            fail("[] starts with an empty program name; write the program first")
+    return value
+
+
+def _limit(
+    parse: Callable[[object], T], *, minimum: float = 0, what: str = ""
+) -> Callable[[object], T | None]:
+    """A limit: a value, or ``null``/``'unlimited'`` for no limit of that kind."""
+
+    def validator(value: object) -> T | None:
+        if value is None or (isinstance(value, str) and value.strip().lower() == "unlimited"):
+            return None
+        try:
+            parsed = parse(value)
+        except ValueError as exc:
+            fail(str(exc))
+        if parsed < minimum:  # type: ignore[operator]
+            fail(what.format(value=show(value)))
+        return parsed
+
+    return validator
+
+
+def _pids(value: object) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        raise ValueError(
+            f"{show(value)} is text, not a number; write it without quotes: {value.strip()}"
+        )
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"{show(value)} is not a whole number; write a number of processes such as 512"
+        )
+    return value
+
+
+# ------------------------------------------------------------------- annotated types
+
+PathPattern = Annotated[str, AfterValidator(_checked(check_path))]
+ProtectPattern = Annotated[str, AfterValidator(_checked(_relative_ok))]
+AbsDir = Annotated[str, AfterValidator(_checked(check_dir))]
+WorkspaceDir = Annotated[str, AfterValidator(_checked(_workspace))]
+Name = Annotated[str, AfterValidator(_checked(check_name))]
+EnvName = Annotated[str, AfterValidator(_checked(check_env_name))]
+EnvValue = Annotated[str, AfterValidator(_checked(_no_nul))]
+CommandArg = Annotated[str, AfterValidator(_checked(_no_nul))]
+Port = Annotated[
+    int,
+    BeforeValidator(_checked(_port)),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 65535}),
+]
+PortList = Annotated[list[Port], BeforeValidator(_ports)]
+HttpMethod = Annotated[str, AfterValidator(_checked(_method))]
+UrlPath = Annotated[str, AfterValidator(_checked(_url_path))]
+HostPattern = Annotated[str, AfterValidator(_checked(normalize_host_pattern))]
+ToolId = Annotated[str, AfterValidator(_checked(_tool_id))]
+ArgName = Annotated[str, AfterValidator(_checked(_arg_name))]
+Url = Annotated[str, AfterValidator(_checked(_url))]
+
+Command = Annotated[
+    list[CommandArg],
+    BeforeValidator(_command),
+    WithJsonSchema(
+        {
+            "description": "The program and its arguments, or one string run by /bin/sh -c.",
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            ],
+        }
+    ),
+]
+
+_UNLIMITED: list[dict[str, Any]] = [{"const": "unlimited"}, {"type": "null"}]
+SIZE_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "string", "pattern": SIZE_PATTERN},
+        *_UNLIMITED,
+    ]
+}
+DURATION_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "number", "exclusiveMinimum": 0},
+        {"type": "string", "pattern": DURATION_PATTERN},
+        *_UNLIMITED,
+    ]
+}
+
+MemoryLimit = Annotated[
+    int | None,
+    BeforeValidator(
+        _limit(
+            parse_size,
+            minimum=1024**2,
+            what="{value} is less than 1 MiB; write a unit, such as '512M'",
+        )
+    ),
+    WithJsonSchema(
+        {**SIZE_SCHEMA, "description": "Memory for the whole cell: '512M', '2G' or bytes."}
+    ),
+]
+OutputLimit = Annotated[
+    int | None,
+    BeforeValidator(_limit(parse_size)),
+    WithJsonSchema({**SIZE_SCHEMA, "description": "Bytes of stdout + stderr kept: '64M'."}),
+]
+PidsLimit = Annotated[
+    int | None,
+    BeforeValidator(
+        _limit(
+            _pids, minimum=1, what="{value} is less than 1; write a number of processes such as 512"
+        )
+    ),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": 1}, *_UNLIMITED],
+            "description": "Processes and threads alive at once.",
+        }
+    ),
+]
+CpuLimit = Annotated[
+    float | None,
+    BeforeValidator(_limit(parse_cpu)),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {"type": "string", "pattern": r"^ *(\d+(\.\d+)?|\.\d+) *%?$"},
+                *_UNLIMITED,
+            ],
+            "description": "CPU as cores (0.5, 2) or a percentage of one core ('50%').",
+        }
+    ),
+]
+TimeoutLimit = Annotated[
+    float | None,
+    BeforeValidator(
+        _limit(
+            parse_duration,
+            minimum=1e-3,
+            what="{value} is less than a millisecond; write a duration such as '30s', "
+            "or 'unlimited' for none",
+        )
+    ),
+    WithJsonSchema(
+        {**DURATION_SCHEMA, "description": "Wall-clock time: '30s', '5m', '1h' or seconds."}
+    ),
+]
+
+
+def _host_entry(value: object) -> object:
+    """The short form ``host[:port]`` becomes ``{host, ports}``."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if "://" in text:
+        return {"host": text}
+    if text.startswith("["):
+        host, sep, rest = text.partition("]")
+        host += sep
+        if rest and not rest.startswith(":"):
+            fail(f"{show(value)} is not 'host:port'; write an IPv6 address as '[2001:db8::1]:443'")
+        port = rest[1:] if rest else None
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, None
+    if port is None:
+        return {"host": host}
+    if not port.isdigit():
+        fail(
+            f"{show(value)} has the port {show(port)}, which is not a number; "
+            "write a port from 1 to 65535"
+        )
+    return {"host": host, "ports": [int(port)]}
+
+
+class _ShortHostForm:
+    """In the JSON Schema, an entry is a ``host[:port]`` string or the mapping."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
+        return {
+            "anyOf": [
+                {"type": "string", "description": "host[:port]; the port defaults to 443"},
+                handler(core_schema),
+            ]
+        }
+
+
+# -------------------------------------------------------------------------- models
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class FilesystemSection(_Section):
+    base: Literal["system", "none"] = Field(
+        "system",
+        description="'system' adds the default policy's system read dirs, secrets deny list "
+        "and protect list to the lists below; 'none' uses only the lists below.",
+    )
+    read: list[PathPattern] = Field(default_factory=list, description="Shown read-only.")
+    write: list[PathPattern] = Field(default_factory=list, description="Shown read-write.")
+    deny: list[PathPattern] = Field(
+        default_factory=list, description="Hidden, even inside a read or write path."
+    )
+    protect: list[ProtectPattern] = Field(
+        default_factory=list,
+        description="Read-only inside writable paths, even before they exist; "
+        "relative entries are inside the workspace.",
+    )
+
+
+class ExecSection(_Section):
+    allow: list[PathPattern] = Field(
+        default_factory=list,
+        description="Absolute paths (or globs, or directories) of the programs the cell may run; "
+        "empty means any readable file.",
+    )
+
+
+class EnvSection(_Section):
+    base: Literal["default", "none"] = Field(
+        "default",
+        description="'default' passes TERM, LANG, LC_ALL, TZ and sets PATH; 'none' starts empty.",
+    )
+    pass_: list[EnvName] = Field(
+        default_factory=list, alias="pass", description="Names copied from the caller, if set."
+    )
+    set_: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, alias="set", description="Names set to these values."
+    )
+
+
+class LimitsSection(_Section):
+    memory: MemoryLimit = None
+    pids: PidsLimit = None
+    cpu: CpuLimit = None
+    timeout: TimeoutLimit = None
+    output: OutputLimit = None
+
+
+class HostRuleSection(_Section):
+    host: HostPattern = Field(
+        description="A DNS name, '*.example.com' (one label), '**.example.com' (one or more), "
+        "an IP address or a CIDR network."
+    )
+    ports: PortList = Field(default_factory=lambda: [443], min_length=1)
+    methods: list[HttpMethod] = Field(default_factory=list, description="Empty means any.")
+    paths: list[UrlPath] = Field(
+        default_factory=list, description="URL path prefixes; empty means any."
+    )
+
+
+HostEntry = Annotated[HostRuleSection, BeforeValidator(_host_entry), _ShortHostForm()]
+
+
+class NetworkSection(_Section):
+    allow: list[HostEntry] = Field(
+        default_factory=list,
+        description="Hosts the gateway lets through (coming with the gateway).",
+    )
+    loopback_ports: list[Port] = Field(
+        default_factory=list,
+        description="TCP ports programs in the cell may bind and connect to on its own loopback.",
+    )
+
+
+class ToolRuleSection(_Section):
+    id: ToolId
+    intent: Intent
+    verdict: Literal["allow", "deny", "ask"]
+    match: dict[ArgName, str] = Field(
+        default_factory=dict, description="Argument name to glob; every one must match."
+    )
+
+
+class LlmSection(_Section):
+    provider: Literal["openai", "anthropic"] = "openai"
+    base_url: Url | None = Field(None, description="Defaults to the provider's own API.")
+    model: str | None = None
+    api_key_env: EnvName | None = Field(
+        None, description="The variable of the daemon's environment that holds the API key."
+    )
+    max_requests: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class PolicyFile(_Section):
+    """A stockade policy file (one agent)."""
+
+    model_config = ConfigDict(title="stockade policy", strict=True, extra="forbid", frozen=True)
+
+    schema_: str | None = Field(None, alias="$schema", description="Ignored; for editors.")
+    name: Name
+    description: str | None = None
+    command: Command | None = None
+    mode: Literal["enforce", "audit"] = "enforce"
+    workspace: WorkspaceDir | None = Field(
+        None,
+        description="The read-write workspace; relative to the policy file's directory; "
+        "absent means a fresh temporary directory.",
+    )
+    workdir: AbsDir | None = Field(
+        None, description="Working directory; absent means the workspace."
+    )
+    filesystem: FilesystemSection = Field(
+        default_factory=lambda: FilesystemSection.model_validate({})
+    )
+    exec_: ExecSection = Field(default_factory=lambda: ExecSection(), alias="exec")
+    env: EnvSection = Field(default_factory=lambda: EnvSection.model_validate({}))
+    limits: LimitsSection = Field(default_factory=lambda: LimitsSection())
+    network: NetworkSection = Field(default_factory=lambda: NetworkSection())
+    tools: list[ToolRuleSection] = Field(
+        default_factory=list, description="Broker rules (coming with the broker)."
+    )
+    llm: LlmSection | None = Field(None, description="The LLM endpoint (coming with the gateway).")
+
+
+STOCKADE_KEYS = tuple((field.alias or name) for name, field in PolicyFile.model_fields.items())
+
+
+# ------------------------------------------------------------- shared by both formats
+
+
+def default_env(
+    *, base: Literal["default", "none"], passthrough: Iterable[str], values: dict[str, str]
+) -> EnvPolicy:
+    """The cell's environment: the defaults of ``base``, then the file's names.
+
+    What the file says wins over a default: a name the file passes is no longer
+    set by default (``PATH``), and a name it sets is no longer passed (``TERM``).
+    """
+    names = list(DEFAULT_PASSTHROUGH) if base == "default" else []
+    setting = {"PATH": DEFAULT_PATH} if base == "default" else {}
+    explicit = list(dict.fromkeys(passthrough))
+    for name in explicit:
+        setting.pop(name, None)
+        if name not in names:
+            names.append(name)
+    for name, value in values.items():
+        setting[name] = value
+        if name in names and name not in explicit:
+            names.remove(name)
+    return EnvPolicy(passthrough=tuple(names), set=tuple(setting.items()))
