@@ -462,3 +462,52 @@ def test_create_and_destroy_are_fast() -> None:
         times.append(time.perf_counter() - start)
     times.sort()
     assert times[len(times) // 2] < 0.010, times
+
+
+DELEGATED_CHILD = """
+import os, sys
+from stockade.cell import _cgroup
+base, controller = sys.argv[1], sys.argv[2]
+with open(f"{base}/cgroup.procs", "w") as f:  # a cgroup holding only this process
+    f.write("0")
+h = _cgroup.discover_layout().v2
+assert h is not None and h.own == base, h
+print(_cgroup._v2_enable(h, controller))
+print(open("/proc/self/cgroup").read().splitlines()[-1])
+print(_cgroup.discover_layout().v2.own)
+"""
+
+
+def test_v2_delegation_moves_this_process_to_a_leaf() -> None:
+    # In a delegated v2 cgroup (systemd Delegate=yes) the process itself blocks
+    # enabling controllers for children; it moves to a leaf when it is alone.
+    # Shown here with whichever controller the v2 root offers (hugetlb here).
+    lay = layout()
+    if lay.v2 is None or not lay.v2.is_root or not lay.v2.controllers:
+        pytest.skip("needs to run in the v2 root cgroup with a controller to delegate")
+    controller = lay.v2.controllers[0]
+    root = lay.v2.own
+    was_enabled = controller in lay.v2.enabled
+    base = f"{root}/stockade-delegation-test-{os.getpid()}"
+    if not was_enabled:
+        Path(root, "cgroup.subtree_control").write_text(f"+{controller}")
+    os.mkdir(base)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", DELEGATED_CHILD, base, controller],
+            capture_output=True,
+            text=True,
+            timeout=BOUND,
+            check=True,
+        ).stdout.splitlines()
+        assert out[0] == "None"  # enabled, no reason to refuse
+        assert out[1].endswith(f"/stockade-delegation-test-{os.getpid()}/{_cgroup.LEAF}")
+        assert out[2] == base  # cells still nest under the delegated cgroup
+        assert controller in Path(base, "cgroup.subtree_control").read_text().split()
+        assert controller in Path(base, PARENT, "cgroup.subtree_control").read_text().split()
+    finally:
+        for d in (f"{base}/{PARENT}", f"{base}/{_cgroup.LEAF}", base):
+            if os.path.isdir(d):
+                os.rmdir(d)
+        if not was_enabled:
+            Path(root, "cgroup.subtree_control").write_text(f"-{controller}")

@@ -41,6 +41,9 @@ CFS_MIN_QUOTA_US = 1_000
 """The kernel refuses a CFS quota below 1 ms (``cpu.cfs_quota_us``, kernel/sched/core.c)."""
 PARENT = "stockade"
 """The directory under this process's own cgroup that holds every cell's cgroup."""
+LEAF = "stockade-supervisor"
+"""Where this process moves itself, under its own v2 cgroup, when it must enable
+controllers there; its own cgroup stays the parent of that leaf."""
 LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
 
 KillMechanism = Literal["cgroup.kill", "cgroup.freeze", "freezer", "signals"]
@@ -136,7 +139,8 @@ def discover_layout() -> CgroupLayout:
         hid, _, rest = line.partition(":")
         names, _, path = rest.partition(":")
         if hid == "0" and not names:
-            own["<v2>"] = path
+            # After _move_self_to_leaf, cells still nest under the leaf's parent.
+            own["<v2>"] = path[: -len(LEAF) - 1] if path.endswith(f"/{LEAF}") else path
         else:
             for name in names.split(","):
                 if name:
@@ -261,15 +265,35 @@ def _v2_enable(h: Hierarchy, controller: str) -> str | None:
     parent = f"{h.own}/{PARENT}"
     try:
         if controller not in h.enabled:
-            # A non-root cgroup that holds processes cannot enable controllers
-            # for its children (EBUSY, the "no internal processes" rule).
-            _write(f"{h.own}/cgroup.subtree_control", f"+{controller}")
+            try:
+                _write(f"{h.own}/cgroup.subtree_control", f"+{controller}")
+            except OSError as exc:
+                # A non-root cgroup that holds processes cannot enable controllers
+                # for its children (EBUSY, the "no internal processes" rule of
+                # cgroup v2). When this process is all it holds, as in a systemd
+                # unit or scope with Delegate=yes, move it to a leaf and retry.
+                if exc.errno != errno.EBUSY or not _move_self_to_leaf(h.own):
+                    raise
+                _write(f"{h.own}/cgroup.subtree_control", f"+{controller}")
         _mkdir_parent(parent)
         _write(f"{parent}/cgroup.subtree_control", f"+{controller}")
     except OSError as exc:
         return f"enabling it in cgroup.subtree_control failed: {os.strerror(exc.errno or 0)}"
     _v2_ready.add((h.own, controller))
     return None
+
+
+def _move_self_to_leaf(own: str) -> bool:
+    """Move this process from ``own`` into ``own/stockade-supervisor`` if it is the
+    only process there (so nobody else is moved); whether it did."""
+    try:
+        if _read(f"{own}/cgroup.procs").split() != [str(os.getpid())]:
+            return False
+        _mkdir_parent(f"{own}/{LEAF}")
+        _write(f"{own}/{LEAF}/cgroup.procs", "0")
+    except OSError:
+        return False
+    return True
 
 
 def _mkdir_parent(path: str) -> None:

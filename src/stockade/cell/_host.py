@@ -341,14 +341,19 @@ def _cgroups(
         usable: tuple[str, ...] = ()
     else:
         v2_dir = Fact(v2.own, f"cgroup2 mounted at {v2.mount}; own cgroup from /proc/self/cgroup")
-        # A non-root cgroup holding processes (this one) cannot enable controllers
-        # for its children, so a controller counts only if it is already enabled.
-        usable = tuple(c for c in v2.controllers if c in v2.enabled or v2.is_root)
+        # A non-root cgroup holding processes cannot enable controllers for its
+        # children; stockade moves itself to a leaf when it is the only one
+        # there (a systemd unit or scope with Delegate=yes), so a controller
+        # counts when it is enabled already or could be enabled that way.
+        procs = (_read(f"{v2.own}/cgroup.procs") or "").split()
+        alone = v2.is_root or procs == [str(os.getpid())]
+        usable = tuple(c for c in v2.controllers if c in v2.enabled or alone)
         v2_ctl = Fact(
             v2.controllers,
             f"{v2.own}/cgroup.controllers; subtree_control enables "
             + (", ".join(v2.enabled) or "none")
-            + ("" if not v2.is_root else " (root cgroup: can enable any)"),
+            + (" (root cgroup: can enable any)" if v2.is_root else "")
+            + (" (this process alone in it: can enable any)" if alone and not v2.is_root else ""),
         )
     v1_names = tuple(sorted(lay.v1))
     v1 = Fact(v1_names, "cgroup v1 mounts in /proc/self/mountinfo" if v1_names else "none mounted")
@@ -365,8 +370,8 @@ def _cgroups(
                 if v2 is None
                 else f"{c} not in {v2.own}/cgroup.controllers"
                 if c not in v2.controllers
-                else f"{c} available but not enabled in {v2.own}/cgroup.subtree_control "
-                "(a cgroup with processes cannot enable it)"
+                else f"{c} available but not enabled in {v2.own}/cgroup.subtree_control, "
+                "and other processes share that cgroup (so it cannot be enabled)"
             )
             per[c] = Fact(
                 None,
