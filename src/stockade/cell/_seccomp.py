@@ -21,7 +21,9 @@ that produced it was installed with ``SECCOMP_FILTER_FLAG_LOG``:
    fallback happens on every thread creation, so it is not logged.
 
 Every allowed syscall is decided from its number alone, so the kernel's seccomp
-action cache (Linux 5.11) lets it through without running either filter.
+action cache (Linux 5.11) lets it through without running either filter; the
+numbers are searched as a binary tree, so that the few calls whose arguments are
+checked (ioctl, socket, clone, personality) run a handful of instructions.
 
 Argument checks compare only the low 32 bits of an argument: the kernel
 truncates ``int`` arguments (ioctl's request, socket's domain and type, clone's
@@ -67,6 +69,7 @@ def _arg_low(i: int) -> int:
 BPF_LD_W_ABS = 0x00 | 0x00 | 0x20
 BPF_ALU_AND_K = 0x04 | 0x50 | 0x00
 BPF_JMP_JEQ_K = 0x05 | 0x10 | 0x00
+BPF_JMP_JGE_K = 0x05 | 0x30 | 0x00
 BPF_JMP_JSET_K = 0x05 | 0x40 | 0x00
 BPF_RET_K = 0x06 | 0x00
 BPF_MAXINSNS = 4096
@@ -253,6 +256,24 @@ def _ret(k: int) -> _Insn:
     return (BPF_RET_K, 0, 0, k)
 
 
+def _dispatch(targets: list[tuple[int, str]]) -> list[_Insn | str]:
+    """A binary search over syscall numbers (sorted ``targets``): each number jumps
+    to its label, any other number to ``allow``. About log2(n) comparisons
+    instead of n: both the kernel's action-cache emulation at load time (~2 µs
+    per instruction walked) and every filtered call are shorter."""
+    if len(targets) <= 3:
+        *head, (last_nr, last_label) = targets
+        return [*(_jeq(nr, label) for nr, label in head), _jeq(last_nr, last_label, "allow")]
+    middle = len(targets) // 2
+    upper = f"nr>={targets[middle][0]}"
+    return [
+        (BPF_JMP_JGE_K, upper, 0, targets[middle][0]),
+        *_dispatch(targets[:middle]),
+        upper,
+        *_dispatch(targets[middle:]),
+    ]
+
+
 _cache: dict[Mode, tuple[bytes, bytes]] = {}
 
 
@@ -272,13 +293,12 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         _jeq(AUDIT_ARCH_X86_64, 0, "foreign"),
         _ld(_OFF_NR),
         _jset(X32_SYSCALL_BIT, "refuse"),
-        # Argument checks first: ioctl is frequent and not in the action cache.
-        _jeq(SYSCALLS["ioctl"], "ioctl"),
-        _jeq(SYSCALLS["socket"], "socket"),
-        _jeq(SYSCALLS["clone"], "clone"),
-        _jeq(SYSCALLS["personality"], "personality"),
-        *(_jeq(SYSCALLS[name], "refuse") for name in ALWAYS_REFUSED),
-        _ret(SECCOMP_RET_ALLOW),
+        *_dispatch(
+            sorted(
+                [(SYSCALLS[name], "refuse") for name in ALWAYS_REFUSED]
+                + [(SYSCALLS[name], name) for name in ("ioctl", "socket", "clone", "personality")]
+            )
+        ),
         "ioctl",
         _ld(_arg_low(1)),
         _jeq(TIOCSTI, "refuse"),
@@ -322,6 +342,8 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         _ret(SECCOMP_RET_ALLOW),
     ]
     built = (_assemble(deny), _assemble(clone3))
+    for program in built:
+        _fprog(program)
     _cache[mode] = built
     return built
 
@@ -336,6 +358,20 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+# The ctypes side of each program, made in the parent by build_filters: creating
+# ctypes objects in a freshly forked child costs ~0.2 ms, the syscall itself far less.
+_fprogs: dict[bytes, tuple[ctypes.Array[ctypes.c_char], _SockFprog]] = {}
+
+
+def _fprog(program: bytes) -> _SockFprog:
+    entry = _fprogs.get(program)
+    if entry is None:
+        buffer = ctypes.create_string_buffer(program, len(program))
+        entry = (buffer, _SockFprog(len(program) // 8, ctypes.addressof(buffer)))
+        _fprogs[program] = entry
+    return entry[1]
+
+
 def load(program: bytes, *, log: bool) -> None:
     """Install ``program`` on the calling thread with ``seccomp(2)``.
 
@@ -346,10 +382,8 @@ def load(program: bytes, *, log: bool) -> None:
         OSError: the kernel refused the filter (EINVAL: malformed; EACCES: no
             no_new_privs; ENOMEM: too many filters).
     """
-    buffer = ctypes.create_string_buffer(program, len(program))
-    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
     flags = SECCOMP_FILTER_FLAG_LOG if log else 0
-    syscall(SYS_SECCOMP, SECCOMP_SET_MODE_FILTER, flags, ctypes.byref(fprog))
+    syscall(SYS_SECCOMP, SECCOMP_SET_MODE_FILTER, flags, ctypes.byref(_fprog(program)))
 
 
 def apply(filters: tuple[bytes, bytes]) -> None:
