@@ -1,0 +1,235 @@
+"""``stockade validate`` and ``stockade schema``: the policy file from the command line.
+
+``validate FILE`` loads a policy (stockade's format or an AgentOS manifest)
+and prints what it grants, or every problem with its ``file:line:col``; it
+exits 0 when the file is valid and 3 when it is not. ``schema`` prints the
+JSON Schema of the format, for editors (``# yaml-language-server: $schema=…``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import sys
+from typing import Any
+
+import click
+
+from stockade.errors import PolicyError
+from stockade.policy._model import Policy
+
+EXIT_POLICY = 3
+_LOCATED = re.compile(r"^(.*:\d+:\d+): (.*)$", re.DOTALL)
+_COMING_GATEWAY = "enforced by the gateway, which is coming; until then the cell has no network"
+_COMING_BROKER = "enforced by the broker, which is coming"
+
+
+@click.command("validate")
+@click.argument("file")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option(
+    "--show-env",
+    is_flag=True,
+    help="Show the values of env.set (hidden by default: they may be secrets).",
+)
+@click.pass_context
+def validate(ctx: click.Context, file: str, as_json: bool, show_env: bool) -> None:
+    """Check the policy FILE and summarise what it grants ('-' reads stdin).
+
+    Exits 0 when the policy is valid, 3 when it is not; every problem is
+    printed with its file:line:col.
+    """
+    from stockade.policy._load import load_policy_file, loads_policy_text
+
+    try:
+        if file == "-":
+            loaded = loads_policy_text(sys.stdin.read(), source="<stdin>")
+        else:
+            loaded = load_policy_file(file)
+    except PolicyError as exc:
+        problems = _problems(exc)
+        if as_json:
+            click.echo(json.dumps({"valid": False, "file": file, "errors": problems}, indent=2))
+        else:
+            for problem in problems:
+                where = f"{problem['location']}: " if problem["location"] else ""
+                click.echo(f"stockade: {where}{problem['message']}", err=True)
+        ctx.exit(EXIT_POLICY)
+    policy, fmt = loaded.policy, loaded.format
+    warnings = grant_warnings(policy)
+    if as_json:
+        body = {
+            "valid": True,
+            "file": file,
+            "format": fmt,
+            "policy": policy_as_json(policy, show_env=show_env),
+            "warnings": warnings,
+        }
+        click.echo(json.dumps(body, indent=2))
+        return
+    click.echo(summary(policy, fmt=fmt, file=file, show_env=show_env))
+    for warning in warnings:
+        click.echo(f"warning: {warning}")
+
+
+@click.command("schema")
+@click.option("--agentos", is_flag=True, help="The schema of AgentOS manifests instead.")
+def schema(agentos: bool) -> None:
+    """Print the JSON Schema of a policy file, for editors."""
+    from stockade.policy._load import policy_json_schema
+
+    click.echo(json.dumps(policy_json_schema(agentos=agentos), indent=2))
+
+
+# ------------------------------------------------------------------------ rendering
+
+
+def _problems(exc: PolicyError) -> list[dict[str, str | None]]:
+    out: list[dict[str, str | None]] = [{"location": exc.location, "message": exc.message}]
+    for note in getattr(exc, "__notes__", ()):
+        match = _LOCATED.match(note)
+        if match:
+            out.append({"location": match.group(1), "message": match.group(2)})
+        else:
+            out.append({"location": None, "message": note})
+    return out
+
+
+def policy_as_json(policy: Policy, *, show_env: bool = False) -> dict[str, Any]:
+    """The policy as plain JSON data; env.set values hidden unless ``show_env``."""
+    data = dataclasses.asdict(policy)
+    data["env"]["set"] = {
+        name: (value if show_env else "<hidden>") for name, value in policy.env.set
+    }
+    data["tools"] = [{**rule, "match": dict(rule["match"])} for rule in data["tools"]]
+    return data
+
+
+def _q(path: str) -> str:
+    return shlex.quote(path)
+
+
+def _paths(paths: tuple[str, ...]) -> str:
+    return " ".join(_q(p) for p in paths) if paths else "none"
+
+
+def _host(rule: Any) -> str:
+    host = f"[{rule.host}]" if ":" in rule.host else rule.host
+    text = f"{host}:{','.join(str(p) for p in rule.ports)}"
+    extra = [*rule.methods, *rule.paths]
+    return f"{text} ({' '.join(extra)})" if extra else text
+
+
+def summary(policy: Policy, *, fmt: str, file: str, show_env: bool = False) -> str:
+    """What ``policy`` grants, in a few aligned lines."""
+    from stockade.policy._schema import format_duration, format_size
+
+    kind = "AgentOS manifest" if fmt == "agentos" else "stockade policy"
+    lines = [f"{file}: valid {kind} {policy.name!r}, mode {policy.mode}"]
+
+    def row(label: str, text: str) -> None:
+        lines.append(f"  {label:<12} {text}")
+
+    command = shlex.join(policy.command).replace("\n", "\\n")
+    if len(command) > 160:
+        command = command[:159] + "…"
+    row("command", command or "given on the command line")
+    row(
+        "workspace",
+        f"{_q(policy.workspace)} (read-write)"
+        if policy.workspace
+        else "a fresh temporary directory (read-write)",
+    )
+    if policy.workdir:
+        row("workdir", _q(policy.workdir))
+    fs = policy.filesystem
+    row("read-only", _paths(fs.read))
+    row("read-write", _paths(fs.write))
+    row("hidden", _paths(fs.deny))
+    protected = _paths(fs.protect)
+    if policy.source:
+        protected += " and this file, when it is inside the workspace"
+    row("protected", protected)
+    row("programs", _paths(policy.exec.allow) if policy.exec.allow else "any readable file")
+    env = policy.env
+    set_text = (
+        " ".join(f"{k}={shlex.quote(v)}" for k, v in env.set)
+        if show_env
+        else " ".join(k for k, _ in env.set) + (" (values hidden)" if env.set else "")
+    )
+    row(
+        "environment",
+        f"passes {' '.join(env.passthrough) or 'nothing'}; sets {set_text or 'nothing'}",
+    )
+    lim = policy.limits
+    row(
+        "limits",
+        ", ".join(
+            [
+                f"memory {format_size(lim.memory) if lim.memory is not None else 'unlimited'}",
+                f"processes {lim.pids if lim.pids is not None else 'unlimited'}",
+                f"cpu {f'{lim.cpu:g} cores' if lim.cpu is not None else 'unlimited'}",
+                "timeout "
+                + (format_duration(lim.timeout) if lim.timeout is not None else "unlimited"),
+                f"output {format_size(lim.output) if lim.output is not None else 'unlimited'}",
+            ]
+        ),
+    )
+    loopback = policy.network.loopback_ports
+    row(
+        "network",
+        "loopback only"
+        + (f", ports {' '.join(str(p) for p in loopback)}" if loopback else " (no ports)"),
+    )
+    if policy.network.allow:
+        hosts = ", ".join(_host(rule) for rule in policy.network.allow)
+        row("egress", f"{hosts} ({_COMING_GATEWAY})")
+    if policy.tools:
+        rules = ", ".join(f"{r.id}: {r.intent} → {r.verdict}" for r in policy.tools)
+        row("tools", f"{rules} ({_COMING_BROKER})")
+    if policy.llm:
+        llm = policy.llm
+        model = f" model {llm.model}" if llm.model else ""
+        row(
+            "llm",
+            f"{llm.provider} at {llm.base_url}{model} (enforced by the gateway, which is coming)",
+        )
+    return "\n".join(lines)
+
+
+def grant_warnings(policy: Policy) -> list[str]:
+    """What a valid policy grants that its author may not have meant."""
+    from stockade.policy._schema import covered_by
+
+    out: list[str] = []
+    fs = policy.filesystem
+    if policy.mode == "audit":
+        out.append("mode is audit: what the policy does not allow is recorded but not refused")
+    if "/" in fs.write:
+        out.append(
+            "filesystem.write '/' makes the whole host filesystem writable, except hidden paths; "
+            "grant the directories the agent needs instead"
+        )
+    elif "/" in fs.read:
+        out.append("filesystem.read '/' shows the whole host filesystem, except hidden paths")
+    for path in (*fs.read, *fs.write, *((policy.workspace,) if policy.workspace else ())):
+        if re.fullmatch(r"/home(/[^/]+)?|/root", path):
+            out.append(
+                f"{path!r} holds a home directory (~/.ssh, ~/.aws, shell history…); "
+                "grant a project directory instead"
+            )
+    grants = [*fs.read, *fs.write, *((policy.workspace,) if policy.workspace else ())]
+    if policy.workdir and not covered_by(policy.workdir, grants):
+        out.append(
+            f"workdir {policy.workdir!r} is outside every granted path, so the cell cannot enter it"
+        )
+    if policy.limits.memory is None:
+        out.append("there is no memory limit: one process can exhaust the host's memory")
+    if policy.limits.pids is None:
+        out.append("there is no process limit: a fork bomb can exhaust the host")
+    return out
+
+
+__all__ = ["grant_warnings", "policy_as_json", "schema", "summary", "validate"]
