@@ -4,7 +4,6 @@ output and events. Used by the CLI, the tests and the benchmarks."""
 from __future__ import annotations
 
 import os
-import secrets
 import select
 import shutil
 import signal
@@ -67,8 +66,14 @@ def shared_audit_reader() -> AuditReader:
     """
     global _shared_audit
     if _shared_audit is None:
+        import sys
+
         from stockade.record._audit import AuditReader
 
+        # The reader thread parses every audit record of the host; with the
+        # default 5 ms GIL switch interval a busy reader would stall a launch
+        # by that much each time it holds the interpreter.
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         reader = AuditReader()
         reader.start()
         _shared_audit = reader
@@ -142,7 +147,7 @@ class Cell:
         command = tuple(argv) if argv else self.policy.command
         if not command:
             raise CellError("no command to run: pass one, or set `command` in the policy")
-        cell_id = "c-" + secrets.token_hex(6)
+        cell_id = "c-" + os.urandom(6).hex()
         policy = self.policy
         limits = policy.limits
         deadline_seconds = timeout if timeout is not None else limits.timeout
