@@ -255,7 +255,8 @@ def _print_tables(facts: HostFacts, policy: Policy, findings: list[Finding]) -> 
     if missing:
         console.print("[bold red]Missing[/bold red] (see docs/DOCTOR.md):")
         for f in missing:
-            console.print(f"  [bold]{f.requirement.feature}[/bold] ({f.requirement.why}): {f.fix}")
+            why = f"[dim]— for {f.requirement.why}[/dim]"
+            console.print(f"  [bold]{f.requirement.feature}[/bold]: {f.fix} {why}")
         console.print(
             f"[red]stockade will refuse to run policy {policy.name!r} here: "
             f"{len(missing)} feature(s) missing.[/red]"
