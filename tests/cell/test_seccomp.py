@@ -181,6 +181,11 @@ class TestProgram:
         assert seccomp.refusal_reason(39 | X32_SYSCALL_BIT) == seccomp.X32_REASON
         assert seccomp.refusal_reason(20, AUDIT_ARCH_I386) == seccomp.FOREIGN_ARCH_REASON
 
+    def test_every_refusal_is_documented(self) -> None:
+        doc = (Path(__file__).parents[2] / "docs" / "KERNEL.md").read_text()
+        table = doc[doc.index("### What is refused, and why") :]
+        assert [name for name in seccomp.REFUSED if f"`{name}`" not in table] == []
+
     @pytest.mark.parametrize(
         "args,refused",
         [
