@@ -193,7 +193,7 @@ ALWAYS_REFUSED: tuple[str, ...] = tuple(
 """The syscalls the deny filter refuses whatever their arguments."""
 
 X32_REASON = "an x32-ABI call: the cell runs x86-64 programs, and the filter checks x86-64 numbers"
-FOREIGN_ARCH_REASON = "a syscall of another architecture (i386 int 0x80): the process is killed"
+FOREIGN_ARCH_REASON = "a call of another architecture (i386 int 0x80): killed in enforce mode"
 
 
 def refusal_reason(nr: int, arch: int = AUDIT_ARCH_X86_64) -> str | None:
