@@ -31,6 +31,7 @@ import fcntl
 import os
 import signal
 import socket
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -425,7 +426,7 @@ def _first_child(spec: LaunchSpec, parent: int, status_w: int, go_r: int) -> Non
         fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
         os.write(fd, b"0")
         os.close(fd)
-    idmapped = _idmapped_trees(spec)
+    trees = _detached_trees(spec)
     if os.geteuid() == 0:
         os.setgroups([])
     _check(_libc.unshare(CELL_NAMESPACES), "unshare", "unshare namespaces")
@@ -438,7 +439,7 @@ def _first_child(spec: LaunchSpec, parent: int, status_w: int, go_r: int) -> Non
     pid = os.fork()
     if pid == 0:
         try:
-            _cell_init(spec, status_w, idmapped)
+            _cell_init(spec, status_w, trees)
         except _SetupFailed as exc:
             _report(status_w, exc.stage, exc.err, str(exc))
         except OSError as exc:
@@ -461,27 +462,39 @@ def _first_child(spec: LaunchSpec, parent: int, status_w: int, go_r: int) -> Non
     os._exit(os.WEXITSTATUS(status))
 
 
-def _idmapped_trees(spec: LaunchSpec) -> dict[int, int]:  # pragma: no cover
-    """Detached, idmapped copies of the grants that need one, made while this
-    process is still host root (only the initial namespace may idmap an ext4
-    mount); the cell's pid 1 moves them into its view."""
-    trees: dict[int, int] = {}
+def _detached_trees(spec: LaunchSpec) -> dict[int, tuple[int, bool]]:  # pragma: no cover
+    """Detached copies (``open_tree``) of every host path the view binds, made
+    while this process is still host root.
+
+    The cell's pid 1 could not reach them itself: it acts as an unprivileged
+    host uid and would be stopped by any parent directory it may not traverse
+    (a 0700 home, pytest's /tmp/pytest-of-root). The copies are moved into the
+    view by file descriptor. Writable grants whose owner is not the cell's
+    host uid are idmapped here too (only the initial namespace may idmap an
+    ext4 mount). Returns {op index: (tree fd, is a directory)}.
+    """
+    trees: dict[int, tuple[int, bool]] = {}
     users = {uid: fd for uid, _gid, fd in spec.idmap_userns}
-    stage = "idmapping a writable grant"
+    stage = "preparing the grants"
     for index, op in enumerate(spec.plan.mounts):
-        if op.kind != "bind" or op.idmap_owner is None or op.idmap_owner not in users:
+        if op.kind != "bind" or op.from_view:
             continue
-        fd = _check(
-            _libc.syscall(
-                SYS_open_tree,
-                ctypes.c_int(AT_FDCWD),
-                op.src.encode(),
-                ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC),
-            ),
-            stage,
-            f"open_tree {op.src}",
+        fd = _libc.syscall(
+            SYS_open_tree,
+            ctypes.c_int(AT_FDCWD),
+            op.src.encode(),
+            ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC),
         )
-        attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, users[op.idmap_owner])
+        if fd < 0:
+            if ctypes.get_errno() in (2, 20):  # ENOENT, ENOTDIR: gone since planning
+                continue
+            _check(fd, stage, f"open_tree {op.src}")
+        attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+        userns = 0
+        if op.idmap_owner is not None and op.idmap_owner in users:
+            attrs |= MOUNT_ATTR_IDMAP
+            userns = users[op.idmap_owner]
+        attr = _MountAttr(attrs, 0, 0, userns)
         _check(
             _libc.syscall(
                 SYS_mount_setattr,
@@ -492,16 +505,16 @@ def _idmapped_trees(spec: LaunchSpec) -> dict[int, int]:  # pragma: no cover
                 ctypes.c_size_t(ctypes.sizeof(attr)),
             ),
             stage,
-            f"idmapping {op.src}",
+            f"mount attributes of {op.src}",
         )
-        trees[index] = fd
+        trees[index] = (fd, stat.S_ISDIR(os.fstat(fd).st_mode))
     return trees
 
 
-def _cell_init(spec: LaunchSpec, status_w: int, idmapped: dict[int, int]) -> None:  # pragma: no cover
+def _cell_init(spec: LaunchSpec, status_w: int, trees: dict[int, tuple[int, bool]]) -> None:  # pragma: no cover
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "preparing", "death signal")
     plan = spec.plan
-    _build_view(plan.mounts, idmapped)
+    _build_view(plan.mounts, trees)
     _check(_libc.sethostname(b"stockade", 8), "naming the host", "sethostname")
     _loopback_up()
     stage = "entering the workdir"
@@ -540,7 +553,7 @@ def _cell_init(spec: LaunchSpec, status_w: int, idmapped: dict[int, int]) -> Non
         raise _SetupFailed("exec", exc.errno or 0, f"{spec.argv[0]}: {exc.strerror}") from None
 
 
-def _build_view(mounts: tuple[MountOp, ...], idmapped: dict[int, int]) -> None:  # pragma: no cover
+def _build_view(mounts: tuple[MountOp, ...], trees: dict[int, tuple[int, bool]]) -> None:  # pragma: no cover
     stage = "building the filesystem view"
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None, stage)
     _mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700", stage)
@@ -555,41 +568,44 @@ def _build_view(mounts: tuple[MountOp, ...], idmapped: dict[int, int]) -> None: 
     for index, op in enumerate(mounts):
         dst = "/newroot" + op.dst
         kind = op.kind
-        if kind == "bind":
-            src = ("/newroot" if op.from_view else "/oldroot") + op.src
-            if not os.path.lexists(src):
+        if kind == "bind" and not op.from_view:
+            tree = trees.get(index)
+            if tree is None:
                 continue  # gone since planning: nothing to show
-            if os.path.isdir(src):
+            fd, is_dir = tree
+            if is_dir:
                 _makedirs(dst)
             else:
                 _touch(dst)
-            tree = idmapped.get(index)
-            if tree is not None:
-                _check(
-                    _libc.syscall(
-                        SYS_move_mount,
-                        ctypes.c_int(tree),
-                        b"",
-                        ctypes.c_int(AT_FDCWD),
-                        dst.encode(),
-                        ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH),
-                    ),
-                    stage,
-                    f"move_mount {op.src}",
-                )
-                os.close(tree)
-                continue
-            _mount(src, dst, None, MS_BIND | MS_REC, None, stage)
+            _check(
+                _libc.syscall(
+                    SYS_move_mount,
+                    ctypes.c_int(fd),
+                    b"",
+                    ctypes.c_int(AT_FDCWD),
+                    dst.encode(),
+                    ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH),
+                ),
+                stage,
+                f"move_mount {op.src}",
+            )
+            os.close(fd)
             # Grants are not read-only mounts even when read-only: such a mount
             # refuses a write before Landlock sees it, and so without a record;
             # Landlock refuses it instead and the kernel logs what was tried.
-            # A protected file inside a writable grant is the exception: no
+        elif kind == "bind":
+            # A protected path inside a writable grant, as the cell sees it: no
             # Landlock rule can carve a name out of a writable tree, so a
-            # read-only mount is what refuses it (EROFS).
+            # read-only mount refuses it (EROFS); the directories leading to it
+            # are mount points so that they cannot be renamed away (EBUSY).
+            src = "/newroot" + op.src
+            if not os.path.lexists(src):
+                continue
+            _mount(src, dst, None, MS_BIND, None, stage)
             attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
-            if op.from_view and not op.writable:
+            if not op.writable:
                 attrs |= MOUNT_ATTR_RDONLY
-            _set_attr(dst, attrs, True, stage)
+            _set_attr(dst, attrs, False, stage)
         elif kind == "tmpfs":
             _makedirs(dst)
             _mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777", stage)

@@ -194,6 +194,9 @@ def plan_cell(
     entries.extend((op.dst, op) for op in protect_ops)
     # The cell's own /tmp, /dev and /proc are fresh, never the host's.
     entries.append(("/tmp", MountOp("tmpfs", "/tmp", writable=True)))
+    scratch = _scratch_dir(read_dirs, hidden)
+    if scratch != "/tmp":
+        entries.append((scratch, MountOp("dir", scratch)))
     entries.append(("/dev", MountOp("dev", "/dev")))
     entries.append(("/proc", MountOp("proc", "/proc")))
     if os.path.isdir("/sys"):
@@ -210,6 +213,7 @@ def plan_cell(
     for link, target in sorted(symlinks.items()):
         ops.append(MountOp("symlink", link, src=target))
 
+    _check_nesting(read_dirs, write_dirs, workspace)
     grants = _grants(policy, read_dirs, write_dirs, workspace, hidden)
     workdir = policy.workdir or workspace
     return CellPlan(
@@ -219,7 +223,7 @@ def plan_cell(
         workdir=workdir,
         host_uid=host_uid,
         host_gid=host_gid,
-        env=_environment(policy, workspace, environ),
+        env=_environment(policy, workspace, environ, _scratch_dir(read_dirs, hidden)),
         placeholders=placeholders,
         hidden=tuple(hidden),
     )
@@ -317,6 +321,36 @@ def _protect(policy: Policy, workspace: str) -> tuple[tuple[ProtectPlaceholder, 
     return tuple(placeholders), ops
 
 
+SCRATCH = "/tmp/.stockade-tmp"
+
+
+def _scratch_dir(read_dirs: list[str], hidden: list[str]) -> str:
+    """Where the cell may write temporary files: /tmp, unless a read-only grant
+    or a hidden path lies under /tmp.
+
+    Landlock rights flow down through mount points, so a write grant on the
+    cell's /tmp would also cover a read-only host directory shown under it.
+    Then /tmp itself may only be listed, and TMPDIR points to a directory of
+    its own inside it.
+    """
+    if any(_is_under(path, "/tmp") for path in (*read_dirs, *hidden)):
+        return SCRATCH
+    return "/tmp"
+
+
+def _check_nesting(read_dirs: list[str], write_dirs: list[str], workspace: str) -> None:
+    """A read-only grant inside a writable one cannot be enforced by Landlock
+    (rights add up down a tree): refuse it rather than pretend."""
+    for path in read_dirs:
+        for writable in (*write_dirs, workspace):
+            if path != writable and _is_under(path, writable):
+                raise PolicyError(
+                    f"filesystem.read {path!r} lies inside the writable {writable!r}, and Landlock "
+                    "cannot make part of a writable tree read-only; list it under "
+                    "filesystem.protect instead"
+                )
+
+
 def _grants(
     policy: Policy, read_dirs: list[str], write_dirs: list[str], workspace: str, hidden: list[str]
 ) -> Grants:
@@ -351,7 +385,10 @@ def _grants(
         add(path, read)
     for path in [*write_dirs, workspace]:
         add(path, write)
-    write.append("/tmp")  # the cell's own tmpfs: nothing of the host's is under it
+    scratch = _scratch_dir(read_dirs, hidden)
+    write.append(scratch)  # the cell's own tmpfs (or a part of it: see _scratch_dir)
+    if scratch != "/tmp":
+        list_dirs.append("/tmp")
     read.append("/proc")
     if os.path.isdir("/sys"):
         read.append("/sys")
@@ -388,7 +425,7 @@ def _group() -> bytes:
 
 
 def _environment(
-    policy: Policy, workspace: str, environ: dict[str, str] | os._Environ[str]
+    policy: Policy, workspace: str, environ: dict[str, str] | os._Environ[str], scratch: str
 ) -> tuple[tuple[str, str], ...]:
     """Nothing of the caller's environment crosses unless the policy names it."""
     env: dict[str, str] = {
@@ -396,7 +433,7 @@ def _environment(
         "HOME": workspace,
         "USER": "agent",
         "LOGNAME": "agent",
-        "TMPDIR": "/tmp",
+        "TMPDIR": scratch,
         "STOCKADE_CELL": "1",
     }
     for name in policy.env.passthrough:

@@ -48,7 +48,7 @@ def _register() -> None:
 def run_app(args: list[str]) -> int:
     _register()
     try:
-        cli.main(args=args, prog_name="stockade", standalone_mode=False)
+        code = cli.main(args=args, prog_name="stockade", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
@@ -61,4 +61,6 @@ def run_app(args: list[str]) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    return EXIT_OK
+    # With standalone_mode=False, click returns what the command returned (or
+    # the code given to ctx.exit): commands return their exit code.
+    return code if isinstance(code, int) else EXIT_OK

@@ -1,0 +1,234 @@
+"""The Cell API: what a caller gets back, and what a cell does with its workspace,
+environment, limits and lifecycle. Escapes live in tests/escapes/."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from stockade.cell import Cell
+from stockade.cell._cell import WORKSPACES_ROOT
+from stockade.errors import CellError
+from stockade.policy import EnvPolicy, FilesystemPolicy, Limits, Policy, default_policy
+
+PY = "/usr/bin/python3"
+
+
+def _policy(**changes: object) -> Policy:
+    return dataclasses.replace(default_policy("test"), **changes)  # type: ignore[arg-type]
+
+
+def test_exit_code_and_output_are_passed_through(tmp_path: Path) -> None:
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["/bin/sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert result.exit_code == 7
+    assert result.stdout == b"out\n"
+    assert result.stderr == b"err\n"
+    kinds = [event.kind for event in result.events]
+    assert kinds[0] == "cell.start" and kinds[-1] == "cell.end"
+    assert result.events[-1].detail["exit_code"] == 7
+
+
+def test_a_signal_becomes_128_plus_its_number(tmp_path: Path) -> None:
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["/bin/sh", "-c", "kill -TERM $$; sleep 5"])
+    # The shell is the cell's pid 1 and ignores SIGTERM, so it kills itself with KILL next.
+    assert result.exit_code in (128 + 15, 0) or result.exit_code == 128 + 9
+
+
+def test_command_not_found_is_127_and_says_so(tmp_path: Path) -> None:
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["no-such-command-anywhere"])
+    assert result.exit_code == 127
+    assert b"no-such-command-anywhere" in result.stderr
+
+
+def test_exec_outside_exec_allow_is_126_and_recorded(tmp_path: Path) -> None:
+    policy = _policy(exec=dataclasses.replace(default_policy().exec, allow=("/usr/bin/python3",)))
+    with Cell(policy, workspace=tmp_path) as cell:
+        allowed = cell.run([PY, "-c", "print('hi')"])
+        refused = cell.run(["/bin/ls"])
+    assert allowed.exit_code == 0 and allowed.stdout == b"hi\n"
+    assert refused.exit_code == 126
+    assert any(
+        e.layer == "landlock" and "fs.execute" in e.detail.get("blockers", []) for e in refused.denials
+    ), refused.events
+
+
+def test_workspace_is_at_the_same_path_and_writable(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "input.txt").write_text("from the host\n")
+    with Cell(workspace=workspace) as cell:
+        result = cell.run(
+            ["/bin/sh", "-c", f"cd {workspace} && cat input.txt && echo made > output.txt && pwd"]
+        )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.decode().splitlines() == ["from the host", str(workspace)]
+    assert (workspace / "output.txt").read_text() == "made\n"
+    # A root-owned workspace is idmapped: what the agent makes belongs to root on disk.
+    assert (workspace / "output.txt").stat().st_uid == workspace.stat().st_uid
+
+
+def test_the_agent_is_uid_1000_with_no_capabilities(tmp_path: Path) -> None:
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["/bin/sh", "-c", "id -u; grep -E '^(Cap|NoNewPrivs)' /proc/self/status"])
+    lines = result.stdout.decode().splitlines()
+    assert lines[0] == "1000"
+    fields = dict(line.split(":\t") for line in lines[1:])
+    assert fields["NoNewPrivs"] == "1"
+    for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[name], 16) == 0, name
+
+
+def test_fresh_workspace_is_made_and_removed(tmp_path: Path) -> None:
+    cell = Cell()
+    workspace = cell.workspace
+    assert workspace.startswith(WORKSPACES_ROOT + "/")
+    result = cell.run(["/bin/sh", "-c", 'echo x > "$HOME/f" && cat "$HOME/f"'])
+    assert result.stdout == b"x\n"
+    assert os.path.isdir(workspace)
+    cell.close()
+    assert not os.path.exists(workspace)
+
+
+def test_environment_crosses_only_when_named(tmp_path: Path) -> None:
+    environ = {"SECRET_TOKEN": "sk-do-not-leak", "VISIBLE": "yes", "HOME": "/root"}
+    policy = _policy(env=EnvPolicy(passthrough=("VISIBLE",), set=(("FIXED", "1"),)))
+    with Cell(policy, workspace=tmp_path, environ=environ) as cell:
+        result = cell.run(["/usr/bin/env"])
+    env = dict(line.split("=", 1) for line in result.stdout.decode().splitlines())
+    assert env["VISIBLE"] == "yes"
+    assert env["FIXED"] == "1"
+    assert "SECRET_TOKEN" not in env
+    assert b"sk-do-not-leak" not in result.stdout
+    assert env["HOME"] == str(tmp_path.resolve())
+
+
+def test_timeout_kills_the_cell_and_is_an_event(tmp_path: Path) -> None:
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["/bin/sh", "-c", "sleep 30 & sleep 30"], timeout=0.5)
+    assert result.timed_out
+    assert "timeout" in result.limits_hit
+    assert result.exit_code == 128 + 9
+    assert any(e.kind == "cell.limit" and e.layer == "timeout" for e in result.events)
+
+
+def test_output_past_the_limit_is_dropped_and_recorded(tmp_path: Path) -> None:
+    policy = _policy(limits=Limits(output=1000, timeout=30))
+    with Cell(policy, workspace=tmp_path) as cell:
+        result = cell.run([PY, "-c", "import sys; sys.stdout.write('x' * 100000)"])
+    assert result.exit_code == 0
+    assert len(result.stdout) == 1000
+    assert "output" in result.limits_hit
+    assert any(e.kind == "cell.limit" and "output" in e.summary for e in result.events)
+
+
+def test_on_output_streams_chunks(tmp_path: Path) -> None:
+    chunks: list[tuple[int, bytes]] = []
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["/bin/sh", "-c", "echo a; echo b >&2"], on_output=lambda s, d: chunks.append((s, d)))
+    assert result.stdout == b"" and result.stderr == b""
+    assert b"".join(d for s, d in chunks if s == 1) == b"a\n"
+    assert b"".join(d for s, d in chunks if s == 2) == b"b\n"
+
+
+def test_stdin_is_passed(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"hello\n")
+    os.close(write_end)
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["/bin/cat"], stdin=read_end)
+    os.close(read_end)
+    assert result.stdout == b"hello\n"
+
+
+def test_protected_placeholders_are_removed_after_the_run(tmp_path: Path) -> None:
+    with Cell(workspace=tmp_path) as cell:
+        inside = cell.run(["/bin/sh", "-c", "ls -a"])
+    assert b".bashrc" in inside.stdout  # covered while the cell ran
+    assert not (tmp_path / ".bashrc").exists()
+    assert not (tmp_path / ".git").exists()
+
+
+def test_existing_protected_file_keeps_its_content(tmp_path: Path) -> None:
+    (tmp_path / ".bashrc").write_text("# mine\n")
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["/bin/sh", "-c", "echo evil >> .bashrc"])
+    assert result.exit_code != 0
+    assert (tmp_path / ".bashrc").read_text() == "# mine\n"
+
+
+def test_extra_read_grant_is_readable_not_writable(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "data.txt").write_text("data")
+    os.chown(shared / "data.txt", 65534, 65534)  # owned by the cell's host uid: only Landlock stops a write
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    fs = default_policy().filesystem
+    policy = _policy(filesystem=FilesystemPolicy(read=(*fs.read, str(shared)), deny=fs.deny, protect=fs.protect))
+    with Cell(policy, workspace=workspace) as cell:
+        result = cell.run(["/bin/sh", "-c", f"cat {shared}/data.txt; echo x >> {shared}/data.txt"])
+    assert result.stdout == b"data"
+    assert result.exit_code != 0
+    assert (shared / "data.txt").read_text() == "data"
+    assert any(
+        e.layer == "landlock" and e.detail.get("path") == f"{shared}/data.txt" for e in result.denials
+    ), result.events
+
+
+def test_audit_mode_lets_seccomp_refusals_through_and_records_them(tmp_path: Path) -> None:
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "print('udp socket made')\n"
+    )
+    enforce = Cell(_policy(), workspace=tmp_path).run([PY, "-c", code])
+    audit = Cell(_policy(mode="audit"), workspace=tmp_path).run([PY, "-c", code])
+    assert enforce.exit_code != 0
+    assert any(e.layer == "seccomp" and e.outcome == "denied" for e in enforce.events)
+    assert audit.exit_code == 0 and audit.stdout == b"udp socket made\n"
+    assert any(e.layer == "seccomp" and e.outcome == "audited" for e in audit.events), audit.events
+
+
+def test_no_command_is_an_error() -> None:
+    with Cell() as cell, pytest.raises(CellError, match="no command"):
+        cell.run([])
+
+
+def test_workspace_must_be_a_directory(tmp_path: Path) -> None:
+    file = tmp_path / "file"
+    file.write_text("")
+    from stockade.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="not a directory"):
+        Cell(workspace=file).run(["/bin/true"])
+
+
+def test_nothing_of_the_cell_remains_after_it(tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(
+            ["/bin/sh", "-c", f"(setsid sh -c 'echo $$ > {marker}.inner; exec sleep 60' &) ; sleep 0.2; echo done"]
+        )
+    assert result.stdout == b"done\n"
+    # The daemon's pid is in the cell's namespace; find it on the host by its
+    # command line instead: no `sleep 60` started by a cell may remain.
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            assert cmdline != b"sleep\x0060\x00", f"pid {entry} outlived its cell"
+
+
+def test_workspace_mode_is_untouched(tmp_path: Path) -> None:
+    before = stat.S_IMODE(tmp_path.stat().st_mode)
+    Cell(workspace=tmp_path).run(["/bin/true"])
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == before
