@@ -63,6 +63,7 @@ MAX_NODES = 100_000
 Format = Literal["stockade", "agentos"]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_TOO_DEEP = "the file is nested too deeply to be a policy; check it is the right file"
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXAMPLES = {
     "name": "'name: my-agent'",
@@ -234,8 +235,8 @@ class _Document:
     def shown(self, path: PathKey, value: object) -> str:
         """A value as the file has it (``yes``, not ``True``)."""
         raw = self.raw.get(path)
-        if raw is not None and not isinstance(value, str):
-            return show(raw)
+        if raw is not None and not isinstance(value, str | list | dict):
+            return raw if isinstance(value, int | float) else show(raw)
         return show(value)
 
     def error(self, problems: list[Problem]) -> PolicyError:
@@ -270,7 +271,10 @@ class _Document:
             # JSON allows tabs between tokens; YAML does not. Outside strings a
             # tab is whitespace either way, and inside a JSON string it is invalid.
             text = text.replace("\t", " ")
-        loader = yaml.SafeLoader(text)
+        try:
+            loader = yaml.SafeLoader(text)
+        except yaml.reader.ReaderError as exc:
+            raise self._reader_error(exc, text) from None
         self._loader = loader
         try:
             try:
@@ -278,21 +282,9 @@ class _Document:
             except yaml.MarkedYAMLError as exc:
                 raise self._syntax_error(exc) from None
             except yaml.reader.ReaderError as exc:
-                before = text[: exc.position]
-                line = before.count("\n") + 1
-                col = exc.position - (before.rfind("\n") + 1) + 1
-                raise PolicyError(
-                    f"the character #x{exc.character:04x} is not allowed in YAML; remove it"
-                    if isinstance(exc.character, int)
-                    else f"the file holds a character YAML does not allow ({exc.reason}); "
-                    "remove it",
-                    location=f"{self.source}:{line}:{col}",
-                ) from None
+                raise self._reader_error(exc, text) from None
             except RecursionError:
-                raise PolicyError(
-                    "the file is nested too deeply to be a policy; check it is the right file",
-                    location=f"{self.source}:1:1",
-                ) from None
+                raise PolicyError(_TOO_DEEP, location=f"{self.source}:1:1") from None
             if node is None:
                 raise PolicyError(
                     "the file is empty; a policy needs at least a line such as 'name: my-agent'",
@@ -312,9 +304,7 @@ class _Document:
             try:
                 data = self._walk(node, (), set())
             except RecursionError:
-                raise self.fatal(
-                    "the file is nested too deeply to be a policy", node.start_mark
-                ) from None
+                raise PolicyError(_TOO_DEEP, location=f"{self.source}:1:1") from None
         finally:
             loader.dispose()
             self._loader = None
@@ -323,9 +313,18 @@ class _Document:
         assert isinstance(data, dict)
         return data
 
+    def _reader_error(self, exc: yaml.reader.ReaderError, text: str) -> PolicyError:
+        before = text[: exc.position]
+        line = before.count("\n") + 1
+        col = exc.position - (before.rfind("\n") + 1) + 1
+        return PolicyError(
+            f"the character #x{exc.character:04x} is not allowed in YAML; remove it",
+            location=f"{self.source}:{line}:{col}",
+        )
+
     def _syntax_error(self, exc: yaml.MarkedYAMLError) -> PolicyError:
         problem = exc.problem or "unexpected text"
-        if exc.context and "another document" in exc.context:
+        if "another document" in problem:
             return self.fatal(
                 "the file holds more than one YAML document ('---'); keep one policy per file",
                 exc.problem_mark,
@@ -427,11 +426,11 @@ class _Document:
         what = "empty" if isinstance(node, yaml.ScalarNode) else "a list or a mapping"
         self._problems.append(
             Problem(
-                path,
-                f"has a key that is {what}; keys of {where} are names such as 'name'",
+                (),
+                f"{where} has a key that is {what}; a key is a name such as 'name'",
+                at=(node.start_mark.line + 1, node.start_mark.column + 1),
             )
         )
-        self.values.setdefault(path, _Mark(node.start_mark.line + 1, node.start_mark.column + 1))
         return None
 
 
@@ -627,7 +626,7 @@ def _problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
         loc.pop()
         path = tuple(loc)
         detail = ctx.get("detail") or error["msg"]
-        return Problem(path[:-1], f"key {detail}", at_key=True) if path else Problem(path, detail)
+        return Problem(path[:-1], f"key {detail}", at=doc.position(path, at_key=True))
     path = tuple(loc)
     shown = doc.shown(path, value)
     if kind == "policy":
@@ -651,12 +650,6 @@ def _problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
             else "write a whole number, such as 10"
         )
         return Problem(path, f"{shown} is {_kind(value)}, not a whole number; {fix}")
-    if kind in ("float_type", "float_parsing"):
-        return Problem(
-            path, f"{shown} is {_kind(value)}, not a number; write a number, such as 1.5"
-        )
-    if kind == "bool_type":
-        return Problem(path, f"{shown} is not true or false; write true or false")
     if kind in ("list_type", "tuple_type"):
         return Problem(
             path,
@@ -665,8 +658,12 @@ def _problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
         )
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         keys = _fields_at(model, path)
-        example = f" such as {', '.join(repr(k) for k in keys[:3])}" if keys else ""
-        return Problem(path, f"must be a mapping of keys{example}, not {_kind(value)}")
+        example = f" (such as {', '.join(repr(k) for k in keys[:3])})" if keys else ""
+        return Problem(
+            path,
+            f"must be a mapping, not {_kind(value)}; write its keys{example} on the lines below, "
+            "indented",
+        )
     if kind == "literal_error":
         expected = str(ctx.get("expected", ""))
         options = re.findall(r"'([^']*)'", expected)
@@ -736,8 +733,11 @@ def _unknown_key(model: type[BaseModel], path: PathKey) -> str:
         if key.lower() in lowered
         else difflib.get_close_matches(key, valid, n=1)
     )
-    hint = f"did you mean {show(close[0])}? " if close else ""
-    return f"is not a known key; {hint}(valid keys: {', '.join(valid)})"
+    if close:
+        return (
+            f"is not a known key; did you mean {show(close[0])}? (valid keys: {', '.join(valid)})"
+        )
+    return f"is not a known key; use one of {', '.join(valid)}"
 
 
 # ---------------------------------------------------------------- file → Policy

@@ -56,6 +56,10 @@ _EXAMPLE = "name a domain such as '*.example.com'"
 
 
 def _q(text: str) -> str:
+    """Quote a pattern for a message (as ``_schema.show`` does, without importing pydantic)."""
+    text = "".join(f"\\x{ord(c):02x}" if c < " " or c == "\x7f" else c for c in text)
+    if len(text) > 80:
+        text = text[:60] + "…" + text[-15:]
     return "'" + text.replace("'", "\\'") + "'"
 
 
@@ -81,7 +85,10 @@ def _unmap(address: IPAddress) -> IPAddress:
 
 def _check_name(name: str, original: str) -> None:
     if len(name) > 253:
-        raise ValueError(f"{_q(original)} is longer than 253 characters, the limit for a host name")
+        raise ValueError(
+            f"{_q(original)} is longer than 253 characters, the limit for a host name; "
+            "check it for a mistake"
+        )
     labels = name.split(".")
     for label in labels:
         if not label:
@@ -90,7 +97,8 @@ def _check_name(name: str, original: str) -> None:
             )
         if len(label) > 63:
             raise ValueError(
-                f"{_q(original)} has a label longer than 63 characters, the limit in a host name"
+                f"{_q(original)} has a label longer than 63 characters, the limit in a host name; "
+                "check it for a mistake"
             )
         if not _LABEL.match(label):
             raise ValueError(

@@ -57,10 +57,19 @@ def fail(detail: str) -> NoReturn:
     raise PydanticCustomError("policy", "{detail}", {"detail": detail})
 
 
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def show(value: object) -> str:
-    """A value as a message shows it: text quoted, YAML words for the rest."""
+    """A value as a message shows it: text quoted (control characters escaped,
+    the middle of a long one left out), YAML words for the rest."""
     if isinstance(value, str):
-        return "'" + value.replace("'", "\\'") + "'"
+        text = "".join(
+            _ESCAPES.get(c, f"\\x{ord(c):02x}") if c < " " or c == "\x7f" else c for c in value
+        )
+        if len(text) > 80:
+            text = text[:60] + "…" + text[-15:]
+        return "'" + text.replace("'", "\\'") + "'"
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -280,7 +289,9 @@ def check_path(value: str, *, relative: bool = False) -> str:
             f"whole tree, so write {show(tree.replace('//', '/'))}"
         )
     if len(value) > 4095:
-        raise ValueError(f"{show(value[:40] + '…')} is longer than 4095 bytes, the limit of a path")
+        raise ValueError(
+            f"{show(value)} is longer than 4095 bytes, the limit of a path; shorten it"
+        )
     normalized = normalize_path(value)
     if relative and not normalized:
         raise ValueError(f"{show(value)} names the workspace itself; name a path inside it")
@@ -358,7 +369,9 @@ def check_env_name(value: str) -> str:
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
-        raise ValueError(f"{show(value)} contains a NUL byte, which cannot be passed to a program")
+        raise ValueError(
+            f"{show(value)} contains a NUL byte, which cannot be passed to a program; remove it"
+        )
     return value
 
 
@@ -386,10 +399,10 @@ def _method(value: str) -> str:
         import difflib
 
         close = difflib.get_close_matches(upper, HTTP_METHODS, n=1)
-        hint = f"did you mean {show(close[0])}? " if close else ""
-        raise ValueError(
-            f"{show(value)} is not an HTTP method; {hint}use one of {', '.join(HTTP_METHODS)}"
+        fix = (
+            f"did you mean {show(close[0])}?" if close else f"use one of {', '.join(HTTP_METHODS)}"
         )
+        raise ValueError(f"{show(value)} is not an HTTP method; {fix}")
     return upper
 
 
@@ -453,7 +466,9 @@ def _command(value: object) -> object:
                 "out to give it on the command line"
             )
         if "\x00" in value:
-            fail(f"{show(value)} contains a NUL byte, which cannot be passed to a program")
+            fail(
+                f"{show(value)} contains a NUL byte, which cannot be passed to a program; remove it"
+            )
         return ["/bin/sh", "-c", value]
     if isinstance(value, list):
         if not value:
