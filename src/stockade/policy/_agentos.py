@@ -51,6 +51,7 @@ from stockade.policy._schema import (
     PathPattern,
     Problem,
     Problems,
+    Program,
     _checked,
     _host_entry,
     _Section,
@@ -215,7 +216,7 @@ class AgentOSManifest(_Section):
     mode: Literal["enforce", "audit", ""] = "enforce"
     allowed_hosts: list[AgentOSHost] = Field(default_factory=list)
     allowed_paths: list[PathPattern] = Field(default_factory=list)
-    allowed_bins: list[PathPattern] = Field(default_factory=list)
+    allowed_bins: list[Program] = Field(default_factory=list)
     forbidden_caps: list[Capability] = Field(default_factory=list)
     working_dir: AbsDir | None = None
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)

@@ -253,7 +253,7 @@ def normalize_path(path: str) -> str:
     return "/" + joined if absolute else joined
 
 
-def check_path(value: str, *, relative: bool = False) -> str:
+def check_path(value: str, *, relative: bool = False, dotdot: bool = False) -> str:
     """Validate and normalise a path or path glob of the filesystem lists.
 
     Globs may use ``*``, ``?`` and ``[...]`` within one component; ``**`` is
@@ -276,7 +276,7 @@ def check_path(value: str, *, relative: bool = False) -> str:
     if not relative and not value.startswith("/"):
         raise ValueError(f"{show(value)} is relative; write an absolute path, starting with '/'")
     parts = value.split("/")
-    if ".." in parts:
+    if ".." in parts and not dotdot:
         raise ValueError(
             f"{show(value)} contains '..', which could lead anywhere through a symbolic link; "
             "write the path without it"
@@ -292,7 +292,7 @@ def check_path(value: str, *, relative: bool = False) -> str:
         raise ValueError(
             f"{show(value)} is longer than 4095 bytes, the limit of a path; shorten it"
         )
-    normalized = normalize_path(value)
+    normalized = posixpath.normpath(value) if dotdot else normalize_path(value)
     if relative and not normalized:
         raise ValueError(f"{show(value)} names the workspace itself; name a path inside it")
     return normalized
@@ -302,17 +302,27 @@ def _relative_ok(value: str) -> str:
     return check_path(value, relative=True)
 
 
-def check_dir(value: str, *, relative: bool = False) -> str:
-    """A directory (no glob); with ``relative``, ``.`` and relative paths are kept as such."""
+def check_dir(value: str) -> str:
+    """An absolute directory, not a glob."""
     if is_glob(value):
         raise ValueError(f"{show(value)} is a glob; name one directory")
-    if relative and value.strip() in (".", "./"):
-        return "."
-    return check_path(value, relative=relative)
+    return check_path(value)
+
+
+def _program(value: str) -> str:
+    if is_glob(value):
+        raise ValueError(
+            f"{show(value)} is a glob, which exec.allow does not take; list each program, "
+            "or the directory that holds them"
+        )
+    return check_path(value)
 
 
 def _workspace(value: str) -> str:
-    return check_dir(value, relative=True)
+    """The workspace may be relative to the policy file's directory, ``..`` included."""
+    if is_glob(value):
+        raise ValueError(f"{show(value)} is a glob; name one directory")
+    return check_path(value, relative=True, dotdot=True)
 
 
 def is_glob(path: str) -> bool:
@@ -517,6 +527,7 @@ def _pids(value: object) -> int:
 PathPattern = Annotated[str, AfterValidator(_checked(check_path))]
 ProtectPattern = Annotated[str, AfterValidator(_checked(_relative_ok))]
 AbsDir = Annotated[str, AfterValidator(_checked(check_dir))]
+Program = Annotated[str, AfterValidator(_checked(_program))]
 WorkspaceDir = Annotated[str, AfterValidator(_checked(_workspace))]
 Name = Annotated[str, AfterValidator(_checked(check_name))]
 EnvName = Annotated[str, AfterValidator(_checked(check_env_name))]
@@ -693,10 +704,10 @@ class FilesystemSection(_Section):
 
 
 class ExecSection(_Section):
-    allow: list[PathPattern] = Field(
+    allow: list[Program] = Field(
         default_factory=list,
-        description="Absolute paths (or globs, or directories) of the programs the cell may run; "
-        "empty means any readable file.",
+        description="Absolute paths of the programs the cell may run (a directory: every "
+        "program under it); empty means any readable file.",
     )
 
 
