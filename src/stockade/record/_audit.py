@@ -1,0 +1,556 @@
+"""The kernel audit reader: every Landlock and seccomp refusal becomes an event.
+
+The kernel reports what Landlock and seccomp refuse as audit records. The
+reader listens to them on a ``NETLINK_AUDIT`` socket bound to the read-only
+multicast group (``AUDIT_NLGRP_READLOG``), so it coexists with auditd and never
+registers as the audit daemon; it attributes each record to the cell it came
+from and turns it into a ``stockade.record.Event``. Parsing and attribution live
+in ``_audit_core`` (sans-I/O); this module owns the socket and the thread.
+
+Auditing must be enabled for Landlock to log at all (``landlock_log_denial``
+returns early while ``audit_enabled`` is 0; seccomp's ``SECCOMP_FILTER_FLAG_LOG``
+records appear either way). The reader turns it on with ``AUDIT_SET`` if it is
+off and **leaves it on** when it closes: another reader (a second stockade
+process, a test run beside a daemon) may depend on it, and switching it off
+under them would silently blind them. The cost of leaving it on without audit
+rules is an audit context per new task. ``previous_enabled`` tells what it was.
+
+See docs/EVENTS.md for the events and the raw record formats.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from stockade.errors import HostError
+from stockade.record._audit_core import AUDIT_USER_AVC, AuditCorrelator
+from stockade.record._event import Event
+
+__all__ = ["AuditReader", "AuditStats"]
+
+log = logging.getLogger(__name__)
+
+NETLINK_AUDIT: Final = 9
+"""<linux/netlink.h>."""
+AUDIT_NLGRP_READLOG: Final = 1
+"""<linux/audit.h>: the multicast group of read-only log listeners (Linux 3.16+)."""
+AUDIT_GET: Final = 1000
+AUDIT_SET: Final = 1001
+AUDIT_STATUS_ENABLED: Final = 0x0001
+AUDIT_STATUS_BACKLOG_LIMIT: Final = 0x0010
+NLMSG_ERROR: Final = 2
+NLM_F_REQUEST: Final = 0x1
+NLM_F_ACK: Final = 0x4
+SO_RCVBUFFORCE: Final = 33
+"""<asm-generic/socket.h>: like SO_RCVBUF but past ``net.core.rmem_max`` (needs CAP_NET_ADMIN)."""
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_STATUS = struct.Struct("=11I")
+"""``struct audit_status`` (Linux 5.10+ layout, 44 bytes); older kernels send
+fewer fields, which are read as zero."""
+
+_INTERESTING: Final = frozenset({1107, 1300, 1320, 1326, 1423, 1424})
+_FIX = (
+    "run stockade as root on the host, not inside a container "
+    "(it needs CAP_AUDIT_READ and CAP_AUDIT_CONTROL)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditStats:
+    """Counters since the reader opened."""
+
+    records: int
+    """Netlink messages read."""
+    events: int
+    """Events attributed to watched cells."""
+    overruns: int
+    """Times the socket overflowed (``ENOBUFS``) and records were dropped."""
+    kernel_lost: int
+    """Records the kernel says it dropped since the reader opened (all of the host's)."""
+    barrier_timeouts: int
+    """``collect`` calls whose barrier did not come back in time."""
+
+
+class _Waiter:
+    """One outstanding request, or one barrier marker on its way round."""
+
+    __slots__ = ("done", "error", "linked", "payload", "reply", "resend")
+
+    def __init__(self, *, reply: bool = False, linked: _Waiter | None = None) -> None:
+        self.done = threading.Event()
+        self.error = 0
+        self.payload = b""
+        self.reply = reply
+        """True: done when the reply comes (AUDIT_GET); False: done at the ack."""
+        self.linked = linked
+        """A barrier that fails when this request fails."""
+        self.resend = False
+        """A barrier whose marker may have been lost in an overrun."""
+
+    def fail(self, error: int) -> None:
+        self.error = error
+        self.done.set()
+        if self.linked is not None:
+            self.linked.fail(error)
+
+
+class AuditReader:
+    """Reads the kernel audit log and attributes Landlock and seccomp denials to cells.
+
+    Thread-safe. Make one per process: every reader receives every record of the
+    host. Use it as a context manager, or call :meth:`start` and :meth:`close`::
+
+        with AuditReader() as audit:
+            audit.watch("cell-1", session=ses, pid=pid1)
+            ...                                   # the cell runs
+            events = audit.collect("cell-1")      # every denial so far
+            audit.unwatch("cell-1")
+
+    Without :meth:`start`, records are read only while :meth:`collect` waits,
+    and a long cell can overflow the socket: start the thread for anything but
+    a short test.
+
+    Raises:
+        HostError: (``feature="audit"``) the kernel has no audit support, or
+            this process may not read the audit log or enable auditing.
+    """
+
+    def __init__(
+        self, *, rcvbuf: int = 32 << 20, backlog_limit: int = 8192, timeout: float = 2.0
+    ) -> None:
+        self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
+        self._core = AuditCorrelator()
+        self._callbacks: list[Callable[[Event], None]] = []
+        self._waiters: dict[int, _Waiter] = {}
+        self._barriers: dict[str, _Waiter] = {}
+        self._seq = 0
+        self._nonce = secrets.token_hex(6)
+        self._buf = bytearray(1 << 16)  # an audit record is at most 8970 bytes
+        self._view = memoryview(self._buf)
+        self._thread: threading.Thread | None = None
+        self._stop_r, self._stop_w = os.pipe()
+        self._closed = False
+        self._last_record = time.monotonic()
+        self._records = self._events = self._overruns = self._timeouts = 0
+        self._lost_base: int | None = None
+        self._lost_seen = 0
+        self._pending: list[Event] = []
+        self._congested = False
+        """Events attributed but not yet handed to the callbacks."""
+        try:
+            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
+        except OSError as exc:
+            self._close_pipe()
+            raise HostError(
+                f"this kernel has no audit support ({exc.strerror}); stockade cannot record "
+                "Landlock and seccomp denials without it: use a kernel built with CONFIG_AUDIT=y",
+                feature="audit",
+            ) from exc
+        try:
+            self._open(rcvbuf, backlog_limit, timeout)
+        except BaseException:
+            self._sock.close()
+            self._close_pipe()
+            raise
+
+    def _open(self, rcvbuf: int, backlog_limit: int, timeout: float) -> None:
+        try:
+            self._sock.bind((0, 1 << (AUDIT_NLGRP_READLOG - 1)))
+        except OSError as exc:
+            raise HostError(
+                f"cannot join the kernel audit log's multicast group ({exc.strerror}); {_FIX}",
+                feature="audit",
+            ) from exc
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
+        except OSError:  # no CAP_NET_ADMIN: as much as net.core.rmem_max allows
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.rcvbuf = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        """The receive buffer the kernel granted, in bytes."""
+        status = self._request(AUDIT_GET, b"", timeout, reply=True)
+        if status.error:
+            raise HostError(
+                f"cannot read the kernel audit status ({os.strerror(status.error)}); {_FIX}",
+                feature="audit",
+            )
+        fields = _status_fields(status.payload)
+        self.previous_enabled: int = fields[1]
+        """``enabled`` before the reader opened: 0 off, 1 on, 2 on and locked."""
+        self._lost_base = fields[6]
+        if self.previous_enabled == 0:
+            reply = self._set(AUDIT_STATUS_ENABLED, enabled=1, timeout=timeout)
+            if reply.error:
+                raise HostError(
+                    f"cannot enable kernel auditing ({os.strerror(reply.error)}), and Landlock "
+                    f"logs nothing while it is off; {_FIX}, or enable it with 'auditctl -e 1'",
+                    feature="audit",
+                )
+        self.previous_backlog_limit: int = fields[5]
+        """``backlog_limit`` before the reader opened (0: unlimited)."""
+        if backlog_limit and 0 < self.previous_backlog_limit < backlog_limit:
+            reply = self._set(
+                AUDIT_STATUS_BACKLOG_LIMIT, backlog_limit=backlog_limit, timeout=timeout
+            )
+            if reply.error:
+                raise HostError(
+                    f"cannot raise the kernel audit backlog to {backlog_limit} "
+                    f"({os.strerror(reply.error)}); {_FIX}, or raise it with "
+                    f"'auditctl -b {backlog_limit}'",
+                    feature="audit",
+                )
+
+    def _set(
+        self, mask: int, *, timeout: float, enabled: int = 0, backlog_limit: int = 0
+    ) -> _Waiter:
+        """AUDIT_SET one field of ``struct audit_status`` (the others are ignored by mask)."""
+        msg = _STATUS.pack(mask, enabled, 0, 0, 0, backlog_limit, 0, 0, 0, 0, 0)
+        return self._request(AUDIT_SET, msg, timeout, reply=False)
+
+    # -- lifecycle --
+
+    def start(self) -> None:
+        """Run a daemon thread that reads records as they come."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("AuditReader is closed")
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="stockade-audit", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread and close the socket. Auditing stays enabled (see the module doc)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            os.write(self._stop_w, b"x")
+            thread.join()
+        with self._io_lock:
+            self._sock.close()
+            self._close_pipe()
+
+    def __enter__(self) -> AuditReader:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _close_pipe(self) -> None:
+        for fd in (self._stop_r, self._stop_w):
+            os.close(fd)
+
+    # -- cells --
+
+    def watch(self, cell_id: str, *, session: int, pid: int) -> None:
+        """Attribute to ``cell_id`` the records of audit session ``session`` (read
+        from ``/proc/<pid>/sessionid``) and of the Landlock domains that host pid
+        ``pid`` (the cell's pid-1, which creates its domain) allocates.
+
+        Call it before the cell can be denied anything; records from the few
+        seconds before are still matched.
+
+        Raises:
+            ValueError: ``session`` is not a session id, or another cell has it.
+        """
+        with self._lock:
+            events = self._core.watch(cell_id, session=session, pid=pid, now=time.monotonic())
+        self._deliver(events)
+
+    def unwatch(self, cell_id: str) -> None:
+        """Stop attributing records to ``cell_id``; its events not yet collected are dropped."""
+        with self._lock:
+            self._core.unwatch(cell_id)
+
+    def collect(self, cell_id: str, *, timeout: float = 2.0) -> list[Event]:
+        """Return, and forget, the cell's events, oldest first.
+
+        Before returning, makes sure that every record the kernel emitted before
+        the call has been read: it sends a marker through the audit log and waits
+        (at most ``timeout`` seconds) until the marker comes back, records being
+        delivered in order. When the marker cannot be sent (no CAP_AUDIT_WRITE),
+        it waits until no record has come for 50 ms instead, within ``timeout``.
+        """
+        self._barrier(timeout)
+        with self._lock:
+            return self._core.take(cell_id)
+
+    def on_event(self, callback: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` for every event attributed from now on, from
+        the reading thread; it must be quick. Returns a function that unsubscribes."""
+        with self._lock:
+            self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._callbacks:
+                    self._callbacks.remove(callback)
+
+        return unsubscribe
+
+    def stats(self) -> AuditStats:
+        with self._lock:
+            return AuditStats(
+                records=self._records,
+                events=self._events,
+                overruns=self._overruns,
+                kernel_lost=self._lost_seen,
+                barrier_timeouts=self._timeouts,
+            )
+
+    # -- barrier --
+
+    def _barrier(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        barrier = _Waiter()
+        markers: list[str] = []
+        sent: list[_Waiter] = []
+        while True:
+            with self._lock:
+                self._seq += 1
+                marker = f"{self._nonce}:{self._seq}"
+                self._barriers[marker] = barrier
+                markers.append(marker)
+            text = f"stockade-barrier {marker}".encode() + b"\0"
+            sent.append(self._send(AUDIT_USER_AVC, text, linked=barrier))
+            ok = self._wait(barrier.done, deadline)
+            if not (ok and barrier.resend):
+                break
+            # The socket overflowed while the marker was on its way and it may
+            # have been dropped with the records (see _drained): send another.
+            barrier.resend = False
+            barrier.done.clear()
+        if barrier.error:
+            ok = self._quiesce(deadline)
+        with self._lock:
+            for marker in markers:
+                self._barriers.pop(marker, None)
+            self._forget(*sent)
+            if not ok:
+                self._timeouts += 1
+        # The kernel's count of dropped records, read after the barrier so that
+        # it includes any drop before this call; best effort, briefly: a reply
+        # lost in an overrun is read at the next collect.
+        grace = max(0.0, min(0.5, deadline - time.monotonic()))
+        status = self._request(AUDIT_GET, b"", grace, reply=True)
+        if not status.error:
+            with self._lock:
+                self._check_kernel_lost(status.payload)
+        self._deliver_pending()
+
+    def _quiesce(self, deadline: float) -> bool:
+        """Wait until no record has come for 50 ms: the fallback barrier."""
+        while time.monotonic() < deadline:
+            if time.monotonic() - self._last_record >= 0.05:
+                return True
+            if self._reading_thread():
+                time.sleep(0.01)
+            else:
+                self._pump_for(0.01)
+        return False
+
+    def _check_kernel_lost(self, payload: bytes) -> None:
+        lost = _status_fields(payload)[6]
+        base = self._lost_base if self._lost_base is not None else lost
+        total = (lost - base) & 0xFFFFFFFF  # an atomic_t in the kernel: it wraps
+        if total > self._lost_seen:
+            events = self._core.lost("kernel", total - self._lost_seen, time.time())
+            self._lost_seen = total
+            self._events += len(events)
+            self._pending.extend(events)
+
+    # -- netlink --
+
+    def _send(
+        self, msg_type: int, payload: bytes, *, reply: bool = False, linked: _Waiter | None = None
+    ) -> _Waiter:
+        """Send one request; the returned waiter is done at its ack, or its reply if ``reply``.
+
+        AUDIT_GET is sent without NLM_F_ACK: the kernel acks it before a kernel
+        thread sends the reply, so the ack says nothing. Errors come either way.
+        """
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            waiter = self._waiters[seq] = _Waiter(reply=reply, linked=linked)
+        flags = NLM_F_REQUEST if reply else NLM_F_REQUEST | NLM_F_ACK
+        hdr = _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0)
+        try:
+            self._sock.send(hdr + payload)
+        except OSError as exc:
+            waiter.fail(exc.errno or errno.EIO)
+        return waiter
+
+    def _request(self, msg_type: int, payload: bytes, timeout: float, *, reply: bool) -> _Waiter:
+        waiter = self._send(msg_type, payload, reply=reply)
+        if not self._wait(waiter.done, time.monotonic() + timeout):
+            waiter.error = errno.ETIMEDOUT
+        with self._lock:
+            self._forget(waiter)
+        return waiter
+
+    def _forget(self, *waiters: _Waiter) -> None:
+        for seq in [s for s, w in self._waiters.items() if w in waiters]:
+            del self._waiters[seq]
+
+    def _reading_thread(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def _wait(self, event: threading.Event, deadline: float) -> bool:
+        """Wait for ``event`` until ``deadline``, reading the socket meanwhile if no thread does."""
+        while not event.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self._reading_thread():
+                event.wait(min(remaining, 0.1))
+            else:
+                self._pump_for(min(remaining, 0.05))
+        return True
+
+    def _pump_for(self, seconds: float) -> None:
+        """Read what comes within ``seconds`` in the calling thread (no reader thread)."""
+        if not self._io_lock.acquire(timeout=seconds):
+            return
+        try:
+            if self._closed:
+                return
+            ready, _, _ = select.select([self._sock], [], [], seconds)
+            if ready:
+                self._read_batch()
+        finally:
+            self._io_lock.release()
+        self._deliver_pending()
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        sock_fd = self._sock.fileno()
+        while True:
+            ready = poller.poll()
+            if any(fd != sock_fd for fd, _ in ready):
+                return
+            with self._io_lock:
+                try:
+                    self._read_batch()
+                except Exception:  # a bug must not end the record: log it, read on
+                    log.exception("audit reader: unexpected error; reading on")
+            self._deliver_pending()
+
+    def _read_batch(self, limit: int = 256) -> None:
+        """Read up to ``limit`` datagrams that are already queued. Holds ``_io_lock``."""
+        recv_into, buf = self._sock.recv_into, self._buf
+        with self._lock:
+            now = time.monotonic()
+            for _ in range(limit):
+                try:
+                    n = recv_into(buf, 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    self._drained()
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.ENOBUFS:
+                        raise
+                    self._overrun()
+                    continue
+                self._handle(n, now)
+            self._last_record = now
+
+    def _overrun(self) -> None:
+        """The socket overflowed: the kernel dropped what did not fit. Holds ``_lock``."""
+        self._overruns += 1
+        self._congested = True
+        events = self._core.lost("overrun", None, time.time())
+        self._events += len(events)
+        self._pending.extend(events)
+
+    def _drained(self) -> None:
+        """The receive queue is empty. Holds ``_lock``.
+
+        Netlink reports ENOBUFS once, then drops silently until the queue has
+        drained (``NETLINK_S_CONGESTED``, net/netlink/af_netlink.c): a marker
+        sent meanwhile may be gone without a trace. Now that the queue is empty
+        a new one gets through, so every barrier still waiting sends another.
+        """
+        if not self._congested:
+            return
+        self._congested = False
+        for barrier in self._barriers.values():
+            if not barrier.done.is_set():
+                barrier.resend = True
+                barrier.done.set()
+
+    def _handle(self, n: int, now: float) -> None:
+        """Process one datagram in ``_buf``. Holds ``_lock``."""
+        buf, view, core = self._buf, self._view, self._core
+        offset = 0
+        while offset + _NLMSGHDR.size <= n:
+            length, msg_type, _flags, seq, _pid = _NLMSGHDR.unpack_from(buf, offset)
+            if length < _NLMSGHDR.size or offset + length > n:
+                return
+            self._records += 1
+            start, offset = offset + _NLMSGHDR.size, offset + ((length + 3) & ~3)
+            if msg_type in _INTERESTING:
+                if not core.wants(msg_type):
+                    continue  # SYSCALL or EOE, and no Landlock record waits for one
+                text = str(view[start : start + length - _NLMSGHDR.size], "utf-8", "replace")
+                events, marker = core.feed(msg_type, text.rstrip("\0"), now)
+                if events:
+                    self._events += len(events)
+                    self._pending.extend(events)
+                if marker is not None and marker in self._barriers:
+                    self._barriers[marker].done.set()
+                continue
+            waiter = self._waiters.get(seq)
+            if waiter is None:
+                continue
+            payload = bytes(view[start : start + length - _NLMSGHDR.size])
+            if msg_type == NLMSG_ERROR:
+                code = -struct.unpack_from("=i", payload)[0]
+                if code:
+                    waiter.fail(code)
+                elif not waiter.reply:
+                    waiter.done.set()
+            else:
+                waiter.payload = payload
+                waiter.done.set()
+
+    def _deliver_pending(self) -> None:
+        with self._lock:
+            events, self._pending = self._pending, []
+        self._deliver(events)
+
+    def _deliver(self, events: list[Event]) -> None:
+        if not events:
+            return
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for event in events:
+            for callback in callbacks:
+                try:
+                    callback(event)
+                except Exception:
+                    log.exception("audit reader: an on_event callback failed")
+
+
+def _status_fields(payload: bytes) -> tuple[int, ...]:
+    """The fields of a ``struct audit_status``; missing trailing fields read as zero."""
+    return _STATUS.unpack(payload[: _STATUS.size].ljust(_STATUS.size, b"\0"))

@@ -1,0 +1,581 @@
+"""Kernel audit records in, stockade events out: the sans-I/O core of the audit reader.
+
+This module never touches a socket. :class:`AuditCorrelator` is fed the text of
+each netlink audit message (``feed``) and answers with the events it could
+attribute to a watched cell; ``stockade.record._audit`` owns the socket and the
+thread. Splitting them this way lets the parsing and attribution rules be tested
+from recorded kernel lines, table-driven, without a kernel.
+
+What the kernel sends (Linux 6.18, seen on this project's host; docs/EVENTS.md
+has full examples):
+
+* ``1326 AUDIT_SECCOMP``: one record, no EOE, carries ``ses``: attributed by session.
+* ``1423 AUDIT_LANDLOCK_ACCESS``: ``domain=<hex id> blockers=<a,b> <object fields>``,
+  followed in the same event (same ``audit(…:serial)`` stamp) by
+  ``1424 AUDIT_LANDLOCK_DOMAIN status=allocated … pid=<creator pid>`` the first
+  time the domain shows, then, when the task has an audit context, by
+  ``1300 AUDIT_SYSCALL`` (pid, comm, exe, ses of the denied task), ``1327
+  PROCTITLE`` and ``1320 EOE``. Attributed by domain id, learnt from the
+  ``allocated`` record whose ``pid`` is a watched cell's pid-1, or by the
+  ``ses`` of the grouped SYSCALL record.
+* ``1424 … status=deallocated denials=N``: the domain is gone; N counts every
+  denial, logged or not, which lets the reader see records that went missing.
+
+PROCTITLE is never parsed: an agent's command line may hold a token.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES, X32_SYSCALL_BIT
+from stockade.record._event import Event, Outcome
+
+# Message types, from <linux/audit.h>.
+AUDIT_SYSCALL: Final = 1300
+AUDIT_EOE: Final = 1320
+AUDIT_SECCOMP: Final = 1326
+AUDIT_PROCTITLE: Final = 1327
+AUDIT_LANDLOCK_ACCESS: Final = 1423
+AUDIT_LANDLOCK_DOMAIN: Final = 1424
+AUDIT_USER_AVC: Final = 1107
+"""The user message type the barrier uses: the kernel logs ``AUDIT_USER_AVC``
+even while auditing is disabled (kernel/audit.c, ``audit_receive_msg``), unlike
+the rest of the 1100-1199 range."""
+
+AUDIT_SID_UNSET: Final = 0xFFFFFFFF
+"""``ses`` of a task whose loginuid was never set: never a cell's."""
+
+# Seccomp actions as they appear in ``code=`` (the action bits of the filter's
+# return value, <linux/seccomp.h>; the errno data is masked out by the kernel).
+SECCOMP_RET_LOG: Final = 0x7FFC0000
+_SECCOMP_ACTIONS: Final = {
+    0x80000000: "kill_process",
+    0x00000000: "kill_thread",
+    0x00030000: "trap",
+    0x00050000: "errno",
+    0x7FC00000: "user_notif",
+    0x7FF00000: "trace",
+    SECCOMP_RET_LOG: "log",
+    0x7FFF0000: "allow",
+}
+
+_UNTRUSTED: Final = frozenset({"comm", "exe", "path", "ocomm", "name", "cwd", "proctitle"})
+"""Fields the kernel writes with ``audit_log_untrustedstring``: quoted when plain,
+otherwise unquoted upper-case hex (a space, a quote, a control byte or a byte
+above 0x7e forces hex)."""
+
+_STAMP = re.compile(r"audit\((\d+)\.(\d+):(\d+)\): ?")
+_FIELD = re.compile(r'([A-Za-z_][\w-]*)=(?:"([^"]*)"|(\S*))')
+_SYSCALL_FIELDS = re.compile(
+    r"\barch=(\S+) syscall=(\d+) .*? pid=(\d+) .*? ses=(\d+) comm=(\S+) exe=(\S+)"
+)
+"""The fields of an AUDIT_SYSCALL record that an event uses, in the kernel's order
+(``audit_log_exit``); a regular expression instead of a dict of all thirty is
+the reader's hottest path in a denial storm."""
+_HEX = re.compile(r"(?:[0-9A-Fa-f]{2})+")
+_MARKER = re.compile(r"msg='stockade-barrier ([0-9a-f]+):(\d+)")
+
+KIND_DENIED: Final = "cell.denied"
+KIND_AUDITED: Final = "cell.audited"
+KIND_LOST: Final = "cell.audit_lost"
+
+LossReason = Literal["overrun", "kernel", "landlock_count"]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One parsed audit record: its type, stamp and decoded ``key=value`` fields."""
+
+    type: int
+    time: float
+    """Seconds since the epoch, from ``audit(SECONDS.MILLIS:SERIAL)``."""
+    serial: int
+    """Records with the same serial belong to one kernel event."""
+    fields: dict[str, str]
+
+
+def decode_value(key: str, raw: str) -> str:
+    """Decode one field value as the kernel wrote it.
+
+    Quoted values lose their quotes. An unquoted value of an untrusted-string
+    field (``comm``, ``exe``, ``path``…) is hex and is decoded; bytes that are not
+    UTF-8 become ``\\xNN`` escapes, so that the result is always printable JSON.
+    """
+    if len(raw) >= 2 and raw[0] == '"' and raw[-1] == '"':
+        return raw[1:-1]
+    if key in _UNTRUSTED and _HEX.fullmatch(raw):
+        return bytes.fromhex(raw).decode("utf-8", "backslashreplace")
+    return raw
+
+
+def parse_fields(text: str) -> dict[str, str]:
+    """The ``key=value`` pairs of a record body (after its stamp), decoded."""
+    fields = {}
+    for key, quoted, bare in _FIELD.findall(text):
+        if bare and key in _UNTRUSTED and _HEX.fullmatch(bare):
+            fields[key] = bytes.fromhex(bare).decode("utf-8", "backslashreplace")
+        else:
+            fields[key] = bare or quoted
+    return fields
+
+
+def parse_syscall_fields(text: str) -> dict[str, str]:
+    """The fields of an AUDIT_SYSCALL record body that events use: arch, syscall,
+    pid, ses, comm, exe (never the arguments, never the proctitle)."""
+    m = _SYSCALL_FIELDS.search(text)
+    if m is None:
+        fields = parse_fields(text)
+        return {
+            k: fields[k] for k in ("arch", "syscall", "pid", "ses", "comm", "exe") if k in fields
+        }
+    return {
+        "arch": m[1],
+        "syscall": m[2],
+        "pid": m[3],
+        "ses": m[4],
+        "comm": decode_value("comm", m[5]),
+        "exe": decode_value("exe", m[6]),
+    }
+
+
+def parse_record(msg_type: int, body: str) -> AuditRecord | None:
+    """Parse one record; ``None`` when it has no ``audit(…)`` stamp."""
+    stamp = _STAMP.match(body)
+    if stamp is None:
+        return None
+    seconds, millis, serial = stamp.groups()
+    return AuditRecord(
+        type=msg_type,
+        time=int(seconds) + int(millis) / 1000,
+        serial=int(serial),
+        fields=parse_fields(body[stamp.end() :]),
+    )
+
+
+def _int(value: str | None, base: int = 10) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value, base)
+    except ValueError:
+        return None
+
+
+def _syscall_name(arch: str | None, nr: int | None) -> str | None:
+    """The name of a native x86-64 call; ``None`` for another ABI, whose numbers differ."""
+    if nr is None or _int(arch, 16) != AUDIT_ARCH_X86_64 or nr & X32_SYSCALL_BIT:
+        return None
+    return SYSCALL_NAMES.get(nr)
+
+
+# --- events -------------------------------------------------------------------------------
+
+
+def seccomp_event(cell: str, rec: AuditRecord) -> Event:
+    """The event for one ``AUDIT_SECCOMP`` record."""
+    f = rec.fields
+    code = _int(f.get("code"), 16) or 0
+    action = _SECCOMP_ACTIONS.get(code, f"0x{code:x}")
+    nr = _int(f.get("syscall"))
+    name = _syscall_name(f.get("arch"), nr)
+    audited = code == SECCOMP_RET_LOG
+    detail: dict[str, Any] = {
+        "syscall": name,
+        "nr": nr,
+        "arch": "x86_64" if _int(f.get("arch"), 16) == AUDIT_ARCH_X86_64 else f.get("arch"),
+        "action": action,
+        "pid": _int(f.get("pid")),
+        "comm": f.get("comm"),
+        "exe": f.get("exe"),
+    }
+    sig = _int(f.get("sig"))
+    if sig:
+        detail["signal"] = sig
+    what = name or f"system call {nr} (arch {f.get('arch')})"
+    if audited:
+        summary = f"{what} would be refused by seccomp (audit mode: allowed)"
+    elif action.startswith("kill"):
+        summary = f"{what} refused by seccomp; the process was killed"
+    else:
+        summary = f"{what} refused by seccomp"
+    outcome: Outcome = "audited" if audited else "denied"
+    return Event(
+        kind=KIND_AUDITED if audited else KIND_DENIED,
+        cell=cell,
+        layer="seccomp",
+        outcome=outcome,
+        detail=detail,
+        time=rec.time,
+        summary=summary,
+    )
+
+
+_VERBS: Final = {
+    "fs.execute": "execution of {path}",
+    "fs.write_file": "write to {path}",
+    "fs.read_file": "read of {path}",
+    "fs.read_dir": "listing of {path}",
+    "fs.remove_dir": "removal of a directory in {path}",
+    "fs.remove_file": "removal of a file in {path}",
+    "fs.make_char": "creation of a character device in {path}",
+    "fs.make_dir": "creation of a directory in {path}",
+    "fs.make_reg": "creation of a file in {path}",
+    "fs.make_sock": "creation of a socket in {path}",
+    "fs.make_fifo": "creation of a FIFO in {path}",
+    "fs.make_block": "creation of a block device in {path}",
+    "fs.make_sym": "creation of a symlink in {path}",
+    "fs.refer": "link or rename into {path}",
+    "fs.truncate": "truncation of {path}",
+    "fs.ioctl_dev": "ioctl on {path}",
+    "fs.change_topology": "mount change at {path}",
+    "net.connect_tcp": "TCP connect to {daddr} port {port}",
+    "net.bind_tcp": "TCP bind on {saddr}",
+    "scope.signal": "signal to pid {target_pid} ({target_comm})",
+    "scope.abstract_unix_socket": "connect to abstract unix socket {path}",
+    "ptrace": "ptrace of pid {target_pid} ({target_comm})",
+}
+
+
+def landlock_event(
+    cell: str, rec: AuditRecord, syscall: AuditRecord | None, *, enforcing: bool = True
+) -> Event:
+    """The event for one ``AUDIT_LANDLOCK_ACCESS`` record, with the denied task's
+    pid, comm, exe and system call from the grouped ``AUDIT_SYSCALL`` record when
+    there was one."""
+    f = rec.fields
+    blockers = [b for b in f.get("blockers", "").split(",") if b]
+    detail: dict[str, Any] = {"blockers": blockers, "domain": f.get("domain")}
+    path = f.get("path")
+    if path is not None:
+        if "scope.abstract_unix_socket" in blockers and path.startswith("\x00"):
+            path = "@" + path[1:]  # the usual notation for an abstract socket name
+        detail["path"] = path
+    for key in ("dev", "ioctlcmd", "saddr", "daddr"):
+        if key in f:
+            detail[key] = f[key]
+    if "ino" in f:
+        detail["ino"] = _int(f["ino"])
+    port = _int(f.get("dest") or f.get("src"))
+    if port is not None:
+        detail["port"] = port
+    if "opid" in f:
+        detail["target_pid"] = _int(f["opid"])
+        detail["target_comm"] = f.get("ocomm")
+    if syscall is not None:
+        s = syscall.fields
+        nr = _int(s.get("syscall"))
+        detail["syscall"] = _syscall_name(s.get("arch"), nr)
+        detail["nr"] = nr
+        detail["pid"] = _int(s.get("pid"))
+        detail["comm"] = s.get("comm")
+        detail["exe"] = s.get("exe")
+    verb = _VERBS.get(blockers[0] if blockers else "", "access")
+    try:
+        what = verb.format_map({k: v for k, v in detail.items() if v is not None})
+    except KeyError:  # an object field the kernel left out (e.g. no path)
+        what = verb.split(" ", 1)[0] if blockers else "access"
+    if enforcing:
+        summary = f"{what} refused by landlock ({', '.join(blockers)})"
+    else:
+        summary = f"{what} would be refused by landlock ({', '.join(blockers)}; audit mode)"
+    return Event(
+        kind=KIND_DENIED if enforcing else KIND_AUDITED,
+        cell=cell,
+        layer="landlock",
+        outcome="denied" if enforcing else "audited",
+        detail=detail,
+        time=rec.time,
+        summary=summary,
+    )
+
+
+def lost_event(cell: str, reason: LossReason, count: int | None, when: float) -> Event:
+    """The event that says kernel records were lost, so this cell's record may be incomplete."""
+    n = "some" if count is None else str(count)
+    why = {
+        "overrun": "the reader's socket overflowed",
+        "kernel": "the kernel's audit backlog or rate limit dropped them",
+        "landlock_count": "the Landlock domain counted more denials than were logged",
+    }[reason]
+    return Event(
+        kind=KIND_LOST,
+        cell=cell,
+        layer="cell",
+        outcome="info",
+        detail={"reason": reason, "count": count},
+        time=when,
+        summary=f"{n} kernel audit records were lost ({why}); denials of this cell may be missing",
+    )
+
+
+# --- attribution --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Group:
+    """Landlock records of one kernel event, waiting for their SYSCALL record."""
+
+    arrived: float
+    records: list[AuditRecord] = field(default_factory=list)
+    syscall: AuditRecord | None = None
+
+
+@dataclass(slots=True)
+class _Domain:
+    cell: str
+    enforcing: bool
+    logged: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Watch:
+    session: int
+    pid: int
+
+
+class AuditCorrelator:
+    """Attributes parsed audit records to watched cells and turns them into events.
+
+    Not thread-safe: the reader serialises every call under its lock.
+
+    A record that no watched cell claims is kept for a while in a bounded limbo
+    (``limbo_size`` records, ``limbo_ttl`` seconds), so that a cell registered a
+    moment after its first denial still gets it; after that it is forgotten: it
+    belongs to another process of this host.
+    """
+
+    def __init__(
+        self,
+        *,
+        group_ttl: float = 0.5,
+        limbo_size: int = 4096,
+        limbo_ttl: float = 10.0,
+        max_groups: int = 4096,
+    ) -> None:
+        self._group_ttl = group_ttl
+        self._limbo_ttl = limbo_ttl
+        self._max_groups = max_groups
+        self._watches: dict[str, _Watch] = {}
+        self._by_session: dict[int, str] = {}
+        self._by_pid: dict[int, str] = {}
+        self._domains: dict[str, _Domain] = {}
+        self._groups: OrderedDict[int, _Group] = OrderedDict()
+        self._limbo: deque[tuple[float, AuditRecord, AuditRecord | None]] = deque(maxlen=limbo_size)
+        self._events: dict[str, list[Event]] = {}
+
+    # -- cells --
+
+    def watch(self, cell: str, *, session: int, pid: int, now: float) -> list[Event]:
+        """Register a cell; returns the events of records already in limbo that are its."""
+        if session <= 0 or session >= AUDIT_SID_UNSET:
+            raise ValueError(
+                f"audit session {session} is not a session id; read it from /proc/PID/sessionid"
+            )
+        owner = self._by_session.get(session)
+        if owner is not None and owner != cell:
+            raise ValueError(f"audit session {session} is already watched for cell {owner!r}")
+        self.unwatch(cell)
+        self._watches[cell] = _Watch(session, pid)
+        self._by_session[session] = cell
+        self._by_pid[pid] = cell
+        self._events.setdefault(cell, [])
+        return self._replay_limbo(now)
+
+    def unwatch(self, cell: str) -> None:
+        """Forget a cell, its domains and any events not yet taken."""
+        w = self._watches.pop(cell, None)
+        if w is not None:
+            if self._by_session.get(w.session) == cell:
+                del self._by_session[w.session]
+            if self._by_pid.get(w.pid) == cell:
+                del self._by_pid[w.pid]
+        for dom in [d for d, info in self._domains.items() if info.cell == cell]:
+            del self._domains[dom]
+        self._events.pop(cell, None)
+
+    def watched(self) -> list[str]:
+        return list(self._watches)
+
+    def take(self, cell: str) -> list[Event]:
+        """The cell's events so far, oldest first; they are forgotten."""
+        events = self._events.get(cell)
+        if not events:
+            return []
+        self._events[cell] = []
+        return events
+
+    # -- records --
+
+    def wants(self, msg_type: int) -> bool:
+        """False for a SYSCALL or EOE record while no Landlock record waits for
+        one: the reader then skips decoding it (most of a denial storm)."""
+        return bool(self._groups) or msg_type not in (AUDIT_SYSCALL, AUDIT_EOE)
+
+    def feed(self, msg_type: int, body: str, now: float) -> tuple[list[Event], str | None]:
+        """Process one netlink audit message.
+
+        Returns the events newly attributed, and the barrier marker this message
+        carried (``"<nonce>:<n>"``) if it was one; every group begun before a
+        marker is finished when the marker is seen.
+        """
+        out: list[Event] = []
+        marker = None
+        if msg_type == AUDIT_USER_AVC:
+            m = _MARKER.search(body)
+            stamp = _STAMP.match(body)
+            if m is not None and stamp is not None:
+                marker = f"{m[1]}:{m[2]}"
+                self._finish_before(int(stamp[3]), out)
+        elif msg_type in (AUDIT_SYSCALL, AUDIT_EOE):
+            stamp = _STAMP.match(body)
+            group = self._groups.get(int(stamp[3])) if stamp is not None else None
+            if group is not None and stamp is not None:
+                if msg_type == AUDIT_SYSCALL:
+                    fields = parse_syscall_fields(body[stamp.end() :])
+                    group.syscall = AuditRecord(msg_type, 0.0, 0, fields)
+                del self._groups[int(stamp[3])]
+                self._finish(group, now, out)
+        elif msg_type == AUDIT_SECCOMP:
+            rec = parse_record(msg_type, body)
+            if rec is not None:
+                cell = self._by_session.get(_int(rec.fields.get("ses")) or AUDIT_SID_UNSET)
+                if cell is None:
+                    self._limbo.append((now, rec, None))
+                else:
+                    self._emit(seccomp_event(cell, rec), out)
+        elif msg_type in (AUDIT_LANDLOCK_ACCESS, AUDIT_LANDLOCK_DOMAIN):
+            rec = parse_record(msg_type, body)
+            if rec is not None:
+                if rec.fields.get("status") == "deallocated":
+                    self._finish_before(rec.serial, out)
+                    self._deallocated(rec, out)
+                else:
+                    group = self._groups.get(rec.serial)
+                    if group is None:
+                        group = self._groups[rec.serial] = _Group(now)
+                    group.records.append(rec)
+        self._expire(now, out)
+        return out, marker
+
+    def lost(self, reason: LossReason, count: int | None, when: float) -> list[Event]:
+        """Record that records were lost: every watched cell gets an event saying so."""
+        out: list[Event] = []
+        for cell in self._watches:
+            self._emit(lost_event(cell, reason, count, when), out)
+        return out
+
+    def flush(self, now: float) -> list[Event]:
+        """Finish every pending group now (used when the reader stops)."""
+        out: list[Event] = []
+        self._finish_before(None, out)
+        return out
+
+    # -- internals --
+
+    def _emit(self, event: Event, out: list[Event]) -> None:
+        bucket = self._events.get(event.cell)
+        if bucket is not None:
+            bucket.append(event)
+            out.append(event)
+
+    def _expire(self, now: float, out: list[Event]) -> None:
+        # A group whose task has no audit context never gets SYSCALL or EOE.
+        while self._groups:
+            serial, group = next(iter(self._groups.items()))
+            if now - group.arrived < self._group_ttl and len(self._groups) <= self._max_groups:
+                break
+            del self._groups[serial]
+            self._finish(group, now, out)
+
+    def _finish_before(self, serial: int | None, out: list[Event]) -> None:
+        for s in [s for s in self._groups if serial is None or s < serial]:
+            group = self._groups.pop(s)
+            self._finish(group, group.arrived, out)
+
+    def _finish(self, group: _Group, now: float, out: list[Event]) -> None:
+        # The domain record follows the access record that first showed it: learn first.
+        learnt = False
+        for rec in group.records:
+            if rec.type == AUDIT_LANDLOCK_DOMAIN:
+                if self._learn(rec, group.syscall):
+                    learnt = True
+                else:
+                    self._limbo.append((now, rec, group.syscall))
+        for rec in group.records:
+            if rec.type == AUDIT_LANDLOCK_ACCESS and not self._access(rec, group.syscall, out):
+                self._limbo.append((now, rec, group.syscall))
+        if learnt:
+            self._replay_limbo(now, out)
+
+    def _session_cell(self, syscall: AuditRecord | None) -> str | None:
+        if syscall is None:
+            return None
+        return self._by_session.get(_int(syscall.fields.get("ses")) or AUDIT_SID_UNSET)
+
+    def _learn(self, rec: AuditRecord, syscall: AuditRecord | None) -> bool:
+        """Learn which cell a newly allocated domain belongs to; False if none."""
+        dom = rec.fields.get("domain")
+        if dom is None:
+            return False
+        if syscall is not None:
+            # ses is immutable inside a cell and unique: it outranks a pid, which may be reused.
+            cell = self._session_cell(syscall)
+        else:
+            cell = self._by_pid.get(_int(rec.fields.get("pid")) or -1)
+        if cell is None:
+            return False
+        enforcing = rec.fields.get("mode", "enforcing") == "enforcing"
+        self._domains.setdefault(dom, _Domain(cell, enforcing))
+        return True
+
+    def _access(self, rec: AuditRecord, syscall: AuditRecord | None, out: list[Event]) -> bool:
+        """Attribute one access record; False if no watched cell claims it."""
+        dom = rec.fields.get("domain", "")
+        info = self._domains.get(dom)
+        if info is None:
+            by_ses = self._session_cell(syscall)
+            if by_ses is None:
+                return False
+            # A domain the cell's own processes made (nested Landlock): learnt by session.
+            info = self._domains[dom] = _Domain(by_ses, True)
+        info.logged += 1
+        self._emit(landlock_event(info.cell, rec, syscall, enforcing=info.enforcing), out)
+        return True
+
+    def _deallocated(self, rec: AuditRecord, out: list[Event]) -> None:
+        info = self._domains.pop(rec.fields.get("domain", ""), None)
+        denials = _int(rec.fields.get("denials"))
+        if info is None or denials is None or denials <= info.logged:
+            return
+        self._emit(lost_event(info.cell, "landlock_count", denials - info.logged, rec.time), out)
+
+    def _replay_limbo(self, now: float, out: list[Event] | None = None) -> list[Event]:
+        """Attribute what limbo holds that a newly watched cell or learnt domain claims."""
+        out = [] if out is None else out
+        while self._limbo and now - self._limbo[0][0] > self._limbo_ttl:
+            self._limbo.popleft()
+        if not self._limbo:
+            return out
+        pending = list(self._limbo)
+        self._limbo.clear()
+        # Domains first, so that access records of the same cell find them.
+        keep = [
+            e for e in pending if e[1].type == AUDIT_LANDLOCK_DOMAIN and not self._learn(e[1], e[2])
+        ]
+        for entry in pending:
+            _, rec, syscall = entry
+            if rec.type == AUDIT_SECCOMP:
+                cell = self._by_session.get(_int(rec.fields.get("ses")) or AUDIT_SID_UNSET)
+                if cell is None:
+                    keep.append(entry)
+                else:
+                    self._emit(seccomp_event(cell, rec), out)
+            elif rec.type == AUDIT_LANDLOCK_ACCESS and not self._access(rec, syscall, out):
+                keep.append(entry)
+        keep.sort(key=lambda e: e[0])
+        self._limbo.extend(keep)
+        return out
