@@ -176,6 +176,11 @@ class PreparedLandlock:
     ports: tuple[bytes, ...]
     """Packed struct landlock_net_port_attr, one per port."""
     restrict_flags: int
+    rules: tuple[bytes, ...] = ()
+    """Packed struct landlock_path_beneath_attr for paths the parent already
+    opened (``O_PATH`` descriptors it keeps): the child adds them without a
+    lookup. Rules bind inodes, so a descriptor opened on the host names the
+    same file as the bind mount that shows it in the cell."""
 
 
 _abi: int | None = None
@@ -287,6 +292,8 @@ def apply(prepared: PreparedLandlock) -> None:
         SYS_LANDLOCK_CREATE_RULESET, prepared.ruleset_attr, len(prepared.ruleset_attr), 0
     )
     try:
+        for rule in prepared.rules:
+            syscall(SYS_LANDLOCK_ADD_RULE, ruleset, RULE_PATH_BENEATH, rule, 0)
         for path, dir_rights, file_rights in prepared.paths:
             try:
                 fd = os.open(path, O_PATH | O_CLOEXEC)

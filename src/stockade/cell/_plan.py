@@ -110,6 +110,16 @@ _DEFAULT_HIDDEN = ("/root", "/home", "/run", "/var/run", "/var/lib/stockade", "/
 decoys (empty, refused by Landlock, so every attempt is recorded)."""
 
 
+def _outermost(paths: list[str], covers: list[str]) -> list[str]:
+    """``paths`` without those inside another of them or of ``covers``."""
+    unique = sorted(set(paths))
+    return [
+        p
+        for p in unique
+        if not any(p != q and _is_under(p, q) for q in unique) and not any(p != c and _is_under(p, c) for c in covers)
+    ]
+
+
 def _expand(pattern: str) -> list[str]:
     if glob.has_magic(pattern):
         return sorted(glob.glob(pattern))
@@ -158,6 +168,11 @@ def plan_cell(
                 if os.path.islink(path):
                     symlinks[os.path.normpath(path)] = os.readlink(path)
                 (write_dirs if writable else read_dirs).append(real)
+
+    # A grant inside another that gives at least as much needs no mount of its
+    # own (merged-/usr systems: /bin is a link to /usr/bin, inside /usr).
+    write_dirs = _outermost(write_dirs, [workspace])
+    read_dirs = [p for p in _outermost(read_dirs, []) if p not in write_dirs and p != workspace]
 
     hidden_roots = [*_DEFAULT_HIDDEN, *extra_hidden]
     home = environ.get("HOME")
