@@ -418,3 +418,35 @@ except HostError as exc:
     assert (feature, exit_code) == ("audit", str(HostError("", feature="x").exit_code))
     assert "Operation not permitted" in message
     assert "run stockade as root" in message
+
+
+_FALLBACK_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from stockade.record._audit import AuditReader
+from tests.record._kernel_helpers import CellSpec, start_cell
+with AuditReader() as reader:
+    cell = start_cell(CellSpec(script="import ctypes\\nctypes.CDLL(None).ptrace(0, 0, 0, 0)"))
+    reader.watch("fb", session=cell.session, pid=cell.pid)
+    cell.go()
+    cell.finish()
+    events = reader.collect("fb", timeout=5.0)
+    names = [e.detail["syscall"] for e in events]
+    print(len(events), *names, reader.stats().barrier_timeouts)
+"""
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/usr/bin/setpriv"), reason="host lacks setpriv (util-linux)"
+)
+def test_barrier_falls_back_without_cap_audit_write() -> None:
+    """Without CAP_AUDIT_WRITE the marker cannot be sent: collect waits for quiet instead."""
+    root = str(Path(__file__).resolve().parents[2])
+    script = _FALLBACK_SCRIPT.format(root=root)
+    out = subprocess.run(
+        ["/usr/bin/setpriv", "--bounding-set", "-audit_write", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.split() == ["1", "ptrace", "0"]
