@@ -29,6 +29,8 @@ WORKSPACES_ROOT = "/var/lib/stockade/workspaces"
 """Where fresh workspaces are made. Every cell sees this directory as a decoy,
 so an attempt on another agent's workspace meets Landlock and is recorded."""
 
+PLAN_REUSE_SECONDS = 2.0
+
 OutputSink = Callable[[int, bytes], None]
 """Called with (1 or 2, chunk) as the command writes to stdout or stderr."""
 
@@ -121,7 +123,7 @@ class Cell:
         self.keep_workspace = (not self._fresh) if keep_workspace is None else keep_workspace
         self.workspace = str(chosen) if chosen is not None else _fresh_workspace()
         self._audit_choice = audit
-        self._prepared: tuple[object, tuple[tuple[bytes, bool], ...]] | None = None
+        self._prepared: tuple[float, CellPlan, object, tuple[tuple[bytes, bool], ...]] | None = None
 
     # ------------------------------------------------------------------ running
 
@@ -152,8 +154,7 @@ class Cell:
         limits = policy.limits
         deadline_seconds = timeout if timeout is not None else limits.timeout
         audit = self._audit_reader()
-        plan = plan_cell(policy, workspace=self.workspace, environ=self._environ)
-        landlock, seccomp = self._layers(plan)
+        plan, landlock, seccomp = self._prepared_plan()
         events: list[Event] = []
         cgroup = CellCgroup.create(cell_id, limits)
         created = _create_placeholders(plan.placeholders)
@@ -278,10 +279,23 @@ class Cell:
             return shared_audit_reader()
         return self._audit_choice
 
-    def _layers(self, plan: CellPlan) -> tuple[object, tuple[tuple[bytes, bool], ...]]:
+    def _prepared_plan(self) -> tuple[CellPlan, object, tuple[tuple[bytes, bool], ...]]:
+        """The plan and prepared layers, reused for ``PLAN_REUSE_SECONDS``.
+
+        A plan reads the host (directory listings for decoys, the entries of
+        /etc); consecutive runs of one Cell reuse it briefly instead of reading
+        it all again. Reuse can only be stale in the safe direction: a host
+        path that appeared since is not in the view.
+        """
         from stockade.cell._layers import prepare_layers
 
-        return prepare_layers(self.policy, plan)
+        now = time.monotonic()
+        if self._prepared is not None and now - self._prepared[0] < PLAN_REUSE_SECONDS:
+            return self._prepared[1], self._prepared[2], self._prepared[3]
+        plan = plan_cell(self.policy, workspace=self.workspace, environ=self._environ)
+        landlock, seccomp = prepare_layers(self.policy, plan)
+        self._prepared = (now, plan, landlock, seccomp)
+        return plan, landlock, seccomp
 
 
 def _fresh_workspace() -> str:

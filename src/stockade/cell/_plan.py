@@ -74,9 +74,9 @@ class Grants:
 
 @dataclass(frozen=True, slots=True)
 class ProtectPlaceholder:
-    """A protected path that did not exist: the launcher creates it empty on the
-    host (so that a read-only mount can cover it) and removes it after the cell
-    if it is still empty."""
+    """A protected path inside a writable place. If it does not exist when a
+    cell starts, the launcher creates it empty on the host (so that a read-only
+    mount can cover it) and removes it after the cell if it is still empty."""
 
     path: str
     is_dir: bool
@@ -320,9 +320,10 @@ def _protect(policy: Policy, workspace: str) -> tuple[tuple[ProtectPlaceholder, 
             continue  # outside the workspace: read-only or hidden already
         if os.path.islink(target):
             continue  # a link out of the workspace leads only to what the view shows
-        if not _exists(target):
-            is_dir = not os.path.splitext(target)[1] and target.rstrip("/").endswith(("hooks", "workflows"))
-            placeholders.append(ProtectPlaceholder(target, is_dir))
+        # Every protected target is listed; the launcher creates, each run,
+        # those that do not exist (a plan may be reused for a few seconds).
+        is_dir = not os.path.splitext(target)[1] and target.rstrip("/").endswith(("hooks", "workflows"))
+        placeholders.append(ProtectPlaceholder(target, is_dir))
         parent = os.path.dirname(target)
         chain: list[str] = []
         while parent != workspace and _is_under(parent, workspace):
