@@ -231,7 +231,11 @@ class Cell:
         if launched.exec_error is not None:
             _stage, err, message = launched.exec_error
             exit_code = 126 if err in (1, 13) else 127
-            stderr = stderr + f"stockade: {message}\n".encode()
+            note = f"stockade: {message}\n".encode()
+            if on_output is not None:
+                on_output(2, note)
+            else:
+                stderr = stderr + note
         events.append(
             Event(
                 kind="cell.end",
