@@ -19,6 +19,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Annotated, Any, Literal, NoReturn, TypeVar, get_args
 from urllib.parse import urlsplit
 
@@ -119,8 +120,8 @@ class Problems(Exception):
 # ---------------------------------------------------------------------------- units
 
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*([kmgtp]?)(?:i?b)?$", re.IGNORECASE)
-SIZE_PATTERN = r"^(\d+(\.\d+)?|\.\d+) *([kKmMgGtTpP]?)([iI]?[bB])?$"
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*([kmgtp]?)(?:i?b|bytes?)?$", re.IGNORECASE)
+SIZE_PATTERN = r"^(\d+(\.\d+)?|\.\d+) *([kKmMgGtTpP]?)([iI]?[bB]|[bB][yY][tT][eE][sS]?)?$"
 
 _DURATION_UNITS = {
     "ns": 1e-9,
@@ -161,7 +162,7 @@ def parse_size(value: object) -> int:
     if match is None:
         raise ValueError(f"{show(value)} is not a size; {hint}")
     number, unit = match.groups()
-    return round(float(number) * _SIZE_UNITS[unit.lower()])
+    return round(Fraction(number) * _SIZE_UNITS[unit.lower()])  # exact, even past 2**53
 
 
 def parse_duration(value: object) -> float:
