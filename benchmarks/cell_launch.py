@@ -5,7 +5,7 @@ Run as root from the repository:  .venv/bin/python benchmarks/cell_launch.py [--
 Every round runs each contender once, in an interleaved order, from this one
 warm Python process, so that the machine's drift (it is shared and noisy)
 touches all of them alike. Printed: the median and 90th percentile of each, the
-ratio of stockade to bwrap (the target is ≤ 1.5×) and stockade's absolute
+ratio of stockade to bwrap (the target is at most 1.5x) and stockade's absolute
 overhead over no sandbox. Nothing here asserts a time.
 
 - none:     subprocess.run(CMD) — fork/exec from Python, no sandbox
@@ -37,10 +37,27 @@ def bwrap_argv(workspace: str, command: list[str]) -> list[str]:
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
     for path in ("/usr", "/etc"):
         argv += ["--ro-bind", path, path]
-    for link, target in (("/bin", "usr/bin"), ("/sbin", "usr/sbin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64")):
+    for link, target in (
+        ("/bin", "usr/bin"),
+        ("/sbin", "usr/sbin"),
+        ("/lib", "usr/lib"),
+        ("/lib64", "usr/lib64"),
+    ):
         if os.path.islink(link):
             argv += ["--symlink", target, link]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workspace, workspace, "--chdir", workspace]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        workspace,
+        workspace,
+        "--chdir",
+        workspace,
+    ]
     return argv + command
 
 
@@ -59,7 +76,7 @@ def measure(rounds: int) -> None:
             times: dict[str, list[float]] = {name: [] for name in contenders}
             names = list(contenders)
             for i in range(rounds):
-                order = names[i % len(names):] + names[: i % len(names)]
+                order = names[i % len(names) :] + names[: i % len(names)]
                 for name in order:
                     start = time.perf_counter()
                     contenders[name]()

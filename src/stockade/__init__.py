@@ -48,4 +48,18 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = sorted([*_LAZY, "__version__"])
+__all__ = [
+    "Cell",
+    "CellError",
+    "CellResult",
+    "DaemonError",
+    "Event",
+    "HostError",
+    "Policy",
+    "PolicyError",
+    "ProtocolError",
+    "StockadeError",
+    "__version__",
+    "default_policy",
+    "load_policy",
+]

@@ -131,7 +131,9 @@ def test_output_past_the_limit_is_dropped_and_recorded(tmp_path: Path) -> None:
 def test_on_output_streams_chunks(tmp_path: Path) -> None:
     chunks: list[tuple[int, bytes]] = []
     with Cell(workspace=tmp_path) as cell:
-        result = cell.run(["/bin/sh", "-c", "echo a; echo b >&2"], on_output=lambda s, d: chunks.append((s, d)))
+        result = cell.run(
+            ["/bin/sh", "-c", "echo a; echo b >&2"], on_output=lambda s, d: chunks.append((s, d))
+        )
     assert result.stdout == b"" and result.stderr == b""
     assert b"".join(d for s, d in chunks if s == 1) == b"a\n"
     assert b"".join(d for s, d in chunks if s == 2) == b"b\n"
@@ -171,7 +173,9 @@ def test_extra_read_grant_is_readable_not_writable(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     fs = default_policy().filesystem
-    policy = _policy(filesystem=FilesystemPolicy(read=(*fs.read, str(shared)), deny=fs.deny, protect=fs.protect))
+    policy = _policy(
+        filesystem=FilesystemPolicy(read=(*fs.read, str(shared)), deny=fs.deny, protect=fs.protect)
+    )
     with Cell(policy, workspace=workspace) as cell:
         result = cell.run(["/bin/sh", "-c", f"cat {shared}/data.txt; echo x >> {shared}/data.txt"])
     assert result.stdout == b"data"
@@ -183,11 +187,7 @@ def test_extra_read_grant_is_readable_not_writable(tmp_path: Path) -> None:
 
 
 def test_audit_mode_lets_seccomp_refusals_through_and_records_them(tmp_path: Path) -> None:
-    code = (
-        "import socket\n"
-        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-        "print('udp socket made')\n"
-    )
+    code = "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nprint('udp socket made')\n"
     enforce = Cell(_policy(), workspace=tmp_path).run([PY, "-c", code])
     audit = Cell(_policy(mode="audit"), workspace=tmp_path).run([PY, "-c", code])
     assert enforce.exit_code != 0
@@ -214,7 +214,11 @@ def test_nothing_of_the_cell_remains_after_it(tmp_path: Path) -> None:
     marker = tmp_path / "pid"
     with Cell(workspace=tmp_path) as cell:
         result = cell.run(
-            ["/bin/sh", "-c", f"(setsid sh -c 'echo $$ > {marker}.inner; exec sleep 60' &) ; sleep 0.2; echo done"]
+            [
+                "/bin/sh",
+                "-c",
+                f"(setsid sh -c 'echo $$ > {marker}.inner; exec sleep 60' &) ; sleep 0.2; echo done",
+            ]
         )
     assert result.stdout == b"done\n"
     # The daemon's pid is in the cell's namespace; find it on the host by its

@@ -57,7 +57,7 @@ def test_events_file_is_jsonl(tmp_path: Path) -> None:
     done = run("--events", str(events), "-w", str(workspace), "--", "/bin/sh", "-c", "echo x > /usr/evil")
     assert done.returncode != 0
     lines = [json.loads(line) for line in events.read_text().splitlines()]
-    assert [e["kind"] for e in lines][0] == "cell.start"
+    assert lines[0]["kind"] == "cell.start"
     assert any(e["kind"] == "cell.denied" and e["layer"] == "landlock" for e in lines)
     assert lines[-1]["kind"] == "cell.end"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]

@@ -217,13 +217,19 @@ class Cell:
         limits_hit: list[str] = []
         if timed_out:
             limits_hit.append("timeout")
-            events.append(_limit_event(cell_id, "timeout", f"killed after the {deadline_seconds:g} s timeout"))
+            events.append(
+                _limit_event(cell_id, "timeout", f"killed after the {deadline_seconds:g} s timeout")
+            )
         if stats.oom_killed:
             limits_hit.append("memory")
-            events.append(_limit_event(cell_id, "cgroup", f"memory limit of {limits.memory} bytes reached: killed"))
+            events.append(
+                _limit_event(cell_id, "cgroup", f"memory limit of {limits.memory} bytes reached: killed")
+            )
         if stats.pids_limit_hit:
             limits_hit.append("pids")
-            events.append(_limit_event(cell_id, "cgroup", f"process limit of {limits.pids} reached: fork refused"))
+            events.append(
+                _limit_event(cell_id, "cgroup", f"process limit of {limits.pids} reached: fork refused")
+            )
         if truncated:
             limits_hit.append("output")
             events.append(_limit_event(cell_id, "cell", f"output past {limits.output} bytes dropped"))
@@ -401,10 +407,7 @@ def _supervise(
     exited = False
     try:
         while open_fds or not exited:
-            if deadline is None:
-                wait_ms = -1
-            else:
-                wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             ready = poller.poll(wait_ms)
             if not ready and deadline is not None and time.monotonic() >= deadline and not timed_out:
                 timed_out = True

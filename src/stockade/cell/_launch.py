@@ -16,7 +16,7 @@ the cell's pid namespace, and if P dies, C1 and then C2 get SIGKILL from their
 death signals, so nothing outlives its cell. The parent also kills the cell's
 cgroup when it ends.
 
-Why by hand and not bubblewrap: the cell must cost no more than 1.5× what
+Why by hand and not bubblewrap: the cell must cost no more than 1.5 times what
 ``bwrap`` alone costs, and bwrap cannot apply Landlock (it must be applied
 inside, after bwrap's mounts), so bwrap plus a launcher costs two program
 starts. Forking a warm Python process and replaying a precomputed plan costs
@@ -121,7 +121,11 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 class _SetupFailed(Exception):
@@ -156,7 +160,9 @@ def _set_attr(path: str, attrs: int, recursive: bool, stage: str) -> None:
     attr = _MountAttr(attrs, 0, 0, 0)
     flags = AT_RECURSIVE if recursive else 0
     _check(
-        _libc.syscall(SYS_mount_setattr, AT_FDCWD, path.encode(), flags, ctypes.byref(attr), ctypes.sizeof(attr)),
+        _libc.syscall(
+            SYS_mount_setattr, AT_FDCWD, path.encode(), flags, ctypes.byref(attr), ctypes.sizeof(attr)
+        ),
         stage,
         f"mount_setattr {path}",
     )
@@ -511,7 +517,9 @@ def _detached_trees(spec: LaunchSpec) -> dict[int, tuple[int, bool]]:  # pragma:
     return trees
 
 
-def _cell_init(spec: LaunchSpec, status_w: int, trees: dict[int, tuple[int, bool]]) -> None:  # pragma: no cover
+def _cell_init(
+    spec: LaunchSpec, status_w: int, trees: dict[int, tuple[int, bool]]
+) -> None:  # pragma: no cover
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "preparing", "death signal")
     plan = spec.plan
     _build_view(plan.mounts, trees)
@@ -664,7 +672,9 @@ def _build_dev(dst: str, stage: str) -> None:  # pragma: no cover
         _touch(node)
         _mount("/oldroot/dev/" + name, node, None, MS_BIND, None, stage)
     os.mkdir(dst + "/pts")
-    _mount("devpts", dst + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620", stage)
+    _mount(
+        "devpts", dst + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620", stage
+    )
     os.symlink("pts/ptmx", dst + "/ptmx")
     os.mkdir(dst + "/shm")
     _mount("tmpfs", dst + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777", stage)

@@ -62,25 +62,25 @@ def prepare_layers(
     # process, and handed to the child as ready rules: a Landlock rule binds
     # an inode, and the bind shows the host's. The rest (the cell's own /tmp,
     # /dev, /proc, decoys) only exists in the child, which opens them itself.
-    rules: list[bytes] = []
+    ready: list[bytes] = []
     local: list[tuple[bytes, int, int]] = []
-    for path, dir_rights, file_rights in (*prepared.paths, *extra):
-        name = path.decode()
+    for raw, dir_rights, file_rights in (*prepared.paths, *extra):
+        name = raw.decode()
         opened = _host_fd(name) if _shows_host(plan.mounts, name) else None
         if opened is None:
-            local.append((path, dir_rights, file_rights))
+            local.append((raw, dir_rights, file_rights))
             continue
         fd, is_dir = opened
         access = dir_rights if is_dir else file_rights
         if access:
-            rules.append(struct.pack("=Qi", access, fd))
+            ready.append(struct.pack("=Qi", access, fd))
     prepared = _landlock.PreparedLandlock(
         prepared.abi,
         prepared.ruleset_attr,
         tuple(local),
         prepared.ports,
         prepared.restrict_flags,
-        rules=tuple(rules),
+        rules=tuple(ready),
     )
     return prepared, _seccomp_filters(policy.mode)
 

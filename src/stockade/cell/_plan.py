@@ -116,7 +116,8 @@ def _outermost(paths: list[str], covers: list[str]) -> list[str]:
     return [
         p
         for p in unique
-        if not any(p != q and _is_under(p, q) for q in unique) and not any(p != c and _is_under(p, c) for c in covers)
+        if not any(p != q and _is_under(p, q) for q in unique)
+        and not any(p != c and _is_under(p, c) for c in covers)
     ]
 
 
@@ -148,7 +149,9 @@ def plan_cell(
     """
     workspace = os.path.realpath(workspace)
     if not os.path.isdir(workspace):
-        raise PolicyError(f"workspace {workspace!r} is not a directory; create it or omit it to get a fresh one")
+        raise PolicyError(
+            f"workspace {workspace!r} is not a directory; create it or omit it to get a fresh one"
+        )
     host_uid, host_gid = _cell_identity(workspace)
 
     fs = policy.filesystem
@@ -191,7 +194,9 @@ def plan_cell(
     for path in sorted(set(read_dirs)):
         entries.append((path, MountOp("bind", path, src=path, writable=False)))
     for path in sorted({*write_dirs, workspace}):
-        entries.append((path, MountOp("bind", path, src=path, writable=True, idmap_owner=_idmap(path, host_uid))))
+        entries.append(
+            (path, MountOp("bind", path, src=path, writable=True, idmap_owner=_idmap(path, host_uid)))
+        )
     hidden: list[str] = []
     for path in sorted(set(deny)):
         real = os.path.realpath(path)
@@ -408,7 +413,7 @@ def _grants(
     read.append("/proc")
     if os.path.isdir("/sys"):
         read.append("/sys")
-    devices = tuple(f"/dev/{name}" for name in SYSTEM_DEVICES) + ("/dev/pts", "/dev/ptmx")
+    devices = (*(f"/dev/{name}" for name in SYSTEM_DEVICES), "/dev/pts", "/dev/ptmx")
     write.append("/dev/shm")
     if any_exec:
         return Grants(

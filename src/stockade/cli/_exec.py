@@ -96,7 +96,9 @@ def _parse(args: list[str]) -> dict[str, object]:
         try:
             seconds = float(str(timeout))
         except ValueError:
-            raise _Usage(f"--timeout {timeout!r} is not a number of seconds; write e.g. --timeout 30") from None
+            raise _Usage(
+                f"--timeout {timeout!r} is not a number of seconds; write e.g. --timeout 30"
+            ) from None
         if not seconds > 0:
             raise _Usage(f"--timeout {timeout!r} must be more than 0 seconds")
         opts["timeout"] = seconds
@@ -137,7 +139,9 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
     else:
         policy = default_policy()
     if not command and not policy.command:
-        sys.stderr.write("stockade exec: no command given and the policy has none\nTry 'stockade exec --help'.\n")
+        sys.stderr.write(
+            "stockade exec: no command given and the policy has none\nTry 'stockade exec --help'.\n"
+        )
         return EXIT_USAGE
     as_json = bool(opts["json"])
     workspace = opts["workspace"]
