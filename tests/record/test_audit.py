@@ -382,6 +382,8 @@ print("done")
     finally:
         small.close()
     assert code == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        small.collect("flooded")
     assert stats.overruns >= 1
     lost = [e for e in events if e.kind == "cell.audit_lost"]
     assert lost and lost[0].detail["reason"] == "overrun"

@@ -32,8 +32,8 @@ SECCOMP_I386 = SECCOMP_ERRNO.replace(
     "arch=c000003e syscall=101 compat=0", "arch=40000003 syscall=26 compat=1"
 )
 LL_WRITE = (
-    'audit(1795958133.888:4): domain=13ab41c70 blockers=fs.write_file path="/etc/passwd" '
-    'dev="vda" ino=739'
+    "audit(1795958133.888:4): domain=13ab41c70 blockers=fs.write_file "
+    'path="/etc/passwd" dev="vda" ino=739'
 )
 LL_ALLOC = (
     "audit(1795958133.888:4): domain=13ab41c70 status=allocated mode=enforcing pid=4024 uid=0 "
@@ -248,8 +248,8 @@ def test_proctitle_never_reaches_an_event() -> None:
         (
             LL_ABSTRACT,
             {"path": "@stockade-exp"},
-            "connect to abstract unix socket @stockade-exp refused by landlock "
-            "(scope.abstract_unix_socket)",
+            "connect to abstract unix socket @stockade-exp refused by landlock"
+            " (scope.abstract_unix_socket)",
         ),
         (
             LL_PTRACE,

@@ -273,6 +273,10 @@ class AuditReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("AuditReader is closed; open a new one")
+
     def _close_pipe(self) -> None:
         for fd in (self._stop_r, self._stop_w):
             os.close(fd)
@@ -289,7 +293,9 @@ class AuditReader:
 
         Raises:
             ValueError: ``session`` is not a session id, or another cell has it.
+            RuntimeError: the reader is closed.
         """
+        self._check_open()
         with self._lock:
             events = self._core.watch(cell_id, session=session, pid=pid, now=time.monotonic())
         self._deliver(events)
@@ -307,7 +313,11 @@ class AuditReader:
         (at most ``timeout`` seconds) until the marker comes back, records being
         delivered in order. When the marker cannot be sent (no CAP_AUDIT_WRITE),
         it waits until no record has come for 50 ms instead, within ``timeout``.
+
+        Raises:
+            RuntimeError: the reader is closed.
         """
+        self._check_open()
         self._barrier(timeout)
         with self._lock:
             return self._core.take(cell_id)
