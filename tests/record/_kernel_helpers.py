@@ -144,18 +144,12 @@ def _apply_landlock(libc: Any, spec: CellSpec) -> None:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         # struct landlock_path_beneath_attr is packed: u64 then s32.
         rule = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))
-        _syscall(
-            libc, SYS_landlock_add_rule, ctypes.c_int(ruleset), LANDLOCK_RULE_PATH_BENEATH, rule, 0
-        )
+        _syscall(libc, SYS_landlock_add_rule, ctypes.c_int(ruleset), LANDLOCK_RULE_PATH_BENEATH, rule, 0)
         os.close(fd)
     for port in spec.connect_ports:
         rule = ctypes.create_string_buffer(struct.pack("=QQ", NET_CONNECT_TCP, port))
-        _syscall(
-            libc, SYS_landlock_add_rule, ctypes.c_int(ruleset), LANDLOCK_RULE_NET_PORT, rule, 0
-        )
-    _syscall(
-        libc, SYS_landlock_restrict_self, ctypes.c_int(ruleset), ctypes.c_int(spec.landlock_flags)
-    )
+        _syscall(libc, SYS_landlock_add_rule, ctypes.c_int(ruleset), LANDLOCK_RULE_NET_PORT, rule, 0)
+    _syscall(libc, SYS_landlock_restrict_self, ctypes.c_int(ruleset), ctypes.c_int(spec.landlock_flags))
     os.close(ruleset)
 
 

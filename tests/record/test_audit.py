@@ -269,9 +269,7 @@ print("done")
     assert event.detail["comm"] == "agent one"
 
 
-def test_landlock_is_silent_after_exec_without_log_new_exec_on(
-    reader: AuditReader, tmp_path: Path
-) -> None:
+def test_landlock_is_silent_after_exec_without_log_new_exec_on(reader: AuditReader, tmp_path: Path) -> None:
     """Why the launcher must pass LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON (kernel behaviour)."""
     target = tmp_path / "t"
     target.write_text("x")
@@ -413,9 +411,7 @@ try:
 except HostError as exc:
     print(exc.feature, exc.exit_code, exc, sep="|")
 """
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     feature, exit_code, message = out.strip().split("|")
     assert (feature, exit_code) == ("audit", str(HostError("", feature="x").exit_code))
     assert "Operation not permitted" in message
@@ -438,9 +434,7 @@ with AuditReader() as reader:
 """
 
 
-@pytest.mark.skipif(
-    not os.path.exists("/usr/bin/setpriv"), reason="host lacks setpriv (util-linux)"
-)
+@pytest.mark.skipif(not os.path.exists("/usr/bin/setpriv"), reason="host lacks setpriv (util-linux)")
 def test_barrier_falls_back_without_cap_audit_write() -> None:
     """Without CAP_AUDIT_WRITE the marker cannot be sent: collect waits for quiet instead."""
     root = str(Path(__file__).resolve().parents[2])

@@ -32,8 +32,7 @@ SECCOMP_I386 = SECCOMP_ERRNO.replace(
     "arch=c000003e syscall=101 compat=0", "arch=40000003 syscall=26 compat=1"
 )
 LL_WRITE = (
-    "audit(1795958133.888:4): domain=13ab41c70 blockers=fs.write_file "
-    'path="/etc/passwd" dev="vda" ino=739'
+    'audit(1795958133.888:4): domain=13ab41c70 blockers=fs.write_file path="/etc/passwd" dev="vda" ino=739'
 )
 LL_ALLOC = (
     "audit(1795958133.888:4): domain=13ab41c70 status=allocated mode=enforcing pid=4024 uid=0 "
@@ -48,19 +47,11 @@ LL_SYSCALL = (
 # proctitle of "python -c TOKEN=s3cr3t": must never reach an event.
 LL_PROCTITLE = "audit(1795958133.888:4): proctitle=707974686F6E002D6300544F4B454E3D733363723374"
 LL_EOE = "audit(1795958133.888:4): "
-LL_MAKE_REG = (
-    'audit(1795958133.888:5): domain=13ab41c70 blockers=fs.make_reg path="/etc" dev="vda" ino=19'
-)
-LL_CONNECT = (
-    "audit(1795958133.892:6): domain=13ab41c70 blockers=net.connect_tcp daddr=127.0.0.1 dest=35675"
-)
-LL_CONNECT6 = (
-    "audit(1795958313.612:38): domain=13ab41c70 blockers=net.connect_tcp daddr=::1 dest=5998"
-)
+LL_MAKE_REG = 'audit(1795958133.888:5): domain=13ab41c70 blockers=fs.make_reg path="/etc" dev="vda" ino=19'
+LL_CONNECT = "audit(1795958133.892:6): domain=13ab41c70 blockers=net.connect_tcp daddr=127.0.0.1 dest=35675"
+LL_CONNECT6 = "audit(1795958313.612:38): domain=13ab41c70 blockers=net.connect_tcp daddr=::1 dest=5998"
 LL_BIND = "audit(1795958313.612:37): domain=13ab41c70 blockers=net.bind_tcp saddr=127.0.0.1"
-LL_SIGNAL = (
-    'audit(1795958133.892:8): domain=13ab41c70 blockers=scope.signal opid=1 ocomm="process_api"'
-)
+LL_SIGNAL = 'audit(1795958133.892:8): domain=13ab41c70 blockers=scope.signal opid=1 ocomm="process_api"'
 LL_ABSTRACT = (
     "audit(1795958133.892:9): domain=13ab41c70 blockers=scope.abstract_unix_socket "
     "path=0073746F636B6164652D657870"
@@ -248,8 +239,7 @@ def test_proctitle_never_reaches_an_event() -> None:
         (
             LL_ABSTRACT,
             {"path": "@stockade-exp"},
-            "connect to abstract unix socket @stockade-exp refused by landlock"
-            " (scope.abstract_unix_socket)",
+            "connect to abstract unix socket @stockade-exp refused by landlock (scope.abstract_unix_socket)",
         ),
         (
             LL_PTRACE,
@@ -317,9 +307,7 @@ def test_landlock_object_fields(body: str, detail: dict[str, object], summary: s
         ),
     ],
 )
-def test_seccomp_events(
-    body: str, kind: str, outcome: str, detail: dict[str, object], summary: str
-) -> None:
+def test_seccomp_events(body: str, kind: str, outcome: str, detail: dict[str, object], summary: str) -> None:
     core = watched()
     run(core, (1326, body))
     [event] = core.take("cell-a")

@@ -69,8 +69,7 @@ fewer fields, which are read as zero."""
 
 _INTERESTING: Final = frozenset({1107, 1300, 1320, 1326, 1423, 1424})
 _FIX = (
-    "run stockade as root on the host, not inside a container "
-    "(it needs CAP_AUDIT_READ and CAP_AUDIT_CONTROL)"
+    "run stockade as root on the host, not inside a container (it needs CAP_AUDIT_READ and CAP_AUDIT_CONTROL)"
 )
 
 
@@ -141,9 +140,7 @@ class AuditReader:
             this process may not read the audit log or enable auditing.
     """
 
-    def __init__(
-        self, *, rcvbuf: int = 32 << 20, backlog_limit: int = 8192, timeout: float = 2.0
-    ) -> None:
+    def __init__(self, *, rcvbuf: int = 32 << 20, backlog_limit: int = 8192, timeout: float = 2.0) -> None:
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self._core = AuditCorrelator()
@@ -220,9 +217,7 @@ class AuditReader:
             # Landlock allocates its records with GFP_ATOMIC: past the backlog they
             # are dropped, not waited for, and the default (64) overflows as soon
             # as two cells are denied at once. Only ever raised, never lowered.
-            reply = self._set(
-                AUDIT_STATUS_BACKLOG_LIMIT, backlog_limit=backlog_limit, timeout=timeout
-            )
+            reply = self._set(AUDIT_STATUS_BACKLOG_LIMIT, backlog_limit=backlog_limit, timeout=timeout)
             if reply.error:  # not fatal: bursts may lose records, and the record says so
                 log.warning(
                     "cannot raise the kernel audit backlog from %d to %d (%s); denial bursts "
@@ -233,9 +228,7 @@ class AuditReader:
                     backlog_limit,
                 )
 
-    def _set(
-        self, mask: int, *, timeout: float, enabled: int = 0, backlog_limit: int = 0
-    ) -> _Waiter:
+    def _set(self, mask: int, *, timeout: float, enabled: int = 0, backlog_limit: int = 0) -> _Waiter:
         """AUDIT_SET one field of ``struct audit_status`` (the others are ignored by mask)."""
         msg = _STATUS.pack(mask, enabled, 0, 0, 0, backlog_limit, 0, 0, 0, 0, 0)
         return self._request(AUDIT_SET, msg, timeout, reply=False)

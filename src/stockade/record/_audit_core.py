@@ -70,9 +70,7 @@ above 0x7e forces hex)."""
 
 _STAMP = re.compile(r"audit\((\d+)\.(\d+):(\d+)\): ?")
 _FIELD = re.compile(r'([A-Za-z_][\w-]*)=(?:"([^"]*)"|(\S*))')
-_SYSCALL_FIELDS = re.compile(
-    r"\barch=(\S+) syscall=(\d+) .*? pid=(\d+) .*? ses=(\d+) comm=(\S+) exe=(\S+)"
-)
+_SYSCALL_FIELDS = re.compile(r"\barch=(\S+) syscall=(\d+) .*? pid=(\d+) .*? ses=(\d+) comm=(\S+) exe=(\S+)")
 """The fields of an AUDIT_SYSCALL record that an event uses, in the kernel's order
 (``audit_log_exit``); a regular expression instead of a dict of all thirty is
 the reader's hottest path in a denial storm."""
@@ -129,9 +127,7 @@ def parse_syscall_fields(text: str) -> dict[str, str]:
     m = _SYSCALL_FIELDS.search(text)
     if m is None:
         fields = parse_fields(text)
-        return {
-            k: fields[k] for k in ("arch", "syscall", "pid", "ses", "comm", "exe") if k in fields
-        }
+        return {k: fields[k] for k in ("arch", "syscall", "pid", "ses", "comm", "exe") if k in fields}
     return {
         "arch": m[1],
         "syscall": m[2],
@@ -372,9 +368,7 @@ class AuditCorrelator:
     def watch(self, cell: str, *, session: int, pid: int, now: float) -> list[Event]:
         """Register a cell; returns the events of records already in limbo that are its."""
         if session <= 0 or session >= AUDIT_SID_UNSET:
-            raise ValueError(
-                f"audit session {session} is not a session id; read it from /proc/PID/sessionid"
-            )
+            raise ValueError(f"audit session {session} is not a session id; read it from /proc/PID/sessionid")
         owner = self._by_session.get(session)
         if owner is not None and owner != cell:
             raise ValueError(f"audit session {session} is already watched for cell {owner!r}")
@@ -563,9 +557,7 @@ class AuditCorrelator:
         pending = list(self._limbo)
         self._limbo.clear()
         # Domains first, so that access records of the same cell find them.
-        keep = [
-            e for e in pending if e[1].type == AUDIT_LANDLOCK_DOMAIN and not self._learn(e[1], e[2])
-        ]
+        keep = [e for e in pending if e[1].type == AUDIT_LANDLOCK_DOMAIN and not self._learn(e[1], e[2])]
         for entry in pending:
             _, rec, syscall = entry
             if rec.type == AUDIT_SECCOMP:
