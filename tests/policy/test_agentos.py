@@ -19,9 +19,7 @@ from stockade.policy._model import HostRule, Policy
 AGENTOS = Path(__file__).parents[2].parent / "shared" / "agentos"
 ENV = {"ANTHROPIC_API_KEY": "sk-ant-test", "TEST_API_KEY": "sk-test"}
 
-GOOD = sorted(
-    p.name for p in AGENTOS.iterdir() if p.suffix in (".yaml", ".json") and "bad-" not in p.name
-)
+GOOD = sorted(p.name for p in AGENTOS.iterdir() if p.suffix in (".yaml", ".json") and "bad-" not in p.name)
 BAD = sorted(p.name for p in AGENTOS.iterdir() if "bad-" in p.name)
 
 
@@ -227,9 +225,7 @@ def test_agentos_fields(extra: str, expected: dict[str, object]) -> None:
 
 
 def test_agentos_does_not_expand_variables_outside_env() -> None:
-    policy = loads_policy(
-        "name: x\nallowed_paths: ['/srv/${X}']\nenv: {A: '${X}'}\n", environ={"X": "y"}
-    )
+    policy = loads_policy("name: x\nallowed_paths: ['/srv/${X}']\nenv: {A: '${X}'}\n", environ={"X": "y"})
     assert policy.filesystem.write == ("/srv/${X}",)
     assert dict(policy.env.set)["A"] == "y"
 
@@ -259,13 +255,9 @@ def test_the_format_is_told_by_the_keys(text: str, fmt: str) -> None:
         ("user: nobody", "llm: {}", "stockade picks the cell's unprivileged uid"),
     ],
 )
-def test_mixing_the_formats_says_what_to_write(
-    agentos_key: str, stockade_key: str, fix: str
-) -> None:
+def test_mixing_the_formats_says_what_to_write(agentos_key: str, stockade_key: str, fix: str) -> None:
     with pytest.raises(PolicyError) as info:
         loads_policy(f"name: x\n{agentos_key}\n{stockade_key}\n", environ={})
     assert info.value.location == "<string>:2:1"
-    assert "is a key of AgentOS manifests, but this file also has the stockade key" in str(
-        info.value
-    )
+    assert "is a key of AgentOS manifests, but this file also has the stockade key" in str(info.value)
     assert fix in info.value.message

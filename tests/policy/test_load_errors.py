@@ -20,9 +20,7 @@ from stockade.policy._schema import PolicyFile
 
 LAUGHS = (
     "name: a\na: &a [1,1,1,1,1,1,1,1,1,1]\n"
-    + "".join(
-        f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcd", "bcde", strict=True)
-    )
+    + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcd", "bcde", strict=True))
     + "f: [*e, *e]\n"
 )
 
@@ -343,8 +341,7 @@ CASES: list[tuple[str, str, str, str]] = [
         "path-doublestar",
         "name: a\nfilesystem: {read: ['/srv/**']}\n",
         "2:21",
-        "uses '**', which paths do not "
-        "support; a directory stands for its whole tree, so write '/srv/'",
+        "uses '**', which paths do not support; a directory stands for its whole tree, so write '/srv/'",
     ),
     (
         "path-doublestar-inner",
@@ -666,9 +663,7 @@ def _error(text: str, *, source: str = "<string>") -> PolicyError:
     return info.value
 
 
-@pytest.mark.parametrize(
-    ("text", "where", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
-)
+@pytest.mark.parametrize(("text", "where", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_error_is_located_and_says_the_fix(text: str, where: str, fragment: str) -> None:
     exc = _error(text)
     assert exc.location == f"<string>:{where}", exc
@@ -697,8 +692,7 @@ def test_the_documented_example_word_for_word() -> None:
     )
     exc = _error(text, source="policy.yaml")
     assert str(exc) == (
-        "policy.yaml:6:5: network.allow[2].host '*' matches every host; "
-        "name a domain such as '*.example.com'"
+        "policy.yaml:6:5: network.allow[2].host '*' matches every host; name a domain such as '*.example.com'"
     )
 
 
@@ -716,8 +710,7 @@ def test_every_problem_is_reported_in_file_order() -> None:
     exc = _error(text)
     assert exc.location == "<string>:3:9"
     assert exc.__notes__ == [
-        "<string>:4:7: mode 'enforcing' is not one of 'enforce' or 'audit'; "
-        "did you mean 'enforce'?",
+        "<string>:4:7: mode 'enforcing' is not one of 'enforce' or 'audit'; did you mean 'enforce'?",
         "<string>:6:3: filesystem.wirte is not a known key; did you mean 'write'? "
         "(valid keys: base, read, write, deny, protect)",
     ]

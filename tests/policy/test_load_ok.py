@@ -142,9 +142,7 @@ def test_relative_workspace_is_relative_to_the_policy_file(tmp_path: Path) -> No
     assert load_policy(file).workspace == str(tmp_path / "cfg")
 
 
-def test_source_is_the_absolute_path_of_the_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_source_is_the_absolute_path_of_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "agent.yaml").write_text("name: a\n")
     monkeypatch.chdir(tmp_path)
     assert load_policy("agent.yaml").source == str(tmp_path / "agent.yaml")
@@ -152,9 +150,7 @@ def test_source_is_the_absolute_path_of_the_file(
 
 
 def test_env_defaults_and_what_the_file_adds() -> None:
-    policy = loads_policy(
-        "name: a\nenv:\n  pass: [HOME, TERM]\n  set: {LANG: C.UTF-8, X: '1'}\n", environ={}
-    )
+    policy = loads_policy("name: a\nenv:\n  pass: [HOME, TERM]\n  set: {LANG: C.UTF-8, X: '1'}\n", environ={})
     names = [n for n in DEFAULT_PASSTHROUGH if n != "LANG"]
     assert policy.env.passthrough == (*names, "HOME")
     assert dict(policy.env.set) == {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "X": "1"}
@@ -337,9 +333,7 @@ def test_anchors_aliases_and_merge_keys() -> None:
 
 def test_json_and_schema_key(tmp_path: Path) -> None:
     file = tmp_path / "p.json"
-    file.write_text(
-        '{\n\t"$schema": "./policy.schema.json",\n\t"name": "j",\n\t"mode": "audit"\n}\n'
-    )
+    file.write_text('{\n\t"$schema": "./policy.schema.json",\n\t"name": "j",\n\t"mode": "audit"\n}\n')
     loaded = load_policy_file(file)
     assert loaded.format == "stockade"
     assert loaded.policy.name == "j" and loaded.policy.mode == "audit"
@@ -353,8 +347,7 @@ def test_byte_order_mark_is_ignored(tmp_path: Path) -> None:
 
 def test_exec_allow_names_files_and_directories_inside_readable_paths() -> None:
     policy = loads_policy(
-        "name: a\nworkspace: /srv/proj\n"
-        "exec: {allow: [/usr/bin/python3, /srv/proj/bin, /usr/lib/]}\n",
+        "name: a\nworkspace: /srv/proj\nexec: {allow: [/usr/bin/python3, /srv/proj/bin, /usr/lib/]}\n",
         environ={},
     )
     assert policy.exec.allow == ("/usr/bin/python3", "/srv/proj/bin", "/usr/lib")
@@ -364,9 +357,7 @@ def test_policies_are_frozen_and_hashable() -> None:
     policy = loads_policy("name: a\nnetwork: {allow: [a.example.com]}\n", environ={})
     with pytest.raises(dataclasses.FrozenInstanceError):
         policy.name = "b"  # type: ignore[misc]
-    assert hash(policy) == hash(
-        loads_policy("name: a\nnetwork: {allow: [a.example.com]}\n", environ={})
-    )
+    assert hash(policy) == hash(loads_policy("name: a\nnetwork: {allow: [a.example.com]}\n", environ={}))
 
 
 # ------------------------------------------------------------- docs/POLICY.md

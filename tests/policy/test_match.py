@@ -186,9 +186,7 @@ def test_one_label_wildcard_match_has_one_more_dot(suffix: str, host: str) -> No
 
 
 @given(st.lists(LABEL, min_size=1, max_size=6), SUFFIX)
-def test_many_label_wildcard_matches_any_number_of_extra_labels(
-    labels: list[str], suffix: str
-) -> None:
+def test_many_label_wildcard_matches_any_number_of_extra_labels(labels: list[str], suffix: str) -> None:
     r = rule("**." + suffix)
     assert host_rule_matches(r, ".".join([*labels, suffix]), 443)
     assert not host_rule_matches(r, suffix, 443)
@@ -222,9 +220,7 @@ def test_cidr_matches_exactly_the_addresses_of_its_network(
 
 
 @given(st.ip_addresses(v=6), st.integers(0, 128), st.ip_addresses(v=6))
-def test_ipv6_cidr(
-    base: ipaddress.IPv6Address, prefix: int, address: ipaddress.IPv6Address
-) -> None:
+def test_ipv6_cidr(base: ipaddress.IPv6Address, prefix: int, address: ipaddress.IPv6Address) -> None:
     assume(address.ipv4_mapped is None)
     network = ipaddress.ip_network(f"{base}/{prefix}", strict=False)
     r = HostRule(str(network))

@@ -99,9 +99,7 @@ def test_not_durations(written: object) -> None:
 DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-@given(
-    st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(sorted(DURATION_UNITS))), min_size=1)
-)
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(sorted(DURATION_UNITS))), min_size=1))
 def test_duration_parts_add_up(parts: list[tuple[int, str]]) -> None:
     text = "".join(f"{n}{unit}" for n, unit in parts)
     expected = sum(n * DURATION_UNITS[unit] for n, unit in parts)

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from stockade.policy._default import DEFAULT_PASSTHROUGH, DEFAULT_PATH
+from stockade.policy._default import DEFAULT_LIMITS, DEFAULT_PASSTHROUGH, DEFAULT_PATH
 from stockade.policy._match import normalize_host_pattern
 from stockade.policy._model import EnvPolicy
 
@@ -725,12 +725,29 @@ class EnvSection(_Section):
     )
 
 
+def _default_limit(name: str) -> Any:
+    """A limit left out takes the default policy's value (not ``None``): say so in the schema."""
+    value = getattr(DEFAULT_LIMITS, name)
+    shown: str | int | float
+    if value is None:
+        shown = "unlimited"
+    elif name in ("memory", "output"):
+        shown = format_size(value).replace(" ", "").replace("iB", "")
+    elif name == "timeout":
+        shown = format_duration(value)
+    else:
+        shown = value
+    return Field(None, json_schema_extra={"default": shown})
+
+
 class LimitsSection(_Section):
-    memory: MemoryLimit = None
-    pids: PidsLimit = None
-    cpu: CpuLimit = None
-    timeout: TimeoutLimit = None
-    output: OutputLimit = None
+    """Each limit left out takes the default policy's value; null or 'unlimited' means none."""
+
+    memory: MemoryLimit = _default_limit("memory")
+    pids: PidsLimit = _default_limit("pids")
+    cpu: CpuLimit = _default_limit("cpu")
+    timeout: TimeoutLimit = _default_limit("timeout")
+    output: OutputLimit = _default_limit("output")
 
 
 class HostRuleSection(_Section):
