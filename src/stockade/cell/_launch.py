@@ -650,8 +650,9 @@ def _build_view(mounts: tuple[MountOp, ...], trees: dict[int, tuple[int, bool]])
         elif kind == "proc":
             _makedirs(dst)
             _mount("proc", dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None, stage)
-            # What a process could write to reconfigure the kernel stays read-only.
-            for sub in ("sys", "sysrq-trigger", "irq", "bus", "fs"):
+            # The kernel knobs stay read-only (the rest of /proc that is not
+            # the cell's own belongs to host root, which the cell is not).
+            for sub in ("sys", "sysrq-trigger"):
                 path = dst + "/" + sub
                 if os.path.exists(path):
                     _mount(path, path, None, MS_BIND | MS_REC, None, stage)
