@@ -43,6 +43,7 @@ def validate(ctx: click.Context, file: str, as_json: bool, show_env: bool) -> No
     """
     from stockade.policy._load import load_policy_file, loads_policy_text
 
+    name = "<stdin>" if file == "-" else file
     try:
         if file == "-":
             loaded = loads_policy_text(sys.stdin.read(), source="<stdin>")
@@ -51,7 +52,7 @@ def validate(ctx: click.Context, file: str, as_json: bool, show_env: bool) -> No
     except PolicyError as exc:
         problems = _problems(exc)
         if as_json:
-            click.echo(json.dumps({"valid": False, "file": file, "errors": problems}, indent=2))
+            click.echo(json.dumps({"valid": False, "file": name, "errors": problems}, indent=2))
         else:
             for problem in problems:
                 where = f"{problem['location']}: " if problem["location"] else ""
@@ -62,14 +63,14 @@ def validate(ctx: click.Context, file: str, as_json: bool, show_env: bool) -> No
     if as_json:
         body = {
             "valid": True,
-            "file": file,
+            "file": name,
             "format": fmt,
             "policy": policy_as_json(policy, show_env=show_env),
             "warnings": warnings,
         }
         click.echo(json.dumps(body, indent=2))
         return
-    click.echo(summary(policy, fmt=fmt, file=file, show_env=show_env))
+    click.echo(summary(policy, fmt=fmt, file=name, show_env=show_env))
     for warning in warnings:
         click.echo(f"warning: {warning}")
 
@@ -100,9 +101,7 @@ def _problems(exc: PolicyError) -> list[dict[str, str | None]]:
 def policy_as_json(policy: Policy, *, show_env: bool = False) -> dict[str, Any]:
     """The policy as plain JSON data; env.set values hidden unless ``show_env``."""
     data = dataclasses.asdict(policy)
-    data["env"]["set"] = {
-        name: (value if show_env else "<hidden>") for name, value in policy.env.set
-    }
+    data["env"]["set"] = {name: (value if show_env else "<hidden>") for name, value in policy.env.set}
     data["tools"] = [{**rule, "match": dict(rule["match"])} for rule in data["tools"]]
     return data
 
@@ -171,8 +170,7 @@ def summary(policy: Policy, *, fmt: str, file: str, show_env: bool = False) -> s
                 f"memory {format_size(lim.memory) if lim.memory is not None else 'unlimited'}",
                 f"processes {lim.pids if lim.pids is not None else 'unlimited'}",
                 f"cpu {f'{lim.cpu:g} cores' if lim.cpu is not None else 'unlimited'}",
-                "timeout "
-                + (format_duration(lim.timeout) if lim.timeout is not None else "unlimited"),
+                "timeout " + (format_duration(lim.timeout) if lim.timeout is not None else "unlimited"),
                 f"output {format_size(lim.output) if lim.output is not None else 'unlimited'}",
             ]
         ),
@@ -180,8 +178,7 @@ def summary(policy: Policy, *, fmt: str, file: str, show_env: bool = False) -> s
     loopback = policy.network.loopback_ports
     row(
         "network",
-        "loopback only"
-        + (f", ports {' '.join(str(p) for p in loopback)}" if loopback else " (no ports)"),
+        "loopback only" + (f", ports {' '.join(str(p) for p in loopback)}" if loopback else " (no ports)"),
     )
     if policy.network.allow:
         hosts = ", ".join(_host(rule) for rule in policy.network.allow)
@@ -222,9 +219,7 @@ def grant_warnings(policy: Policy) -> list[str]:
             )
     grants = [*fs.read, *fs.write, *((policy.workspace,) if policy.workspace else ())]
     if policy.workdir and not covered_by(policy.workdir, grants):
-        out.append(
-            f"workdir {policy.workdir!r} is outside every granted path, so the cell cannot enter it"
-        )
+        out.append(f"workdir {policy.workdir!r} is outside every granted path, so the cell cannot enter it")
     if policy.limits.memory is None:
         out.append("there is no memory limit: one process can exhaust the host's memory")
     if policy.limits.pids is None:
