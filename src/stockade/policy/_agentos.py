@@ -159,8 +159,7 @@ def _user(value: str) -> str:
         return value
     if not _USER.match(value):
         raise ValueError(
-            f"{show(value)} is not a user name or uid; write a name such as 'nobody' or a uid "
-            "such as '65534'"
+            f"{show(value)} is not a user name or uid; write a name such as 'nobody' or a uid such as '65534'"
         )
     return value
 
@@ -199,9 +198,7 @@ def _id(value: object) -> object:
 AgentOSHost = Annotated[
     HostRuleSection,
     BeforeValidator(_host),
-    WithJsonSchema(
-        {"type": "string", "description": "host[:port], IP or CIDR; the port defaults to 443"}
-    ),
+    WithJsonSchema({"type": "string", "description": "host[:port], IP or CIDR; the port defaults to 443"}),
 ]
 Capability = Annotated[str, AfterValidator(_checked(_capability))]
 

@@ -85,9 +85,7 @@ class LoadedPolicy:
 # --------------------------------------------------------------------------- public
 
 
-def load_policy(
-    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
-) -> Policy:
+def load_policy(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Policy:
     """Load the policy file at ``path`` (stockade YAML, or an AgentOS manifest in YAML or JSON).
 
     ``environ`` supplies ``${VAR}`` values (default: ``os.environ``).
@@ -99,9 +97,7 @@ def load_policy(
     return load_policy_file(path, environ=environ).policy
 
 
-def loads_policy(
-    text: str, *, source: str = "<string>", environ: Mapping[str, str] | None = None
-) -> Policy:
+def loads_policy(text: str, *, source: str = "<string>", environ: Mapping[str, str] | None = None) -> Policy:
     """Load a policy from ``text``; ``source`` names it in messages.
 
     A ``source`` that is not of the form ``<…>`` is taken as the file's path:
@@ -151,8 +147,7 @@ def policy_json_schema(*, agentos: bool = False) -> dict[str, Any]:
     schema = model.model_json_schema(by_alias=True)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://stockade.dev/schema/"
-        + ("agentos-manifest.json" if agentos else "policy.json"),
+        "$id": "https://stockade.dev/schema/" + ("agentos-manifest.json" if agentos else "policy.json"),
         **schema,
     }
 
@@ -243,9 +238,7 @@ class _Document:
         """One ``PolicyError`` for the first problem in the file, the others as notes."""
         ordered: list[tuple[tuple[int, int], str, str]] = []
         for problem in problems:
-            position = problem.at or self.position(
-                problem.path, at_key=problem.at_key, offset=problem.offset
-            )
+            position = problem.at or self.position(problem.path, at_key=problem.at_key, offset=problem.offset)
             message = f"{_dotted(problem.path)} {problem.detail}".strip()
             location = f"{self.source}:{position[0]}:{position[1]}"
             if all((location, message) != (o[1], o[2]) for o in ordered):
@@ -291,11 +284,7 @@ class _Document:
                     location=f"{self.source}:1:1",
                 )
             if not isinstance(node, yaml.MappingNode):
-                kind = (
-                    "a list"
-                    if isinstance(node, yaml.SequenceNode)
-                    else f"the value {show(node.value)}"
-                )
+                kind = "a list" if isinstance(node, yaml.SequenceNode) else f"the value {show(node.value)}"
                 raise self.fatal(
                     f"the top level is {kind}, but a policy is a mapping of keys; "
                     "start with a line such as 'name: my-agent'",
@@ -351,13 +340,9 @@ class _Document:
             )
         one_line = node.start_mark.line == node.end_mark.line
         style = node.style if isinstance(node, yaml.ScalarNode) else None
-        self.values[path] = _Mark(
-            node.start_mark.line + 1, node.start_mark.column + 1, style, one_line
-        )
+        self.values[path] = _Mark(node.start_mark.line + 1, node.start_mark.column + 1, style, one_line)
         if id(node) in stack:
-            raise self.fatal(
-                "an alias refers to a node that contains it; remove the loop", node.start_mark
-            )
+            raise self.fatal("an alias refers to a node that contains it; remove the loop", node.start_mark)
         if isinstance(node, yaml.ScalarNode):
             self.raw[path] = node.value
             assert self._loader is not None
@@ -393,16 +378,12 @@ class _Document:
                 )
                 continue
             seen[key] = key_node.start_mark
-            self.keys[(*path, key)] = _Mark(
-                key_node.start_mark.line + 1, key_node.start_mark.column + 1
-            )
+            self.keys[(*path, key)] = _Mark(key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             result[key] = self._walk(value_node, (*path, key), stack)
         for key_node, value_node in merged:  # explicit keys win over merged ones
             key = self._key(key_node, path)
             if key is not None and key not in result:
-                self.keys[(*path, key)] = _Mark(
-                    key_node.start_mark.line + 1, key_node.start_mark.column + 1
-                )
+                self.keys[(*path, key)] = _Mark(key_node.start_mark.line + 1, key_node.start_mark.column + 1)
                 result[key] = self._walk(value_node, (*path, key), stack)
         return result
 
@@ -485,9 +466,7 @@ def _expand(
     return walk(data, ()), problems
 
 
-def _expand_one(
-    text: str, path: PathKey, environ: Mapping[str, str], problems: list[Problem]
-) -> str:
+def _expand_one(text: str, path: PathKey, environ: Mapping[str, str], problems: list[Problem]) -> str:
     out: list[str] = []
     i = 0
     while i < len(text):
@@ -640,9 +619,7 @@ def _problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
     if kind == "string_type":
         if value is None:
             return Problem(path, "is empty; give it a value, or remove the line")
-        return Problem(
-            path, f"must be text, not {_kind(value)}; write one value, such as 'example'"
-        )
+        return Problem(path, f"must be text, not {_kind(value)}; write one value, such as 'example'")
     if kind in ("int_type", "int_parsing", "int_from_float"):
         fix = (
             f"write it without quotes: {value.strip()}"
@@ -653,16 +630,14 @@ def _problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
     if kind in ("list_type", "tuple_type"):
         return Problem(
             path,
-            f"must be a list, not {_kind(value)}; "
-            "write each item on its own '- ' line, or as [a, b]",
+            f"must be a list, not {_kind(value)}; write each item on its own '- ' line, or as [a, b]",
         )
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         keys = _fields_at(model, path)
         example = f" (such as {', '.join(repr(k) for k in keys[:3])})" if keys else ""
         return Problem(
             path,
-            f"must be a mapping, not {_kind(value)}; write its keys{example} on the lines below, "
-            "indented",
+            f"must be a mapping, not {_kind(value)}; write its keys{example} on the lines below, indented",
         )
     if kind == "literal_error":
         expected = str(ctx.get("expected", ""))
@@ -718,25 +693,15 @@ def _fields_at(model: type[BaseModel], path: PathKey) -> list[str]:
 def _unknown_key(model: type[BaseModel], path: PathKey) -> str:
     key = str(path[-1])
     valid = _fields_at(model, path[:-1])
-    if (
-        model is PolicyFile
-        and path[:-1] == ("env",)
-        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key)
-    ):
+    if model is PolicyFile and path[:-1] == ("env",) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         return (
             f"is not a key of env; to set the variable {key}, put it under env.set "
             f"(valid keys: {', '.join(valid)})"
         )
     lowered = {k.lower(): k for k in valid}
-    close = (
-        [lowered[key.lower()]]
-        if key.lower() in lowered
-        else difflib.get_close_matches(key, valid, n=1)
-    )
+    close = [lowered[key.lower()]] if key.lower() in lowered else difflib.get_close_matches(key, valid, n=1)
     if close:
-        return (
-            f"is not a known key; did you mean {show(close[0])}? (valid keys: {', '.join(valid)})"
-        )
+        return f"is not a known key; did you mean {show(close[0])}? (valid keys: {', '.join(valid)})"
     return f"is not a known key; use one of {', '.join(valid)}"
 
 
@@ -799,11 +764,7 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
                         ("filesystem", section, index),
                         f"{show(path)} is inside {show(hidden)}, one of {whose}, so it would stay "
                         "hidden; remove it"
-                        + (
-                            ", or set filesystem.base: none and list what you need"
-                            if system
-                            else ""
-                        ),
+                        + (", or set filesystem.base: none and list what you need" if system else ""),
                     )
                 )
 

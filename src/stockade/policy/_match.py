@@ -86,15 +86,12 @@ def _unmap(address: IPAddress) -> IPAddress:
 def _check_name(name: str, original: str) -> None:
     if len(name) > 253:
         raise ValueError(
-            f"{_q(original)} is longer than 253 characters, the limit for a host name; "
-            "check it for a mistake"
+            f"{_q(original)} is longer than 253 characters, the limit for a host name; check it for a mistake"
         )
     labels = name.split(".")
     for label in labels:
         if not label:
-            raise ValueError(
-                f"{_q(original)} has an empty label; remove the doubled or leading '.'"
-            )
+            raise ValueError(f"{_q(original)} has an empty label; remove the doubled or leading '.'")
         if len(label) > 63:
             raise ValueError(
                 f"{_q(original)} has a label longer than 63 characters, the limit in a host name; "
@@ -121,9 +118,7 @@ def _check_name(name: str, original: str) -> None:
 
 def _check_network(net: IPNetwork, original: str) -> None:
     if net.prefixlen == 0:
-        raise ValueError(
-            f"{_q(original)} matches every address; name a network such as '203.0.113.0/24'"
-        )
+        raise ValueError(f"{_q(original)} matches every address; name a network such as '203.0.113.0/24'")
     for bad, what in _NEVER:
         if net.version == bad.version and net.overlaps(bad):  # type: ignore[arg-type,unused-ignore]
             if net.num_addresses == 1:
@@ -158,8 +153,7 @@ def _parse_network(text: str) -> IPNetwork:
         # ::ffff:10.0.0.0/104 is 10.0.0.0/8 written as IPv6.
         if plen < 96:
             raise ValueError(
-                f"{_q(text)} reaches beyond the IPv4-mapped range ::ffff:0:0/96; "
-                "write an IPv4 network"
+                f"{_q(text)} reaches beyond the IPv4-mapped range ::ffff:0:0/96; write an IPv4 network"
             )
         plen -= 96
     try:

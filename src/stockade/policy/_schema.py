@@ -65,9 +65,7 @@ def show(value: object) -> str:
     """A value as a message shows it: text quoted (control characters escaped,
     the middle of a long one left out), YAML words for the rest."""
     if isinstance(value, str):
-        text = "".join(
-            _ESCAPES.get(c, f"\\x{ord(c):02x}") if c < " " or c == "\x7f" else c for c in value
-        )
+        text = "".join(_ESCAPES.get(c, f"\\x{ord(c):02x}") if c < " " or c == "\x7f" else c for c in value)
         if len(text) > 80:
             text = text[:60] + "…" + text[-15:]
         return "'" + text.replace("'", "\\'") + "'"
@@ -136,9 +134,7 @@ _DURATION_UNITS = {
 }
 _DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ns|us|µs|μs|ms|s|m|h|d)", re.IGNORECASE)
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*$")
-DURATION_PATTERN = (
-    r"^( *(\d+(\.\d+)?|\.\d+) *(ns|us|µs|μs|ms|s|m|h|d))+ *$|^ *(\d+(\.\d+)?|\.\d+) *$"
-)
+DURATION_PATTERN = r"^( *(\d+(\.\d+)?|\.\d+) *(ns|us|µs|μs|ms|s|m|h|d))+ *$|^ *(\d+(\.\d+)?|\.\d+) *$"
 
 
 def parse_size(value: object) -> int:
@@ -290,9 +286,7 @@ def check_path(value: str, *, relative: bool = False, dotdot: bool = False) -> s
             f"whole tree, so write {show(tree.replace('//', '/'))}"
         )
     if len(value) > 4095:
-        raise ValueError(
-            f"{show(value)} is longer than 4095 bytes, the limit of a path; shorten it"
-        )
+        raise ValueError(f"{show(value)} is longer than 4095 bytes, the limit of a path; shorten it")
     normalized = posixpath.normpath(value) if dotdot else normalize_path(value)
     if relative and not normalized:
         raise ValueError(f"{show(value)} names the workspace itself; name a path inside it")
@@ -336,9 +330,7 @@ def _glob_covers(pattern: str, path: str) -> bool:
 
     pat = pattern.strip("/").split("/")
     parts = path.strip("/").split("/")
-    return len(parts) >= len(pat) and all(
-        fnmatch.fnmatchcase(p, q) for p, q in zip(parts, pat, strict=False)
-    )
+    return len(parts) >= len(pat) and all(fnmatch.fnmatchcase(p, q) for p, q in zip(parts, pat, strict=False))
 
 
 def covered_by(path: str, entries: Iterable[str]) -> str | None:
@@ -372,17 +364,14 @@ def check_name(value: str) -> str:
 def check_env_name(value: str) -> str:
     if not _ENV_NAME.match(value):
         raise ValueError(
-            f"{show(value)} is not a variable name; use letters, digits and '_', "
-            "not starting with a digit"
+            f"{show(value)} is not a variable name; use letters, digits and '_', not starting with a digit"
         )
     return value
 
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
-        raise ValueError(
-            f"{show(value)} contains a NUL byte, which cannot be passed to a program; remove it"
-        )
+        raise ValueError(f"{show(value)} contains a NUL byte, which cannot be passed to a program; remove it")
     return value
 
 
@@ -398,8 +387,7 @@ def _tool_id(value: str) -> str:
 def _arg_name(value: str) -> str:
     if not _ARG_NAME.match(value):
         raise ValueError(
-            f"{show(value)} is not an argument name; use letters, digits, '_' and '.', "
-            "such as 'path'"
+            f"{show(value)} is not an argument name; use letters, digits, '_' and '.', such as 'path'"
         )
     return value
 
@@ -410,9 +398,7 @@ def _method(value: str) -> str:
         import difflib
 
         close = difflib.get_close_matches(upper, HTTP_METHODS, n=1)
-        fix = (
-            f"did you mean {show(close[0])}?" if close else f"use one of {', '.join(HTTP_METHODS)}"
-        )
+        fix = f"did you mean {show(close[0])}?" if close else f"use one of {', '.join(HTTP_METHODS)}"
         raise ValueError(f"{show(value)} is not an HTTP method; {fix}")
     return upper
 
@@ -422,13 +408,11 @@ def _url_path(value: str) -> str:
         raise ValueError(f"{show(value)} does not start with '/'; write a URL path such as '/v1/'")
     if _CONTROL.search(value) or " " in value or "?" in value or "#" in value:
         raise ValueError(
-            f"{show(value)} is not a plain URL path; write the path alone, without spaces, "
-            "query or fragment"
+            f"{show(value)} is not a plain URL path; write the path alone, without spaces, query or fragment"
         )
     if "*" in value:
         raise ValueError(
-            f"{show(value)} holds a '*', but paths are prefixes already; write "
-            f"{show(value.split('*', 1)[0])}"
+            f"{show(value)} holds a '*', but paths are prefixes already; write {show(value.split('*', 1)[0])}"
         )
     return value
 
@@ -477,9 +461,7 @@ def _command(value: object) -> object:
                 "out to give it on the command line"
             )
         if "\x00" in value:
-            fail(
-                f"{show(value)} contains a NUL byte, which cannot be passed to a program; remove it"
-            )
+            fail(f"{show(value)} contains a NUL byte, which cannot be passed to a program; remove it")
         return ["/bin/sh", "-c", value]
     if isinstance(value, list):
         if not value:
@@ -513,13 +495,9 @@ def _limit(
 
 def _pids(value: object) -> int:
     if isinstance(value, str) and value.strip().isdigit():
-        raise ValueError(
-            f"{show(value)} is text, not a number; write it without quotes: {value.strip()}"
-        )
+        raise ValueError(f"{show(value)} is text, not a number; write it without quotes: {value.strip()}")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"{show(value)} is not a whole number; write a number of processes such as 512"
-        )
+        raise ValueError(f"{show(value)} is not a whole number; write a number of processes such as 512")
     return value
 
 
@@ -586,9 +564,7 @@ MemoryLimit = Annotated[
             what="{value} is less than 1 MiB; write a unit, such as '512M'",
         )
     ),
-    WithJsonSchema(
-        {**SIZE_SCHEMA, "description": "Memory for the whole cell: '512M', '2G' or bytes."}
-    ),
+    WithJsonSchema({**SIZE_SCHEMA, "description": "Memory for the whole cell: '512M', '2G' or bytes."}),
 ]
 OutputLimit = Annotated[
     int | None,
@@ -598,9 +574,7 @@ OutputLimit = Annotated[
 PidsLimit = Annotated[
     int | None,
     BeforeValidator(
-        _limit(
-            _pids, minimum=1, what="{value} is less than 1; write a number of processes such as 512"
-        )
+        _limit(_pids, minimum=1, what="{value} is less than 1; write a number of processes such as 512")
     ),
     WithJsonSchema(
         {
@@ -633,9 +607,7 @@ TimeoutLimit = Annotated[
             "or 'unlimited' for none",
         )
     ),
-    WithJsonSchema(
-        {**DURATION_SCHEMA, "description": "Wall-clock time: '30s', '5m', '1h' or seconds."}
-    ),
+    WithJsonSchema({**DURATION_SCHEMA, "description": "Wall-clock time: '30s', '5m', '1h' or seconds."}),
 ]
 
 
@@ -659,10 +631,7 @@ def _host_entry(value: object) -> object:
     if port is None:
         return {"host": host}
     if not port.isdigit():
-        fail(
-            f"{show(value)} has the port {show(port)}, which is not a number; "
-            "write a port from 1 to 65535"
-        )
+        fail(f"{show(value)} has the port {show(port)}, which is not a number; write a port from 1 to 65535")
     return {"host": host, "ports": [int(port)]}
 
 
@@ -757,9 +726,7 @@ class HostRuleSection(_Section):
     )
     ports: PortList = Field(default_factory=lambda: [443], min_length=1)
     methods: list[HttpMethod] = Field(default_factory=list, description="Empty means any.")
-    paths: list[UrlPath] = Field(
-        default_factory=list, description="URL path prefixes; empty means any."
-    )
+    paths: list[UrlPath] = Field(default_factory=list, description="URL path prefixes; empty means any.")
 
 
 HostEntry = Annotated[HostRuleSection, BeforeValidator(_host_entry), _ShortHostForm()]
@@ -811,12 +778,8 @@ class PolicyFile(_Section):
         description="The read-write workspace; relative to the policy file's directory; "
         "absent means a fresh temporary directory.",
     )
-    workdir: AbsDir | None = Field(
-        None, description="Working directory; absent means the workspace."
-    )
-    filesystem: FilesystemSection = Field(
-        default_factory=lambda: FilesystemSection.model_validate({})
-    )
+    workdir: AbsDir | None = Field(None, description="Working directory; absent means the workspace.")
+    filesystem: FilesystemSection = Field(default_factory=lambda: FilesystemSection.model_validate({}))
     exec_: ExecSection = Field(default_factory=lambda: ExecSection(), alias="exec")
     env: EnvSection = Field(default_factory=lambda: EnvSection.model_validate({}))
     limits: LimitsSection = Field(default_factory=lambda: LimitsSection())
