@@ -35,7 +35,7 @@ OutputSink = Callable[[int, bytes], None]
 """Called with (1 or 2, chunk) as the command writes to stdout or stderr."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CellResult:
     """How a cell ended."""
 

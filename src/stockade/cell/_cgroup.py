@@ -55,7 +55,7 @@ _MAX_ID = 64
 # --------------------------------------------------------------------------- layout
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Hierarchy:
     """One mounted cgroup hierarchy and this process's own cgroup in it."""
 
@@ -75,7 +75,7 @@ class Hierarchy:
     cgroup with processes may not enable controllers for its children)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CgroupLayout:
     """The cgroup hierarchies this process can see, from ``/proc/self/mountinfo``
     and ``/proc/self/cgroup``."""
@@ -220,7 +220,7 @@ class _Dir:
         """Controllers whose files this cell uses in this directory."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CgroupStats:
     """What a cell's cgroup saw; read it before ``destroy``."""
 

@@ -102,7 +102,7 @@ class Fact(Generic[T]):
     fix: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HostFacts:
     """Everything ``probe`` saw. Facts of the deep probe are ``None`` when it did not run."""
 
@@ -625,7 +625,7 @@ def probe(*, deep: bool = False) -> HostFacts:
 # --------------------------------------------------------------------------- requirements
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Requirement:
     """A host feature a policy needs."""
 
@@ -637,7 +637,7 @@ class Requirement:
     """What in the policy (or in every cell) needs it."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Finding:
     """Whether this host meets one requirement."""
 

@@ -125,7 +125,7 @@ FEATURES: dict[str, tuple[int, str]] = {
 """Feature name (as in ``HostError.feature``) to (Landlock ABI, first Linux release)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class LandlockRules:
     """What the agent may reach, in paths as seen inside the cell.
 
@@ -164,7 +164,7 @@ class LandlockRules:
     denials, on hosts older than Linux 6.15."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PreparedLandlock:
     """:class:`LandlockRules` computed for one ABI; :func:`apply` only does syscalls."""
 

@@ -193,7 +193,7 @@ def _touch(path: str) -> None:
     os.close(fd)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class LaunchSpec:
     """What the child needs beyond the plan: the command and the prepared layers."""
 
@@ -214,7 +214,7 @@ class LaunchSpec:
     """(owner uid, owner gid, user namespace fd) for each idmapped grant."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Launched:
     """A running cell, as its parent sees it."""
 

@@ -32,7 +32,7 @@ no other owner: a cell never runs as host root."""
 MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MountOp:
     """One step of building the cell's filesystem view (replayed in the child).
 
@@ -56,7 +56,7 @@ class MountOp:
     as the idmapped workspace) rather than from the host."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Grants:
     """What Landlock allows, as paths seen inside the cell."""
 
@@ -72,7 +72,7 @@ class Grants:
     """Device files that may be read, written and ioctl'd (/dev/null, /dev/tty…)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ProtectPlaceholder:
     """A protected path inside a writable place. If it does not exist when a
     cell starts, the launcher creates it empty on the host (so that a read-only
@@ -82,7 +82,7 @@ class ProtectPlaceholder:
     is_dir: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CellPlan:
     """Everything the launcher needs, computed before the fork."""
 

@@ -15,7 +15,7 @@ Mode = Literal["enforce", "audit"]
 Verdict = Literal["allow", "deny", "ask"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FilesystemPolicy:
     """What the cell's filesystem view holds.
 
@@ -35,7 +35,7 @@ class FilesystemPolicy:
     entries (``.git/hooks``) are taken relative to the workspace."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ExecPolicy:
     """Which binaries the cell may execute."""
 
@@ -43,7 +43,7 @@ class ExecPolicy:
     """Absolute paths of executables; empty means any readable file may run."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class EnvPolicy:
     """The cell's environment: nothing of the caller's crosses unless named."""
 
@@ -53,7 +53,7 @@ class EnvPolicy:
     """Variables set to fixed values (``${VAR}`` already expanded)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Limits:
     """Resource limits; ``None`` means no limit of that kind."""
 
@@ -69,7 +69,7 @@ class Limits:
     """Bytes of stdout + stderr kept; past it output is dropped and recorded."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HostRule:
     """One ``network.allow`` entry: a host pattern the gateway lets through.
 
@@ -85,7 +85,7 @@ class HostRule:
     """URL path prefixes; empty means any."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class NetworkPolicy:
     """Egress through the gateway, and loopback ports inside the cell."""
 
@@ -96,7 +96,7 @@ class NetworkPolicy:
     connect to (a test server, say). The cell has no other network."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ToolRule:
     """One ``tools`` rule of the broker: an intent pattern and its verdict."""
 
@@ -107,7 +107,7 @@ class ToolRule:
     """Argument name to glob pattern; every one must match."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class LlmPolicy:
     """Where the cell's LLM endpoint forwards (enforced by a later layer)."""
 
@@ -119,7 +119,7 @@ class LlmPolicy:
     max_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Policy:
     """One agent's policy. Build it with ``load_policy`` or ``default_policy``."""
 

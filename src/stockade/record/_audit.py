@@ -73,7 +73,7 @@ _FIX = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AuditStats:
     """Counters since the reader opened."""
 

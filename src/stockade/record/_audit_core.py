@@ -84,7 +84,7 @@ KIND_LOST: Final = "cell.audit_lost"
 LossReason = Literal["overrun", "kernel", "landlock_count"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AuditRecord:
     """One parsed audit record: its type, stamp and decoded ``key=value`` fields."""
 
@@ -311,7 +311,7 @@ def lost_event(cell: str, reason: LossReason, count: int | None, when: float) ->
 # --- attribution --------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass
 class _Group:
     """Landlock records of one kernel event, waiting for their SYSCALL record."""
 
@@ -320,14 +320,14 @@ class _Group:
     syscall: AuditRecord | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class _Domain:
     cell: str
     enforcing: bool
     logged: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class _Watch:
     session: int
     pid: int

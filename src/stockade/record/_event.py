@@ -22,7 +22,7 @@ Outcome = Literal["allowed", "denied", "audited", "info"]
 because the policy's mode is ``audit``; ``allowed``; ``info``: lifecycle."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Event:
     """One record. ``detail`` holds what was tried, in the layer's own terms
     (``path``, ``port``, ``syscall``, ``blockers``…), never a secret."""
