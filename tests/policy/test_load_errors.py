@@ -132,7 +132,7 @@ CASES: list[tuple[str, str, str, str]] = [
         "unknown-key-close",
         "name: a\nfilesytem: {}\n",
         "2:1",
-        "filesytem is not a known key; did you mean 'filesystem'? (valid keys: $schema, name,",
+        "filesytem is not a known key; did you mean 'filesystem'? (valid keys: name, description,",
     ),
     (
         "unknown-nested-key",
@@ -151,7 +151,7 @@ CASES: list[tuple[str, str, str, str]] = [
         "unknown-key-far",
         "name: a\nzzz: 1\n",
         "2:1",
-        "zzz is not a known key; use one of $schema, name,",
+        "zzz is not a known key; use one of name, description,",
     ),
     (
         "env-agentos-style",
@@ -314,6 +314,12 @@ CASES: list[tuple[str, str, str, str]] = [
         "'512' is text, not a number; write it without quotes: 512",
     ),
     ("pids-text", "name: a\nlimits: {pids: many}\n", "2:16", "'many' is not a whole number"),
+    (
+        "pids-huge",
+        "name: a\nlimits: {pids: 99999999}\n",
+        "2:16",
+        "99999999 is more than the kernel's limit of 4194304 processes",
+    ),
     ("pids-zero", "name: a\nlimits: {pids: 0}\n", "2:16", "0 is less than 1"),
     # --- paths
     ("path-empty", "name: a\nfilesystem: {read: ['']}\n", "2:21", "filesystem.read[0] '' is empty"),

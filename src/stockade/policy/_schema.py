@@ -498,8 +498,16 @@ def _pids(value: object) -> int:
         raise ValueError(f"{show(value)} is text, not a number; write it without quotes: {value.strip()}")
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{show(value)} is not a whole number; write a number of processes such as 512")
+    if value > PID_MAX_LIMIT:
+        raise ValueError(
+            f"{value} is more than the kernel's limit of {PID_MAX_LIMIT} processes; "
+            "write a smaller number, or 'unlimited'"
+        )
     return value
 
+
+PID_MAX_LIMIT = 4 * 1024 * 1024
+"""The most processes Linux can have (``PID_MAX_LIMIT`` on 64-bit, include/linux/threads.h)."""
 
 # ------------------------------------------------------------------- annotated types
 
@@ -578,7 +586,7 @@ PidsLimit = Annotated[
     ),
     WithJsonSchema(
         {
-            "anyOf": [{"type": "integer", "minimum": 1}, *_UNLIMITED],
+            "anyOf": [{"type": "integer", "minimum": 1, "maximum": PID_MAX_LIMIT}, *_UNLIMITED],
             "description": "Processes and threads alive at once.",
         }
     ),
@@ -768,7 +776,6 @@ class PolicyFile(_Section):
 
     model_config = ConfigDict(title="stockade policy", strict=True, extra="forbid", frozen=True)
 
-    schema_: str | None = Field(None, alias="$schema", description="Ignored; for editors.")
     name: Name
     description: str | None = None
     command: Command | None = None
@@ -788,6 +795,7 @@ class PolicyFile(_Section):
         default_factory=list, description="Broker rules (coming with the broker)."
     )
     llm: LlmSection | None = Field(None, description="The LLM endpoint (coming with the gateway).")
+    schema_: str | None = Field(None, alias="$schema", description="Ignored; for editors.")
 
 
 STOCKADE_KEYS = tuple((field.alias or name) for name, field in PolicyFile.model_fields.items())
