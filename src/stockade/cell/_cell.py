@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from stockade.cell import _host
 from stockade.cell._cgroup import CellCgroup
 from stockade.cell._launch import LaunchSpec, launch
 from stockade.cell._plan import NOBODY, CellPlan, ProtectPlaceholder, plan_cell
-from stockade.errors import CellError, HostError
+from stockade.errors import CellError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
 
@@ -274,6 +271,8 @@ class Cell:
     def close(self) -> None:
         """Remove a fresh workspace unless asked to keep it. Idempotent."""
         if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
+            import shutil  # only here: it is not on the path of a run
+
             shutil.rmtree(self.workspace, ignore_errors=True)
 
     def __enter__(self) -> Cell:
@@ -310,7 +309,15 @@ class Cell:
 
 def _fresh_workspace() -> str:
     os.makedirs(WORKSPACES_ROOT, mode=0o711, exist_ok=True)
-    path = tempfile.mkdtemp(prefix="ws-", dir=WORKSPACES_ROOT)
+    # Like tempfile.mkdtemp (a random name, made exclusively, mode 0700), without
+    # importing tempfile on the exec path.
+    while True:
+        path = os.path.join(WORKSPACES_ROOT, "ws-" + os.urandom(6).hex())
+        try:
+            os.mkdir(path, 0o700)
+            break
+        except FileExistsError:
+            continue
     if os.geteuid() == 0:
         # The cell acts as nobody on the host; its own workspace must be its own.
         os.chown(path, NOBODY, NOBODY)
@@ -490,4 +497,4 @@ def run_in_cell(argv: list[str], policy: Policy | None = None, **kwargs: object)
         return cell.run(argv, **kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["Cell", "CellResult", "HostError", "Path", "run_in_cell", "shared_audit_reader"]
+__all__ = ["Cell", "CellResult", "run_in_cell", "shared_audit_reader"]

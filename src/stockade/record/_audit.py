@@ -28,9 +28,7 @@ See docs/EVENTS.md for the events and the raw record formats.
 from __future__ import annotations
 
 import errno
-import logging
 import os
-import secrets
 import select
 import socket
 import struct
@@ -38,15 +36,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from stockade.errors import HostError
 from stockade.record._audit_core import AUDIT_USER_AVC, AuditCorrelator
 from stockade.record._event import Event
 
+if TYPE_CHECKING:
+    import logging
+
+
+def _log() -> logging.Logger:
+    # logging costs ~5 ms to import and is needed only when something goes wrong.
+    import logging
+
+    return logging.getLogger(__name__)
+
 __all__ = ["AuditReader", "AuditStats"]
 
-log = logging.getLogger(__name__)
 
 NETLINK_AUDIT: Final = 9
 """<linux/netlink.h>."""
@@ -148,7 +155,7 @@ class AuditReader:
         self._waiters: dict[int, _Waiter] = {}
         self._barriers: dict[str, _Waiter] = {}
         self._seq = 0
-        self._nonce = secrets.token_hex(6)
+        self._nonce = os.urandom(6).hex()
         self._buf = bytearray(1 << 16)  # an audit record is at most 8970 bytes
         self._view = memoryview(self._buf)
         self._thread: threading.Thread | None = None
@@ -219,7 +226,7 @@ class AuditReader:
             # as two cells are denied at once. Only ever raised, never lowered.
             reply = self._set(AUDIT_STATUS_BACKLOG_LIMIT, backlog_limit=backlog_limit, timeout=timeout)
             if reply.error:  # not fatal: bursts may lose records, and the record says so
-                log.warning(
+                _log().warning(
                     "cannot raise the kernel audit backlog from %d to %d (%s); denial bursts "
                     "may lose records: raise it with 'auditctl -b %d'",
                     self.previous_backlog_limit,
@@ -485,7 +492,7 @@ class AuditReader:
                 try:
                     self._read_batch()
                 except Exception:  # a bug must not end the record: log it, read on
-                    log.exception("audit reader: unexpected error; reading on")
+                    _log().exception("audit reader: unexpected error; reading on")
             self._deliver_pending()
 
     def _read_batch(self, limit: int = 256) -> None:
@@ -581,7 +588,7 @@ class AuditReader:
                 try:
                     callback(event)
                 except Exception:
-                    log.exception("audit reader: an on_event callback failed")
+                    _log().exception("audit reader: an on_event callback failed")
 
 
 def _booted_with_audit() -> bool:
