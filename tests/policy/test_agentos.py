@@ -247,12 +247,14 @@ def test_the_format_is_told_by_the_keys(text: str, fmt: str) -> None:
 @pytest.mark.parametrize(
     ("agentos_key", "stockade_key", "fix"),
     [
-        ("allowed_hosts: []", "network: {}", "write allowed_hosts as network.allow"),
-        ("allowed_bins: []", "limits: {}", "write allowed_bins as exec.allow"),
-        ("working_dir: /x", "workspace: /x", "write working_dir as workdir"),
-        ("timeout: 5m", "tools: []", "write timeout as limits.timeout"),
-        ("forbidden_caps: []", "exec: {}", "as nothing (a cell holds no capability; remove it)"),
-        ("user: nobody", "llm: {}", "stockade picks the cell's unprivileged uid"),
+        ("allowed_hosts: []", "network: {}", "(line 3); write it as network.allow, so that"),
+        ("allowed_bins: []", "limits: {}", "write it as exec.allow"),
+        ("working_dir: /x", "workspace: /x", "write it as workdir"),
+        ("timeout: 5m", "tools: []", "write it as limits.timeout"),
+        ("forbidden_caps: []", "exec: {}", "remove it (a cell holds no capability at all), so that"),
+        ("user: nobody", "llm: {}", "remove it (stockade picks the cell's unprivileged uid itself)"),
+        ("id: 1", "network: {}", "remove it (stockade names a policy by its name)"),
+        ("stdin: close", "network: {}", "remove it (stockade exec passes its own stdin)"),
     ],
 )
 def test_mixing_the_formats_says_what_to_write(agentos_key: str, stockade_key: str, fix: str) -> None:

@@ -80,13 +80,14 @@ CASES: list[tuple[str, str, str, str]] = [
         "2:3",
         "the top level has a key that is a list or a mapping",
     ),
-    ("key-empty", "name: a\nenv:\n  ~: b\n", "3:3", "env has a key that is empty"),
+    ("key-empty", "name: a\nenv:\n  '': b\n", "3:3", "env has a key that is empty"),
     (
         "formats-mixed",
         "name: a\nallowed_paths: [/x]\nfilesystem: {}\n",
         "2:1",
         "allowed_paths is a key of AgentOS manifests, but this file also has the stockade key "
-        "'filesystem' (line 3); write allowed_paths as filesystem.write",
+        "'filesystem' (line 3); write it as filesystem.write, so that the whole file is in "
+        "stockade's format",
     ),
     # --- ${VAR}
     (
@@ -160,6 +161,12 @@ CASES: list[tuple[str, str, str, str]] = [
         "env.FOO is not a key of env; to set the variable FOO, put it under env.set",
     ),
     ("text-null", "name:\nmode: audit\n", "1:6", "name is empty; give it a value"),
+    (
+        "var-unset-no-second-error",
+        "name: a\nfilesystem: {read: ['${NOPE}/x']}\n",
+        "2:21",
+        "filesystem.read[0] '${NOPE}/x' uses the variable NOPE",
+    ),
     ("text-list", "name: [a]\n", "1:7", "name must be text, not a list"),
     (
         "int-text",

@@ -83,16 +83,16 @@ AGENTOS_KEYS = (
 AGENTOS_ONLY = frozenset(AGENTOS_KEYS) - {"name", "command", "mode", "env", "description"}
 """Keys that mark a file as AgentOS: stockade has no key of these names."""
 
-STOCKADE_EQUIVALENT = {
-    "allowed_hosts": "network.allow",
-    "allowed_paths": "filesystem.write",
-    "allowed_bins": "exec.allow",
-    "working_dir": "workdir",
-    "timeout": "limits.timeout",
-    "forbidden_caps": "nothing (a cell holds no capability; remove it)",
-    "user": "nothing (stockade picks the cell's unprivileged uid; remove it)",
-    "stdin": "nothing (stockade exec passes its own stdin; remove it)",
-    "id": "nothing (remove it)",
+STOCKADE_EQUIVALENT: dict[str, tuple[str | None, str]] = {
+    "allowed_hosts": ("network.allow", ""),
+    "allowed_paths": ("filesystem.write", ""),
+    "allowed_bins": ("exec.allow", ""),
+    "working_dir": ("workdir", ""),
+    "timeout": ("limits.timeout", ""),
+    "forbidden_caps": (None, "a cell holds no capability at all"),
+    "user": (None, "stockade picks the cell's unprivileged uid itself"),
+    "stdin": (None, "stockade exec passes its own stdin"),
+    "id": (None, "stockade names a policy by its name"),
 }
 """What to write in a stockade file instead of each AgentOS-only key."""
 

@@ -401,7 +401,7 @@ class _Document:
 
     def _key(self, node: yaml.Node, path: PathKey) -> str | None:
         # A key is taken as written: 'on:' is the key "on", never the boolean.
-        if isinstance(node, yaml.ScalarNode) and node.tag != "tag:yaml.org,2002:null":
+        if isinstance(node, yaml.ScalarNode) and node.value != "":
             return str(node.value)
         where = _dotted(path) or "the top level"
         what = "empty" if isinstance(node, yaml.ScalarNode) else "a list or a mapping"
@@ -436,10 +436,11 @@ def _detect_format(doc: _Document, data: dict[str, Any]) -> Format:
     if stockade:
         key, other = agentos[0], stockade[0]
         line = doc.position((other,), at_key=True)[0]
+        equivalent, why = _agentos.STOCKADE_EQUIVALENT[key]
+        fix = f"write it as {equivalent}" if equivalent else f"remove it ({why})"
         raise PolicyError(
             f"{key} is a key of AgentOS manifests, but this file also has the stockade key "
-            f"{show(other)} (line {line}); write {key} as {_agentos.STOCKADE_EQUIVALENT[key]}, "
-            "so that the whole file is in stockade's format",
+            f"{show(other)} (line {line}); {fix}, so that the whole file is in stockade's format",
             location=doc.location((key,), at_key=True),
         )
     return "agentos"
@@ -564,6 +565,9 @@ def _validate(
             found = [_problem(doc, model, error) for error in errors]
             if flat:
                 found = [_flatten(doc, problem) for problem in found]
+            # A value whose ${VAR} could not be expanded has said what is wrong with it.
+            unexpanded = {problem.path for problem in earlier}
+            found = [problem for problem in found if problem.path not in unexpanded]
             raise doc.error([*earlier, *found])
     raise AssertionError("unreachable: each round replaces at least one value")
 
@@ -618,7 +622,7 @@ def _problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
         return Problem(path, _unknown_key(model, path), at_key=True)
     if kind == "string_type":
         if value is None:
-            return Problem(path, "is empty; give it a value, or remove the line")
+            return Problem(path, "is empty; give it a value")
         return Problem(path, f"must be text, not {_kind(value)}; write one value, such as 'example'")
     if kind in ("int_type", "int_parsing", "int_from_float"):
         fix = (
