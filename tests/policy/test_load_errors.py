@@ -482,7 +482,7 @@ CASES: list[tuple[str, str, str, str]] = [
         "command-empty-program",
         "name: a\ncommand: ['', x]\n",
         "2:10",
-        "starts with an empty program name",
+        "command '' is an empty program name; write the program first",
     ),
     ("command-nul-arg", 'name: a\ncommand: [a, "b\\0"]\n', "2:14", "command[1] 'b\\x00'"),
     (

@@ -94,7 +94,7 @@ def _checked(check: Callable[[Any], T]) -> Callable[[Any], T]:
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One thing wrong in a file that validated but does not make sense as a whole."""
+    """One thing wrong in a file, placed by where it is in the document."""
 
     path: PathKey
     detail: str
@@ -108,7 +108,7 @@ class Problem:
 
 
 class Problems(Exception):
-    """Raised by the conversion to ``Policy``; the loader locates each problem."""
+    """Internal: raised by a conversion to ``Policy``; the loader turns it into a ``PolicyError``."""
 
     def __init__(self, problems: list[Problem]) -> None:
         super().__init__(problems)
@@ -470,7 +470,7 @@ def _command(value: object) -> object:
                 "or leave command out to give it on the command line"
             )
         if value[0] == "":
-            fail("[] starts with an empty program name; write the program first")
+            fail("'' is an empty program name; write the program first, then its arguments")
     return value
 
 
