@@ -191,3 +191,17 @@ def test_schema_prints_the_json_schema() -> None:
     assert json.loads(result.stdout) == policy_json_schema()
     agentos = json.loads(run("schema", "--agentos").stdout)
     assert agentos["title"] == "AgentOS manifest"
+
+
+def test_through_the_console_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from stockade.cli.main import main
+
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("name: good\n")
+    bad.write_text("name: bad\nmode: x\n")
+    assert main(["validate", str(good)]) == 0
+    assert capsys.readouterr().out.startswith(f"{good}: valid stockade policy 'good'")
+    assert main(["validate", str(bad)]) == 3
+    assert capsys.readouterr().err.startswith(f"stockade: {bad}:2:7: mode 'x' is not one of")
+    assert main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out)["title"] == "stockade policy"
