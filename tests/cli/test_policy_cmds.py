@@ -177,6 +177,7 @@ def test_validate_agentos_bad_manifest() -> None:
         ("name: a\nworkspace: /root\n", "'/root' holds a home directory"),
         ("name: a\nfilesystem: {base: none, read: [/]}\n", "filesystem.read '/' shows the whole host"),
         ("name: a\nallowed_paths: []\nworking_dir: /opt/x\n", "workdir '/opt/x' is outside every"),
+        ("name: a\nallowed_paths: [/tmp]\n", "'/tmp' in the cell is its own private /tmp"),
     ],
 )
 def test_validate_warnings(text: str, warning: str) -> None:

@@ -146,7 +146,7 @@ def summary(policy: Policy, *, fmt: str, file: str, show_env: bool = False) -> s
     fs = policy.filesystem
     row("read-only", _paths(fs.read))
     row("read-write", _paths(fs.write))
-    row("hidden", _paths(fs.deny))
+    row("hidden", f"{_paths(fs.deny)}, and always the host's homes and sockets (docs/CELL.md)")
     protected = _paths(fs.protect)
     if policy.source:
         protected += " and this file, when it is inside the workspace"
@@ -217,6 +217,8 @@ def grant_warnings(policy: Policy) -> list[str]:
                 f"{path!r} holds a home directory (~/.ssh, ~/.aws, shell history…); "
                 "grant a project directory instead"
             )
+    if "/tmp" in (*fs.read, *fs.write):
+        out.append("'/tmp' in the cell is its own private /tmp, not the host's; grant a directory under it")
     grants = [*fs.read, *fs.write, *((policy.workspace,) if policy.workspace else ())]
     if policy.workdir and not covered_by(policy.workdir, grants):
         out.append(f"workdir {policy.workdir!r} is outside every granted path, so the cell cannot enter it")
