@@ -628,10 +628,13 @@ def _build_view(mounts: tuple[MountOp, ...], trees: dict[int, tuple[int, bool]])
                 # decoy in the cell's own root needs no mount of its own.
                 _mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755", stage)
             for name in op.names:
-                if name.endswith("/"):
-                    os.mkdir(dst + "/" + name[:-1], 0o755)
-                else:
-                    os.close(os.open(dst + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                try:
+                    if name.endswith("/"):
+                        os.mkdir(dst + "/" + name[:-1], 0o755)
+                    else:
+                        os.close(os.open(dst + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                except FileExistsError:
+                    pass  # nested hidden places (/var/lib/stockade and its workspaces)
             # Left writable, like the cell's root: Landlock grants nothing
             # here, so every attempt is refused and recorded by the kernel.
         elif kind == "file":

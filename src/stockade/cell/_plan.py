@@ -105,7 +105,17 @@ _DECOY_NAMES_MAX = 256
 stands for: enough for an attempt on a real file to meet a Landlock refusal
 (and so an event) rather than a silent ENOENT, without copying a huge tree."""
 
-_DEFAULT_HIDDEN = ("/root", "/home", "/run", "/var/run", "/var/lib/stockade", "/mnt", "/media", "/srv")
+_DEFAULT_HIDDEN = (
+    "/root",
+    "/home",
+    "/run",
+    "/var/run",
+    "/var/lib/stockade",
+    "/var/lib/stockade/workspaces",
+    "/mnt",
+    "/media",
+    "/srv",
+)
 """Host places that hold homes, sockets and other agents' work: always shown as
 decoys (empty, refused by Landlock, so every attempt is recorded)."""
 
@@ -279,23 +289,41 @@ def _idmap(path: str, host_uid: int) -> int | None:
     return owner if owner != host_uid else None
 
 
+def _mirror(path: str) -> list[str]:
+    """Relative names under ``path``, two levels deep, directories ending in "/",
+    at most ``_DECOY_NAMES_MAX`` of them, parents before children."""
+    names: list[str] = []
+    level = [""]
+    for _depth in range(2):
+        below: list[str] = []
+        for prefix in level:
+            try:
+                with os.scandir(os.path.join(path, prefix) if prefix else path) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in entries:
+                if len(names) >= _DECOY_NAMES_MAX:
+                    return sorted(names)
+                name = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    names.append(name + "/")
+                    below.append(name + "/")
+                else:
+                    names.append(name)
+        level = below
+    return sorted(names)
+
+
 def _decoy(path: str, *, inside_grant: bool) -> MountOp:
     """A stand-in for a hidden path: same name, no content, nothing granted.
 
-    A directory keeps the names of its first entries (as empty files or
-    directories) so that an attempt on ``~/.ssh/id_rsa`` meets Landlock, which
-    refuses it and records the path, instead of a silent "no such file".
+    A directory keeps the names of its entries two levels deep (as empty files
+    or directories) so that an attempt on ``~/.ssh/id_rsa`` meets Landlock,
+    which refuses it and records the path, instead of a silent "no such file".
     """
     if os.path.isdir(path) and not os.path.islink(path):
-        names: list[str] = []
-        try:
-            with os.scandir(path) as it:
-                for entry in it:
-                    if len(names) >= _DECOY_NAMES_MAX:
-                        break
-                    names.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
-        except OSError:
-            pass
+        names = _mirror(path)
         # ``writable`` marks a decoy that must cover part of a bind mount
         # with a tmpfs; elsewhere it is made in the cell's own root.
         return MountOp("decoy_dir", path, names=tuple(sorted(names)), writable=inside_grant)
@@ -385,7 +413,9 @@ def _grants(
     any_exec = not policy.exec.allow
     read: list[str] = []
     write: list[str] = []
-    list_dirs: list[str] = ["/"]
+    # Not even / may be listed: an agent enumerating the places it cannot see
+    # is worth a record. Directories that hold a hidden path may be listed.
+    list_dirs: list[str] = []
 
     def add(path: str, bucket: list[str]) -> None:
         holes = [h for h in hidden if _is_under(h, path)]
