@@ -21,12 +21,12 @@ from stockade.policy._model import (
 )
 
 if TYPE_CHECKING:
-    from stockade.policy._load import load_policy, policy_json_schema
+    from stockade.policy._load import load_policy, loads_policy, policy_json_schema
 
 
 def __getattr__(name: str) -> Any:
     # The loader pulls in YAML and pydantic; import it only when a file is read.
-    if name in ("load_policy", "policy_json_schema"):
+    if name in ("load_policy", "loads_policy", "policy_json_schema"):
         from stockade.policy import _load
 
         return getattr(_load, name)
@@ -47,5 +47,6 @@ __all__ = [
     "Verdict",
     "default_policy",
     "load_policy",
+    "loads_policy",
     "policy_json_schema",
 ]
