@@ -222,6 +222,8 @@ def plan_cell(
         entries.append((real, _decoy(real, inside_grant=any(_is_under(real, g) for g in granted))))
     placeholders, protect_ops = _protect(policy, workspace)
     entries.extend((op.dst, op) for op in protect_ops)
+    for path in _read_only_inside_writable(read_dirs, write_dirs, workspace):
+        entries.append((path, MountOp("bind", path, src=path, writable=False, from_view=True)))
     # The cell's own /tmp, /dev and /proc are fresh, never the host's.
     entries.append(("/tmp", MountOp("tmpfs", "/tmp", writable=True)))
     scratch = _scratch_dir(read_dirs, hidden)
@@ -243,7 +245,6 @@ def plan_cell(
     for link, target in sorted(symlinks.items()):
         ops.append(MountOp("symlink", link, src=target))
 
-    _check_nesting(read_dirs, write_dirs, workspace)
     grants = _grants(policy, read_dirs, write_dirs, workspace, hidden)
     workdir = policy.workdir or workspace
     return CellPlan(
@@ -387,17 +388,20 @@ def _scratch_dir(read_dirs: list[str], hidden: list[str]) -> str:
     return "/tmp"
 
 
-def _check_nesting(read_dirs: list[str], write_dirs: list[str], workspace: str) -> None:
-    """A read-only grant inside a writable one cannot be enforced by Landlock
-    (rights add up down a tree): refuse it rather than pretend."""
+def _read_only_inside_writable(read_dirs: list[str], write_dirs: list[str], workspace: str) -> list[str]:
+    """Read grants that lie inside a writable one.
+
+    Landlock rights add up down a tree, so no Landlock rule can make part of a
+    writable tree read-only; these are made read-only mounts instead (the
+    mount layer refuses writes there with EROFS, which the kernel does not
+    record). An AgentOS manifest granting ``/`` with the system directories
+    read-only is the common case.
+    """
+    nested: list[str] = []
     for path in read_dirs:
-        for writable in (*write_dirs, workspace):
-            if path != writable and _is_under(path, writable):
-                raise PolicyError(
-                    f"filesystem.read {path!r} lies inside the writable {writable!r}, and Landlock "
-                    "cannot make part of a writable tree read-only; list it under "
-                    "filesystem.protect instead"
-                )
+        if any(path != w and _is_under(path, w) for w in (*write_dirs, workspace)):
+            nested.append(path)
+    return nested
 
 
 def _grants(
