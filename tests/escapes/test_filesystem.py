@@ -631,6 +631,48 @@ def test_git_dir_that_is_a_symlink_cannot_be_swapped(host_dir: Path) -> None:
     )
 
 
+GIT_REDIRECTS = {
+    # gitrepository-layout(5): config and hooks are read from $GIT_COMMON_DIR.
+    "commondir": (".git/commondir", "../evilgit\n"),
+}
+
+
+@pytest.mark.parametrize("how", GIT_REDIRECTS)
+def test_git_config_and_hooks_cannot_be_redirected(host_dir: Path, how: str) -> None:
+    """.git/config and .git/hooks are protected so that the operator's next git
+    command cannot run code the agent chose. Git also reads its config and
+    hooks from elsewhere: ``.git/commondir`` names a "common directory" whose
+    ``config`` and ``hooks`` replace the protected ones.
+
+    ESCAPE (found by this test), for commondir: .git is a writable mount (only
+    hooks and config are read-only), so the agent writes ``.git/commondir`` =
+    ``../evilgit`` and ``evilgit/config`` with ``core.fsmonitor = <command>``;
+    the operator's next ``git status`` in the workspace runs the command on the
+    host (seen with git 2.39)."""
+    ws = _ws_root_owned(host_dir)
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n\trepositoryformatversion = 0\n")
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    rel, content = GIT_REDIRECTS[how]
+    body = (
+        "for d in ('evilgit/hooks', 'evilgit/objects', 'evilgit/refs'):\n"
+        "    os.makedirs(d, exist_ok=True)\n"
+        "open('evilgit/config', 'w').write('[core]\\n\\tfsmonitor = \"touch /tmp/pwned; false\"\\n')\n"
+        f"os.makedirs(os.path.dirname({rel!r}), exist_ok=True)\n"
+        f"open({rel!r}, 'w').write({content!r})"
+    )
+    with Cell(default_policy("escapes"), workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("attempt", body),
+                Attempt("control", "open('.git/HEAD', 'a').write('#'); return True"),
+            ],
+        )
+    assert assert_works(probe["control"]) is True
+    assert not (ws / rel).exists(), f"ESCAPE: {probe['attempt']}; the host's workspace now holds {rel}"
+
+
 def test_protection_placeholders_stay_inside_the_workspace(host_dir: Path) -> None:
     """Before a cell starts, stockade (as host root) creates the protected
     paths that do not exist yet. A workspace whose ``.git`` is a symlink out

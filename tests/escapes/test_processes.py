@@ -19,6 +19,7 @@ import secrets
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -335,6 +336,49 @@ def test_setuid_binary_copied_into_the_workspace(cell: Cell) -> None:
     assert code == 0 and out.startswith("uid=1000(agent)") and "euid" not in out, out
     assert assert_works(probe["mode"]) is True
     assert assert_works(probe["control"]) == [1000, 1000]
+
+
+SETID_BITS = stat.S_ISUID | stat.S_ISGID
+
+
+@pytest.mark.parametrize("workspace", ["root-owned", "fresh"])
+def test_setuid_binary_made_by_the_agent_stays_harmless_on_the_host(host_dir: Path, workspace: str) -> None:
+    """The reverse of the test above: the agent itself copies a program into
+    its workspace and sets its setuid and setgid bits. Inside the cell the bits
+    are inert (nosuid, no_new_privs), but the file stays on the host, where
+    anyone who runs it would take its owner's identity: no file the agent
+    leaves may carry a set-id bit on the host (or the chmod must be refused).
+
+    ESCAPE (found by this test) with a root-owned workspace: it is idmapped so
+    that what the agent makes belongs to the workspace's owner on disk, and
+    chmod is its owner's right, so the agent leaves a setuid-root, setgid-root
+    copy of ``id`` on the host; run by uid 65534 it reports ``euid=0(root)``.
+    With a fresh workspace the file is setuid-nobody (every default cell's
+    host identity), which lets any local user act as the owner of every other
+    agent's fresh workspace."""
+    ws: str | None = None
+    if workspace == "root-owned":
+        (host_dir / "ws").mkdir()
+        ws = str(host_dir / "ws")
+    with Cell(default_policy("escapes"), workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt(
+                    "attempt",
+                    "import shutil\nshutil.copy('/usr/bin/id', 'rootme')\nos.chmod('rootme', 0o6755)",
+                ),
+                Attempt("control", "open('run.sh', 'w').write('#'); os.chmod('run.sh', 0o755)"),
+            ],
+        )
+        on_host = Path(cell.workspace, "rootme")
+        st = on_host.stat() if on_host.exists() else None
+        assert_works(probe["control"])
+        assert Path(cell.workspace, "run.sh").stat().st_mode & 0o777 == 0o755
+    assert st is None or not st.st_mode & SETID_BITS, (
+        f"ESCAPE: {probe['attempt']}; the host now holds {on_host} with mode {oct(st.st_mode)}, "
+        f"owned by uid {st.st_uid} gid {st.st_gid}"
+    )
 
 
 @pytest.mark.parametrize("tool", ["su", "sudo"])
