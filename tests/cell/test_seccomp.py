@@ -155,7 +155,7 @@ class TestProgram:
         # Read no argument: the kernel's action cache then skips the filter for
         # them. Few steps: the numbers are searched as a tree, not a list.
         deny, clone3 = seccomp.build_filters("enforce")
-        conditional = {"socket", "ioctl", "clone", "personality"}
+        conditional = {"socket", "ioctl", "clone", "personality", "sendto", "sendmsg", "sendmmsg"}
         for name, nr in SYSCALLS.items():
             _, steps, read_args = trace_bpf(deny, nr, args=(socket.AF_INET6, socket.SOCK_STREAM, 6))
             if name in conditional:

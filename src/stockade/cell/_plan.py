@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from stockade.errors import PolicyError
+from stockade.policy._default import SYSTEM_READ
 from stockade.policy._model import Policy
 
 CELL_UID = 1000
@@ -120,6 +121,43 @@ _DEFAULT_HIDDEN = (
 decoys (empty, refused by Landlock, so every attempt is recorded)."""
 
 
+_SOCKET_SCAN_MAX = 20000
+"""Entries looked at, at most, when searching grants for host sockets."""
+
+
+def _host_sockets(roots: list[str]) -> list[str]:
+    """Unix sockets of the host lying in the policy's own grants.
+
+    Landlock (up to ABI 7) has no right for connecting to a pathname socket and
+    a read-only grant does not stop a connect, so a socket a host service left
+    in a granted tree would be a way out. Each one found is hidden behind a
+    decoy. The search is bounded (``_SOCKET_SCAN_MAX`` entries); a socket
+    created after the cell starts is not covered (docs/CELL.md says so).
+    """
+    found: list[str] = []
+    budget = _SOCKET_SCAN_MAX
+    todo = list(roots)
+    while todo and budget > 0:
+        directory = todo.pop()
+        try:
+            with os.scandir(directory) as it:
+                for entry in it:
+                    budget -= 1
+                    if budget <= 0:
+                        break
+                    try:
+                        mode = entry.stat(follow_symlinks=False).st_mode
+                    except OSError:
+                        continue
+                    if stat.S_ISSOCK(mode):
+                        found.append(entry.path)
+                    elif stat.S_ISDIR(mode):
+                        todo.append(entry.path)
+        except OSError:
+            continue
+    return found
+
+
 def _outermost(paths: list[str], covers: list[str]) -> list[str]:
     """``paths`` without those inside another of them or of ``covers``."""
     unique = sorted(set(paths))
@@ -194,6 +232,7 @@ def plan_cell(
     deny: list[str] = []
     for pattern in fs.deny:
         deny.extend(p for p in _expand(pattern) if _exists(p))
+    deny.extend(_host_sockets([p for p in (*read_dirs, *write_dirs) if p not in SYSTEM_READ]))
     # A hidden root that a grant covers (a policy granting /home/me/project)
     # stays hidden except for that grant: the grant is mounted on top of it.
     granted = [*read_dirs, *write_dirs, workspace]

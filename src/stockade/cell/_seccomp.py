@@ -44,6 +44,9 @@ from stockade.errors import HostError
 Mode = Literal["enforce", "audit"]
 
 # --- <linux/seccomp.h>, seccomp(2) ---------------------------------------------
+MSG_FASTOPEN = 0x2000_0000
+"""<linux/socket.h>: send data with the SYN of a TCP Fast Open connect."""
+
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_LOG = 1 << 1
 """Linux 4.14: log every action of this filter but ALLOW (subject to actions_logged)."""
@@ -183,10 +186,13 @@ REFUSED: dict[str, str] = {
         "anything but AF_UNIX or TCP over AF_INET/AF_INET6: no UDP (DNS exfiltration), raw,"
         " packet, netlink or vsock socket; the cell reaches out only through the gateway"
     ),
+    "sendto": "only with MSG_FASTOPEN, which connects TCP without connect(2) and so past Landlock",
+    "sendmsg": "only with MSG_FASTOPEN, which connects TCP without connect(2) and so past Landlock",
+    "sendmmsg": "only with MSG_FASTOPEN, which connects TCP without connect(2) and so past Landlock",
 }
 """Each syscall the filters refuse (some only with certain arguments), and why."""
 
-_CONDITIONAL = ("ioctl", "socket", "clone", "personality", "clone3")
+_CONDITIONAL = ("ioctl", "socket", "clone", "personality", "clone3", "sendto", "sendmsg", "sendmmsg")
 ALWAYS_REFUSED: tuple[str, ...] = tuple(
     name for name in REFUSED if name not in _CONDITIONAL and name in SYSCALLS
 )
@@ -297,6 +303,8 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
             sorted(
                 [(SYSCALLS[name], "refuse") for name in ALWAYS_REFUSED]
                 + [(SYSCALLS[name], name) for name in ("ioctl", "socket", "clone", "personality")]
+                + [(SYSCALLS["sendto"], "flags3"), (SYSCALLS["sendmmsg"], "flags3")]
+                + [(SYSCALLS["sendmsg"], "flags2")]
             )
         ),
         "ioctl",
@@ -325,6 +333,14 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         _ld(_arg_low(0)),
         _jeq(PER_LINUX, "allow"),
         _jeq(PERSONALITY_QUERY, "allow", "refuse"),
+        # MSG_FASTOPEN connects a TCP socket inside sendto/sendmsg without
+        # going through connect(2), where Landlock's TCP rule is checked.
+        "flags3",
+        _ld(_arg_low(3)),
+        _jset(MSG_FASTOPEN, "refuse", "allow"),
+        "flags2",
+        _ld(_arg_low(2)),
+        _jset(MSG_FASTOPEN, "refuse", "allow"),
         "allow",
         _ret(SECCOMP_RET_ALLOW),
         "refuse",
