@@ -249,6 +249,46 @@ def test_clone3(cell: Cell) -> None:
     assert probe.seccomp("clone3") == []
 
 
+OTHER_ABIS = {
+    # i386 ptrace(PTRACE_TRACEME) through int 0x80: mov eax, 26; xor ebx, ebx; int 0x80; ret.
+    "i386-int80": (
+        "import mmap\ncode = bytes([0xB8, 26, 0, 0, 0, 0x31, 0xDB, 0xCD, 0x80, 0xC3])\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+        "    m[: len(code)] = code\n"
+        "    fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))\n"
+        "    os._exit(100 if fn() == 0 else 101)\n"
+        "status = os.waitpid(pid, 0)[1]\n"
+        "if os.WIFEXITED(status):\n"
+        "    return os.WEXITSTATUS(status)\n"
+        "raise OSError(errno.EPERM, f'killed by signal {os.WTERMSIG(status)}')"
+    ),
+    # x32 ptrace: the x32 bit on the number.
+    "x32": "sys_call(0x40000000 | 521, 0, 0, 0, 0)",
+}
+
+
+@pytest.mark.parametrize("abi", OTHER_ABIS)
+def test_seccomp_cannot_be_bypassed_through_another_abi(cell: Cell, abi: str) -> None:
+    """The filter compares x86-64 syscall numbers, so a call through another
+    ABI (ptrace as i386 ``int 0x80``, as x32) must not slip past it: an i386
+    call kills the process (SIGSYS), an x32 call fails with EPERM, and each is
+    recorded with its architecture and number. Ordinary calls still work."""
+    probe = run_probe(cell, [Attempt("attempt", OTHER_ABIS[abi]), Attempt("control", "return os.getppid()")])
+    assert_refused(probe["attempt"], EPERM)
+    events = probe.denials("seccomp")
+    assert len(events) == 1, probe.transcript()
+    detail = events[0].detail
+    if abi == "i386-int80":
+        assert "killed by signal 31" in probe["attempt"].error
+        assert (detail["arch"], detail["nr"], detail["action"]) == ("40000003", 26, "kill_process")
+        assert "killed" in events[0].summary
+    else:
+        assert (detail["arch"], detail["nr"], detail["action"]) == ("x86_64", 0x40000000 | 521, "errno")
+    assert assert_works(probe["control"]) == 0
+
+
 # --------------------------------------------------------------------- terminals
 
 
@@ -272,6 +312,8 @@ def _pending(fd: int) -> bytes:
 TERMINAL_IOCTLS = {
     # Push a command and a newline into the terminal's input queue.
     "TIOCSTI": "import fcntl\nfor c in b'id\\n':\n    fcntl.ioctl(0, 0x5412, bytes([c]))",
+    # The same request with high bits set: the kernel reads it as an unsigned int.
+    "TIOCSTI-high-bits": "c = ctypes.c_char(b'i')\nsys_call('ioctl', 0, 0x100005412, ctypes.byref(c))",
     # TIOCL_SETSEL then TIOCL_PASTESEL: paste the console selection as input.
     "TIOCLINUX": (
         "import fcntl\nfcntl.ioctl(0, 0x541C, bytes([2]) + bytes(10))\nfcntl.ioctl(0, 0x541C, bytes([3]))"
@@ -729,6 +771,50 @@ def test_memory_hog_is_killed_at_the_memory_limit() -> None:
     assert peak is None or peak <= 64 << 20
     assert not result.timed_out and result.duration < BOUND
     assert spawn_time(["/bin/true"]) < 2.0
+
+
+DENIAL_FLOOD = r"""
+import os, time
+end = time.monotonic() + 5
+n = 0
+while time.monotonic() < end:
+    for _ in range(500):
+        try:
+            os.open('/etc/shadow', os.O_RDONLY)
+        except OSError:
+            n += 1
+print(n)
+"""
+
+
+def _rss_mib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) >> 10
+
+
+def test_denial_flood_cannot_make_the_host_hold_more_than_the_cell_may() -> None:
+    """A cell limited to 64 MiB that does nothing but fail to open /etc/shadow
+    for five seconds (tens of thousands of Landlock denials a second) must not
+    make the process that runs it grow by more than the cell's own limit: the
+    record may count, sample or aggregate repeated denials, but what one cell
+    costs the host has to be bounded like the cell itself.
+
+    ESCAPE (found by this test): every kernel record becomes an ``Event`` kept
+    in ``CellResult.events``; five seconds of flood cost the launcher ~120 MiB
+    while the cell's peak stays under 10 MiB, and the growth is linear in the
+    run's length (a default one-hour timeout is tens of GiB on the host)."""
+    with Cell(_limited(), environ={}) as cell:
+        cell.run([PYTHON, "-I", "-c", "pass"])  # warm: imports, the audit reader
+        before = _rss_mib()
+        result = cell.run([PYTHON, "-I", "-c", DENIAL_FLOOD], timeout=BOUND * 3)
+        grown = _rss_mib() - before
+    assert result.exit_code == 0 and int(result.stdout) > 0
+    denied = sum(1 for e in result.events if e.kind == "cell.denied")
+    assert denied > 0, "the flood left no record at all"
+    assert grown < 64, (
+        f"ESCAPE: the launcher grew by {grown} MiB ({len(result.events)} events kept) for a cell "
+        f"limited to 64 MiB whose peak was {result.events[-1].detail['memory_peak']} bytes"
+    )
 
 
 # --------------------------------------------------------------------- nothing outlives its cell
