@@ -29,6 +29,7 @@ from tests.escapes._fshost import (
     fake_home,
     read_only_grant,
     snapshot,
+    with_fs,
 )
 from tests.escapes._probes import (
     Attempt,
@@ -160,6 +161,42 @@ def test_write_outside_the_workspace(cell: Cell, target: str, directory: str) ->
     assert_works(probe["tmp"])
     assert Path(cell.workspace, "inside.txt").read_text() == "ok"
     assert not os.path.lexists(target)
+
+
+def test_write_grant_inside_the_workspace_cannot_be_redirected(host_dir: Path) -> None:
+    """A policy that also lists a directory of the workspace under
+    ``filesystem.write`` (``ws/out``). In one run the agent replaces that
+    directory with a symlink to a host directory it may not write (root's,
+    mode 0755); the next cell (a new run of the same policy) must not grant
+    the link's target. The plan resolves grants with realpath on the host,
+    before the cell starts.
+
+    ESCAPE (found by this test): a nested write grant needs no mount of its
+    own, so it is an ordinary directory the agent can swap; the next plan
+    resolves ``ws/out`` to the target and mounts it writable, idmapped from
+    its owner (root) to the agent: the agent writes the host directory as
+    root. With ``ln -s /etc out`` that is /etc."""
+    ws = _ws_root_owned(host_dir)
+    (ws / "out").mkdir()
+    outside = host_dir / "outside"
+    outside.mkdir(mode=0o755)
+    policy = with_fs(default_policy("escapes"), write=(str(ws / "out"),))
+    with Cell(policy, workspace=ws, environ={}) as first:
+        swap = run_probe(first, Attempt("swap", f"os.rmdir('out'); os.symlink({str(outside)!r}, 'out')"))
+    with Cell(policy, workspace=ws, environ={}) as second:
+        probe = run_probe(
+            second,
+            [
+                Attempt("attempt", f"open({str(outside / 'pwned')!r}, 'w').write('x')"),
+                Attempt("control", "open('notes.txt', 'w').write('ok'); return True"),
+            ],
+        )
+    assert_works(swap["swap"])  # it is the agent's own directory: fine
+    assert assert_works(probe["control"]) is True
+    assert os.listdir(outside) == [], (
+        f"ESCAPE: {probe['attempt']}; the host directory {outside} (root's, 0755) now holds "
+        f"{os.listdir(outside)}, owned by uid {os.stat(outside / 'pwned').st_uid}"
+    )
 
 
 # Each operation is a probe body acting on the file F (and its directory D).
