@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stockade.cell import Cell
+from stockade.cell import Cell, CellResult
 from stockade.errors import CellError
 from stockade.policy import Policy, default_policy
 from tests.escapes._fshost import (
@@ -32,6 +32,7 @@ from tests.escapes._fshost import (
     with_fs,
 )
 from tests.escapes._probes import (
+    PYTHON,
     Attempt,
     assert_landlock_denial,
     assert_refused,
@@ -40,6 +41,7 @@ from tests.escapes._probes import (
     expect_record,
     leaked,
     run_probe,
+    script,
 )
 
 EACCES, ENOENT, EPERM, EROFS, EBUSY, EXDEV, EBADF = (
@@ -273,6 +275,84 @@ def test_write_under_a_read_only_system_path(cell: Cell, op: str) -> None:
     assert snapshot(Path(target)) == before
     if op in ("rename", "delete"):
         assert_landlock_denial(probe, "/etc", "fs.remove_file")
+
+
+def test_a_cells_rules_survive_other_cells_in_the_same_process(host_dir: Path) -> None:
+    """One process runs many cells (a daemon does). Cell A shows a host
+    directory read-only; its 300 subdirectories are world-writable, so
+    Landlock alone keeps them read-only. Between two runs of A, cell B is
+    prepared with those 300 subdirectories granted one by one. A's second run
+    must behave like its first: its command starts, its workspace is
+    writable, and every write to its read-only grant is refused.
+
+    BUG (found by this test): Landlock rules for host paths are built from
+    O_PATH descriptors that ``_layers`` keeps in a process-wide cache of 256
+    (``_HOST_FDS``, evicting the oldest), while a ``Cell`` reuses its prepared
+    layers, descriptor *numbers* included, for ``PLAN_REUSE_SECONDS``. B's
+    opens close A's descriptors and hand their numbers to B's directories, so
+    A's cached rules name B's directories: here A loses /usr (exit 126,
+    python's exec refused by Landlock), and its workspace rule (every write
+    right) names one of the read-only directories (seen through
+    /proc/self/fd: ws -> ro/d253), which an agent that could still exec would
+    write; a number that
+    names no O_PATH descriptor any more fails the start instead (EINVAL or
+    EBADFD from landlock_add_rule, as seen intermittently across the suite).
+    A single plan with more than 256 host paths (a larger /etc) evicts its
+    own descriptors the same way."""
+    import time
+
+    from stockade.cell._cell import PLAN_REUSE_SECONDS
+
+    grant = host_dir / "ro"
+    grant.mkdir()
+    dirs = []
+    for i in range(300):
+        d = grant / f"d{i:03d}"
+        d.mkdir()
+        d.chmod(0o777)
+        dirs.append(str(d))
+    policy_a = read_only_grant(default_policy("escapes"), grant)
+    # B needs nothing but the grants (it need not even start): preparing it
+    # is what opens the 300 descriptors.
+    policy_b = with_fs(default_policy("escapes"), read=tuple(dirs), deny=(), protect=())
+    attempts = [
+        Attempt(
+            "attempt",
+            "import glob\nwritten = []\n"
+            f"for d in sorted(glob.glob({str(grant)!r} + '/d*')):\n"
+            "    try:\n"
+            "        open(d + '/planted', 'w').write('x')\n"
+            "        written.append(d)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "return written",
+        ),
+        Attempt("control", "open('mine.txt', 'w').write('a'); return True"),
+    ]
+    with Cell(policy_a, environ={}) as a, Cell(policy_b, environ={}) as b:
+        start = time.monotonic()
+        first = run_probe(a, attempts)
+        try:
+            b.run(["/usr/bin/python3", "-c", "pass"])
+        except CellError:
+            pass
+        try:
+            second: object = a.run([PYTHON, "-I", "-c", script(attempts), "{}"])
+        except CellError as exc:
+            second = exc
+        elapsed = time.monotonic() - start
+    assert assert_works(first["attempt"]) == [] and assert_works(first["control"]) is True
+    assert elapsed < PLAN_REUSE_SECONDS, f"inconclusive: A's plan was not reused ({elapsed:.2f} s)"
+    planted = [d for d in dirs if os.listdir(d)]
+    assert not planted, (
+        f"ESCAPE: A's second run wrote into {len(planted)} read-only directories: {planted[:3]}"
+    )
+    assert isinstance(second, CellResult), f"A's second run could not start: {second}"
+    denials = [e.summary for e in second.events if e.kind == "cell.denied"]
+    assert second.exit_code == 0, (
+        f"A's second run failed (exit {second.exit_code}, {second.stderr[-200:]!r}): its Landlock rules "
+        f"no longer name its own paths; refusals: {denials[:3]}"
+    )
 
 
 METADATA_OPS = {
