@@ -384,7 +384,10 @@ def _check_records(wave: Wave) -> None:
         if len(mine) != 1:
             unrecorded.append(c.index)
         for e in mine:
-            if c.init_pid is not None and e.detail.get("pid") != c.init_pid:
+            # The pid comes from the SYSCALL record grouped with the denial; under
+            # load the reader may finish the group without it (pid None): the
+            # cell id and the path still attribute it. A wrong pid is a problem.
+            if c.init_pid is not None and e.detail.get("pid") not in (None, c.init_pid):
                 misattributed.append(
                     f"cell {c.index}: its denial names pid {e.detail.get('pid')}, its pid 1 is {c.init_pid}"
                 )
