@@ -269,7 +269,9 @@ class Cell:
         )
 
     def close(self) -> None:
-        """Remove a fresh workspace unless asked to keep it. Idempotent."""
+        """Let go of the prepared layers, and remove a fresh workspace unless
+        asked to keep it. Idempotent."""
+        self._prepared = None  # closes the host descriptors its rules hold
         if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
             import shutil  # only here: it is not on the path of a run
 

@@ -181,6 +181,9 @@ class PreparedLandlock:
     opened (``O_PATH`` descriptors it keeps): the child adds them without a
     lookup. Rules bind inodes, so a descriptor opened on the host names the
     same file as the bind mount that shows it in the cell."""
+    held: object = None
+    """What keeps the descriptors named in ``rules`` open for as long as this
+    prepared ruleset lives (``_layers.HostDescriptors``)."""
 
 
 _abi: int | None = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import struct
-import time
 
 from stockade.cell import _landlock, _seccomp
 from stockade.cell._plan import CellPlan, MountOp
@@ -64,9 +63,10 @@ def prepare_layers(
     # /dev, /proc, decoys) only exists in the child, which opens them itself.
     ready: list[bytes] = []
     local: list[tuple[bytes, int, int]] = []
+    held = HostDescriptors()
     for raw, dir_rights, file_rights in (*prepared.paths, *extra):
         name = raw.decode()
-        opened = _host_fd(name) if _shows_host(plan.mounts, name) else None
+        opened = held.open(name) if _shows_host(plan.mounts, name) else None
         if opened is None:
             local.append((raw, dir_rights, file_rights))
             continue
@@ -81,6 +81,7 @@ def prepare_layers(
         prepared.ports,
         prepared.restrict_flags,
         rules=tuple(ready),
+        held=held,
     )
     return prepared, _seccomp_filters(policy.mode)
 
@@ -97,41 +98,35 @@ def _shows_host(mounts: tuple[MountOp, ...], path: str) -> bool:
     return covering is not None and covering.kind == "bind"
 
 
-_HOST_FDS: dict[str, tuple[int, bool, float]] = {}
-_HOST_FDS_MAX = 256
-_REVALIDATE_AFTER = 2.0
-"""Seconds a kept descriptor is trusted before its path is looked up again: a
-file replaced on the host since then would otherwise keep the old inode's
-grant (and the new file none: the mistake fails closed)."""
+class HostDescriptors:
+    """``O_PATH`` descriptors of host paths that one prepared ruleset refers to.
 
+    Each prepared ruleset owns its own descriptors (never shared with another
+    cell's, so closing one can never change what another's rules name), and
+    closes them when it is dropped or ``close`` is called.
+    """
 
-def _host_fd(path: str) -> tuple[int, bool] | None:
-    now = time.monotonic()
-    kept = _HOST_FDS.get(path)
-    if kept is not None:
-        fd, is_dir, checked = kept
-        if now - checked < _REVALIDATE_AFTER:
-            return fd, is_dir
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+
+    def open(self, path: str) -> tuple[int, bool] | None:
         try:
-            current = os.stat(path)
-            held = os.fstat(fd)
-            if (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
-                _HOST_FDS[path] = (fd, is_dir, now)
-                return fd, is_dir
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
-            pass
-        os.close(fd)
-        del _HOST_FDS[path]
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return None  # gone, or not reachable from here: the child will try
-    if len(_HOST_FDS) >= _HOST_FDS_MAX:
-        oldest = next(iter(_HOST_FDS))
-        os.close(_HOST_FDS.pop(oldest)[0])
-    is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
-    _HOST_FDS[path] = (fd, is_dir, now)
-    return fd, is_dir
+            return None  # gone, or not reachable from here: the child will try
+        self.fds.append(fd)
+        return fd, stat.S_ISDIR(os.fstat(fd).st_mode)
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self) -> None:
+        self.close()
 
 
 _FILTERS: dict[str, tuple[tuple[bytes, bool], ...]] = {}
