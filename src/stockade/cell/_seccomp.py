@@ -44,6 +44,24 @@ from stockade.errors import HostError
 Mode = Literal["enforce", "audit"]
 
 # --- <linux/seccomp.h>, seccomp(2) ---------------------------------------------
+S_ISUID_ISGID = 0o6000
+"""<sys/stat.h> S_ISUID | S_ISGID: a file that runs as its owner or group."""
+
+MODE_ARG = {
+    "chmod": 1,
+    "fchmod": 1,
+    "fchmodat": 2,
+    "fchmodat2": 2,
+    "open": 2,
+    "openat": 3,
+    "creat": 1,
+    "mknod": 1,
+    "mknodat": 2,
+}
+"""Calls that set a file's mode, and which argument holds it. A cell must not
+make a set-id file: through an idmapped workspace the file belongs to its owner
+on the host (root, say), and the host could later run it."""
+
 MSG_FASTOPEN = 0x2000_0000
 """<linux/socket.h>: send data with the SYN of a TCP Fast Open connect."""
 
@@ -186,13 +204,33 @@ REFUSED: dict[str, str] = {
         "anything but AF_UNIX or TCP over AF_INET/AF_INET6: no UDP (DNS exfiltration), raw,"
         " packet, netlink or vsock socket; the cell reaches out only through the gateway"
     ),
+    **{
+        name: "only with a set-uid or set-gid bit in the mode: a set-id file made in the workspace"
+        " would run as its owner on the host"
+        for name in MODE_ARG
+    },
+    "openat2": (
+        "refused with ENOSYS and not logged: its mode lies behind a pointer seccomp cannot read;"
+        " the C library then uses openat, which the filter checks"
+    ),
     "sendto": "only with MSG_FASTOPEN, which connects TCP without connect(2) and so past Landlock",
     "sendmsg": "only with MSG_FASTOPEN, which connects TCP without connect(2) and so past Landlock",
     "sendmmsg": "only with MSG_FASTOPEN, which connects TCP without connect(2) and so past Landlock",
 }
 """Each syscall the filters refuse (some only with certain arguments), and why."""
 
-_CONDITIONAL = ("ioctl", "socket", "clone", "personality", "clone3", "sendto", "sendmsg", "sendmmsg")
+_CONDITIONAL = (
+    "ioctl",
+    "socket",
+    "clone",
+    "personality",
+    "clone3",
+    "openat2",
+    "sendto",
+    "sendmsg",
+    "sendmmsg",
+    *MODE_ARG,
+)
 ALWAYS_REFUSED: tuple[str, ...] = tuple(
     name for name in REFUSED if name not in _CONDITIONAL and name in SYSCALLS
 )
@@ -305,6 +343,7 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
                 + [(SYSCALLS[name], name) for name in ("ioctl", "socket", "clone", "personality")]
                 + [(SYSCALLS["sendto"], "flags3"), (SYSCALLS["sendmmsg"], "flags3")]
                 + [(SYSCALLS["sendmsg"], "flags2")]
+                + [(SYSCALLS[name], f"mode{arg}") for name, arg in MODE_ARG.items()]
             )
         ),
         "ioctl",
@@ -341,6 +380,11 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         "flags2",
         _ld(_arg_low(2)),
         _jset(MSG_FASTOPEN, "refuse", "allow"),
+        *(
+            insn
+            for arg in sorted(set(MODE_ARG.values()))
+            for insn in (f"mode{arg}", _ld(_arg_low(arg)), _jset(S_ISUID_ISGID, "refuse", "allow"))
+        ),
         "allow",
         _ret(SECCOMP_RET_ALLOW),
         "refuse",
@@ -352,7 +396,9 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         _ld(_OFF_ARCH),
         _jeq(AUDIT_ARCH_X86_64, 0, "allow"),  # the deny filter handles other arches
         _ld(_OFF_NR),
-        _jeq(SYSCALLS["clone3"], 0, "allow"),
+        _jeq(SYSCALLS["clone3"], "enosys"),
+        _jeq(SYSCALLS["openat2"], "enosys", "allow"),
+        "enosys",
         _ret(SECCOMP_RET_ERRNO | ENOSYS),
         "allow",
         _ret(SECCOMP_RET_ALLOW),
