@@ -170,7 +170,8 @@ class TestPrepare:
             assert fields[2] == ll.SCOPE_SIGNAL | ll.SCOPE_ABSTRACT_UNIX_SOCKET
         [(path, on_dir, on_file)] = prepared.paths
         assert path == b"/w"
-        assert on_dir == handled & ~ll.ACCESS_FS_EXECUTE  # every right but execute
+        # every right but execute, and no device nodes (recorded refusals)
+        assert on_dir == handled & ~ll.ACCESS_FS_EXECUTE & ~(ll.ACCESS_FS_MAKE_CHAR | ll.ACCESS_FS_MAKE_BLOCK)
         assert on_file == on_dir & ll.ACCESS_FILE
         assert prepared.restrict_flags == (ll.RESTRICT_SELF_LOG_NEW_EXEC_ON if abi >= 7 else 0)
 

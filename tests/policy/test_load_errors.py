@@ -34,6 +34,12 @@ CASES: list[tuple[str, str, str, str]] = [
         "the file is empty; a policy needs at least a line such as 'name: my-agent'",
     ),
     ("comments-only", "# nothing here\n", "1:1", "the file is empty"),
+    (
+        "llm-key-passed",
+        "name: x\nenv:\n  pass: [HOME, OPENAI_KEY]\nllm:\n  provider: openai\n  api_key_env: OPENAI_KEY\n",
+        "3:16",
+        "'OPENAI_KEY' is the LLM key named in llm.api_key_env, and a secret never enters a cell",
+    ),
     ("top-list", "- a\n", "1:1", "the top level is a list, but a policy is a mapping of keys"),
     ("top-scalar", "hello\n", "1:1", "the top level is the value 'hello'"),
     ("yaml-syntax", "name: x: y\n", "1:8", "not valid YAML: mapping values are not allowed here"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -154,7 +155,7 @@ class Cell:
         plan, landlock, seccomp = self._prepared_plan()
         events: list[Event] = []
         cgroup = CellCgroup.create(cell_id, limits)
-        created = _create_placeholders(plan.placeholders)
+        created = _create_placeholders(plan.workspace, plan.placeholders)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin is None else -1
@@ -195,7 +196,7 @@ class Cell:
                 if audit is not None:
                     audit.unwatch(cell_id)
             cgroup.destroy()
-            _remove_placeholders(created)
+            _remove_placeholders(plan.workspace, created)
             raise
         finally:
             for fd in (out_r, err_r, out_w, err_w, null_fd):
@@ -207,7 +208,7 @@ class Cell:
         duration = time.monotonic() - start
         stats = cgroup.stats()
         cgroup.destroy()
-        _remove_placeholders(created)
+        _remove_placeholders(plan.workspace, created)
         if audit is not None and launched.session is not None:
             events.extend(audit.collect(cell_id))
             audit.unwatch(cell_id)
@@ -353,43 +354,84 @@ def _cap_last() -> int:
     return _CAP_LAST
 
 
-def _create_placeholders(placeholders: tuple[ProtectPlaceholder, ...]) -> list[str]:
+def _create_placeholders(workspace: str, placeholders: tuple[ProtectPlaceholder, ...]) -> list[str]:
     """Create the protected paths that do not exist yet, empty; return every
-    path created (directories included), in creation order."""
+    path created (directories included), in creation order.
+
+    Each step is relative to a descriptor of the directory above it, opened
+    without following symbolic links: a link planted on the way (a ``.git``
+    pointing at /etc) makes the step fail instead of leading these writes,
+    made as root, out of the workspace.
+    """
     created: list[str] = []
     for item in placeholders:
-        missing: list[str] = []
-        parent = os.path.dirname(item.path)
-        while not os.path.lexists(parent):
-            missing.append(parent)
-            parent = os.path.dirname(parent)
+        relative = os.path.relpath(item.path, workspace).split(os.sep)
         try:
-            for directory in reversed(missing):
-                os.mkdir(directory, 0o755)
-                created.append(directory)
-            if item.is_dir:
-                os.mkdir(item.path, 0o755)
-            else:
-                os.close(os.open(item.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            created.append(item.path)
+            _create_beneath(workspace, relative, item.is_dir, created)
         except FileExistsError:
             continue
         except OSError as exc:
-            _remove_placeholders(created)
-            raise CellError(f"could not create a placeholder for protected path {item.path}: {exc}") from exc
+            _remove_placeholders(workspace, created)
+            raise CellError(
+                f"could not create a placeholder for protected path {item.path}: {exc.strerror}; "
+                "a symbolic link or a file may stand on the way (see docs/CELL.md)"
+            ) from exc
     return created
 
 
-def _remove_placeholders(created: list[str]) -> None:
-    """Remove what ``_create_placeholders`` made, where it is still empty."""
+_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _create_beneath(workspace: str, parts: list[str], is_dir: bool, created: list[str]) -> None:
+    fd = os.open(workspace, _NOFOLLOW_DIR)
+    try:
+        path = workspace
+        for name in parts[:-1]:
+            path = os.path.join(path, name)
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+                created.append(path)
+            except FileExistsError:
+                pass
+            next_fd = os.open(name, _NOFOLLOW_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        name = parts[-1]
+        if is_dir:
+            os.mkdir(name, 0o755, dir_fd=fd)
+        else:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(name, flags, 0o644, dir_fd=fd))
+        created.append(os.path.join(path, name))
+    finally:
+        os.close(fd)
+
+
+def _remove_placeholders(workspace: str, created: list[str]) -> None:
+    """Remove what ``_create_placeholders`` made, where it is still empty, again
+    without following symbolic links."""
     for path in reversed(created):
+        parent, name = os.path.split(path)
         try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                os.rmdir(path)
-            elif os.path.getsize(path) == 0:
-                os.unlink(path)
+            fd = os.open(workspace, _NOFOLLOW_DIR)
         except OSError:
-            pass  # not empty any more, or gone: leave it
+            return
+        try:
+            for part in os.path.relpath(parent, workspace).split(os.sep):
+                if part == ".":
+                    continue
+                next_fd = os.open(part, _NOFOLLOW_DIR, dir_fd=fd)
+                os.close(fd)
+                fd = next_fd
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                os.rmdir(name, dir_fd=fd)
+            elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                os.unlink(name, dir_fd=fd)
+        except OSError:
+            pass  # not empty any more, replaced, or gone: leave it
+        finally:
+            os.close(fd)
 
 
 def _supervise(

@@ -109,8 +109,11 @@ parent_fd is not a directory makes landlock_add_rule fail with EINVAL."""
 
 RIGHTS_READ = ACCESS_FS_READ_FILE | ACCESS_FS_READ_DIR
 RIGHTS_READ_EXEC = RIGHTS_READ | ACCESS_FS_EXECUTE
-RIGHTS_WRITE = FS_RIGHTS_BY_ABI[5] & ~ACCESS_FS_EXECUTE
-RIGHTS_WRITE_EXEC = FS_RIGHTS_BY_ABI[5]
+# Device nodes are never granted: a cell has no CAP_MKNOD anyway, but a refusal
+# by Landlock is recorded, where the capability check is not.
+_NO_DEVICES = ~(ACCESS_FS_MAKE_CHAR | ACCESS_FS_MAKE_BLOCK)
+RIGHTS_WRITE = FS_RIGHTS_BY_ABI[5] & ~ACCESS_FS_EXECUTE & _NO_DEVICES
+RIGHTS_WRITE_EXEC = FS_RIGHTS_BY_ABI[5] & _NO_DEVICES
 RIGHTS_EXEC_FILE = ACCESS_FS_EXECUTE | ACCESS_FS_READ_FILE
 
 FEATURES: dict[str, tuple[int, str]] = {

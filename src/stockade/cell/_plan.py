@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Literal
 
-from stockade.errors import PolicyError
+from stockade.errors import CellError, PolicyError
 from stockade.policy._default import SYSTEM_READ
 from stockade.policy._model import Policy
 
@@ -210,6 +210,10 @@ def plan_cell(
     # Grants: each path at its real location; a symlinked grant (like /bin ->
     # usr/bin on merged-/usr systems) becomes the same symlink in the cell.
     symlinks: dict[str, str] = {}
+    writable_trees = [workspace, *(p for pattern in fs.write for p in _expand(pattern))]
+    _refuse_planted_links(
+        [p for pattern in (*fs.read, *fs.write) for p in _expand(pattern) if _exists(p)], writable_trees
+    )
     for writable, patterns in ((False, fs.read), (True, fs.write)):
         for pattern in patterns:
             for path in _expand(pattern):
@@ -370,6 +374,66 @@ def _decoy(path: str, *, inside_grant: bool) -> MountOp:
     return MountOp("decoy_file", path)
 
 
+_DIR_NAMES = ("hooks", "workflows", "modules", "worktrees", "info")
+
+
+def _looks_like_dir(path: str) -> bool:
+    """Whether a protected path that does not exist yet stands for a directory."""
+    return os.path.basename(path.rstrip("/")) in _DIR_NAMES
+
+
+def _refuse_links(target: str, workspace: str) -> None:
+    """A protected path, or a directory on the way to it, that is a symbolic
+    link cannot be protected: the agent could point the link elsewhere (the
+    link itself is not a mount point), and following it is how a planted link
+    would lead stockade's own writes out of the workspace.
+
+    Raises:
+        CellError: with the link and the fix.
+    """
+    path = target
+    while path != workspace and _is_under(path, workspace):
+        if os.path.islink(path):
+            raise CellError(
+                f"protected path {target!r} goes through the symbolic link {path!r}, which an agent "
+                "could re-point; make it a regular file or directory, or leave it out of the workspace"
+            )
+        path = os.path.dirname(path)
+
+
+def _file_on_the_way(target: str, workspace: str) -> str | None:
+    """The outermost existing non-directory between the workspace and ``target``."""
+    chain: list[str] = []
+    path = os.path.dirname(target)
+    while path != workspace and _is_under(path, workspace):
+        chain.append(path)
+        path = os.path.dirname(path)
+    for path in reversed(chain):
+        if os.path.lexists(path) and not os.path.isdir(path):
+            return path
+    return None
+
+
+def _refuse_planted_links(grants: list[str], writable: list[str]) -> None:
+    """A grant inside a writable tree must not go through a symbolic link: the
+    agent may have planted it there in an earlier run (replacing ``out/`` with a
+    link to /etc), and the next cell would mount the link's target.
+
+    Raises:
+        CellError: naming the grant and the tree.
+    """
+    for path in grants:
+        for tree in writable:
+            if path != tree and _is_under(path, tree):
+                resolved = os.path.realpath(path)
+                if resolved != os.path.normpath(path):
+                    raise CellError(
+                        f"grant {path!r} lies inside the writable {tree!r} and leads through a "
+                        f"symbolic link (to {resolved!r}), which an agent could have planted; "
+                        "grant the real path instead, outside the writable tree"
+                    )
+
+
 def _protect(policy: Policy, workspace: str) -> tuple[tuple[ProtectPlaceholder, ...], list[MountOp]]:
     """Read-only mounts over protected paths inside writable places.
 
@@ -391,12 +455,16 @@ def _protect(policy: Policy, workspace: str) -> tuple[tuple[ProtectPlaceholder, 
     for target in sorted(set(targets)):
         if not _is_under(target, workspace) or target == workspace:
             continue  # outside the workspace: read-only or hidden already
-        if os.path.islink(target):
-            continue  # a link out of the workspace leads only to what the view shows
-        # Every protected target is listed; the launcher creates, each run,
-        # those that do not exist (a plan may be reused for a few seconds).
-        is_dir = not os.path.splitext(target)[1] and target.rstrip("/").endswith(("hooks", "workflows"))
-        placeholders.append(ProtectPlaceholder(target, is_dir))
+        _refuse_links(target, workspace)
+        blocker = _file_on_the_way(target, workspace)
+        if blocker is not None:
+            # e.g. a .git that is a file (a worktree or submodule): it names
+            # the real git directory, so it is what must not change.
+            target = blocker
+        else:
+            # Every protected target is listed; the launcher creates, each run,
+            # those that do not exist (a plan may be reused for a few seconds).
+            placeholders.append(ProtectPlaceholder(target, _looks_like_dir(target)))
         parent = os.path.dirname(target)
         chain: list[str] = []
         while parent != workspace and _is_under(parent, workspace):

@@ -32,6 +32,11 @@ SECRETS_DENY = (
 PROTECT = (
     ".git/hooks",
     ".git/config",
+    ".git/config.worktree",
+    ".git/commondir",
+    ".git/info",
+    ".git/modules",
+    ".git/worktrees",
     ".bashrc",
     ".bash_profile",
     ".profile",
@@ -40,8 +45,10 @@ PROTECT = (
     ".envrc",
 )
 """Files in the workspace an agent could use to run code outside its cell later
-(a git hook runs when the operator next commits; a shell rc file when they next
-open a shell there). Read-only, even when they do not exist yet."""
+(a git hook runs when the operator next commits; ``core.fsmonitor`` in a git
+config, or a ``commondir`` leading to another one, when they next run git
+status; a shell rc file when they next open a shell there). Read-only, even
+when they do not exist yet."""
 
 DEFAULT_LIMITS = Limits(
     memory=2 * 1024**3,

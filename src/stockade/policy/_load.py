@@ -738,6 +738,18 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
             )
         )
 
+    if model.llm is not None and model.llm.api_key_env is not None:
+        key = model.llm.api_key_env
+        for index, name in enumerate(model.env.pass_):
+            if name == key:
+                problems.append(
+                    Problem(
+                        ("env", "pass", index),
+                        f"{show(name)} is the LLM key named in llm.api_key_env, and a secret never "
+                        "enters a cell (the LLM endpoint adds it on the way out); remove it from env.pass",
+                    )
+                )
+
     fs = model.filesystem
     system = fs.base == "system"
     read = _unique([*(SYSTEM_READ if system else ()), *fs.read])
