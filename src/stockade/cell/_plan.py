@@ -598,9 +598,10 @@ def _environment(
         "TMPDIR": scratch,
         "STOCKADE_CELL": "1",
     }
+    secret = policy.llm.api_key_env if policy.llm is not None else None
     for name in policy.env.passthrough:
         value = environ.get(name)
-        if value is not None:
+        if value is not None and name != secret:  # the loader refuses it too
             env[name] = value
     env.update(dict(policy.env.set))
     return tuple(sorted(env.items()))
