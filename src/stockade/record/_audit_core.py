@@ -27,6 +27,7 @@ PROCTITLE is never parsed: an agent's command line may hold a token.
 from __future__ import annotations
 
 import re
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -81,7 +82,7 @@ KIND_DENIED: Final = "cell.denied"
 KIND_AUDITED: Final = "cell.audited"
 KIND_LOST: Final = "cell.audit_lost"
 
-LossReason = Literal["overrun", "kernel", "landlock_count"]
+LossReason = Literal["overrun", "kernel", "landlock_count", "cap"]
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,7 @@ def lost_event(cell: str, reason: LossReason, count: int | None, when: float) ->
         "overrun": "the reader's socket overflowed",
         "kernel": "the kernel's audit backlog or rate limit dropped them",
         "landlock_count": "the Landlock domain counted more denials than were logged",
+        "cap": "the cell passed the limit of denials kept per run; they were counted, not kept",
     }[reason]
     return Event(
         kind=KIND_LOST,
@@ -351,8 +353,14 @@ class AuditCorrelator:
         limbo_size: int = 4096,
         limbo_ttl: float = 10.0,
         max_groups: int = 4096,
+        max_events_per_cell: int = 10_000,
     ) -> None:
         self._group_ttl = group_ttl
+        # A cell that loops on a denied call must not make this process hold
+        # an event per attempt for as long as it runs: past the cap, denials
+        # are counted and reported as one event when taken.
+        self._max_events = max_events_per_cell
+        self._overflow: dict[str, int] = {}
         self._limbo_ttl = limbo_ttl
         self._max_groups = max_groups
         self._watches: dict[str, _Watch] = {}
@@ -390,6 +398,7 @@ class AuditCorrelator:
         for dom in [d for d, info in self._domains.items() if info.cell == cell]:
             del self._domains[dom]
         self._events.pop(cell, None)
+        self._overflow.pop(cell, None)
 
     def watched(self) -> list[str]:
         return list(self._watches)
@@ -397,6 +406,9 @@ class AuditCorrelator:
     def take(self, cell: str) -> list[Event]:
         """The cell's events so far, oldest first; they are forgotten."""
         events = self._events.get(cell)
+        dropped = self._overflow.pop(cell, 0)
+        if dropped:
+            events = [*(events or []), lost_event(cell, "cap", dropped, time.time())]
         if not events:
             return []
         self._events[cell] = []
@@ -473,7 +485,10 @@ class AuditCorrelator:
     def _emit(self, event: Event, out: list[Event]) -> None:
         bucket = self._events.get(event.cell)
         if bucket is not None:
-            bucket.append(event)
+            if len(bucket) >= self._max_events and event.kind != KIND_LOST:
+                self._overflow[event.cell] = self._overflow.get(event.cell, 0) + 1
+            else:
+                bucket.append(event)
             out.append(event)
 
     def _expire(self, now: float, out: list[Event]) -> None:
