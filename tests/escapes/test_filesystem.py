@@ -54,13 +54,6 @@ EACCES, ENOENT, EPERM, EROFS, EBUSY, EXDEV, EBADF = (
     errno.EBADF,
 )
 
-GAP_MKNOD_IN_GRANT = (
-    "write grants include LANDLOCK_ACCESS_FS_MAKE_CHAR/MAKE_BLOCK (_landlock.RIGHTS_WRITE), so "
-    "Landlock lets mknod through and the missing CAP_MKNOD refuses it, unrecorded; drop those "
-    "two rights from write grants and Landlock refuses it with a record"
-)
-
-
 def _ws_root_owned(host_dir: Path, name: str = "ws") -> Path:
     ws = host_dir / name
     ws.mkdir()
@@ -173,11 +166,11 @@ def test_write_grant_inside_the_workspace_cannot_be_redirected(host_dir: Path) -
     the link's target. The plan resolves grants with realpath on the host,
     before the cell starts.
 
-    ESCAPE (found by this test): a nested write grant needs no mount of its
-    own, so it is an ordinary directory the agent can swap; the next plan
-    resolves ``ws/out`` to the target and mounts it writable, idmapped from
-    its owner (root) to the agent: the agent writes the host directory as
-    root. With ``ln -s /etc out`` that is /etc."""
+    Found by this test and closed: a nested write grant needed no mount of its
+    own, so the next plan resolved the swapped ``ws/out`` to its target and
+    mounted that writable. Now a grant inside a writable tree that leads
+    through a symbolic link refuses to start the cell (a CellError naming the
+    link), and the host directory stays untouched."""
     ws = _ws_root_owned(host_dir)
     (ws / "out").mkdir()
     outside = host_dir / "outside"
@@ -185,20 +178,16 @@ def test_write_grant_inside_the_workspace_cannot_be_redirected(host_dir: Path) -
     policy = with_fs(default_policy("escapes"), write=(str(ws / "out"),))
     with Cell(policy, workspace=ws, environ={}) as first:
         swap = run_probe(first, Attempt("swap", f"os.rmdir('out'); os.symlink({str(outside)!r}, 'out')"))
-    with Cell(policy, workspace=ws, environ={}) as second:
-        probe = run_probe(
-            second,
-            [
-                Attempt("attempt", f"open({str(outside / 'pwned')!r}, 'w').write('x')"),
-                Attempt("control", "open('notes.txt', 'w').write('ok'); return True"),
-            ],
-        )
     assert_works(swap["swap"])  # it is the agent's own directory: fine
+    with Cell(policy, workspace=ws, environ={}) as second, pytest.raises(CellError, match="symbolic link"):
+        second.run(["/bin/true"])
+    assert os.listdir(outside) == []
+    # The control: without the planted link the same policy runs.
+    os.unlink(ws / "out")
+    (ws / "out").mkdir()
+    with Cell(policy, workspace=ws, environ={}) as third:
+        probe = run_probe(third, Attempt("control", "open('out/notes.txt', 'w').write('ok'); return True"))
     assert assert_works(probe["control"]) is True
-    assert os.listdir(outside) == [], (
-        f"ESCAPE: {probe['attempt']}; the host directory {outside} (root's, 0755) now holds "
-        f"{os.listdir(outside)}, owned by uid {os.stat(outside / 'pwned').st_uid}"
-    )
 
 
 # Each operation is a probe body acting on the file F (and its directory D).
@@ -488,17 +477,16 @@ def test_hard_link_to_a_file_outside(cell: Cell) -> None:
 
 MKNOD = [
     pytest.param("/dev/mem", "/dev", None, id="in-dev"),
-    pytest.param("mem", None, GAP_MKNOD_IN_GRANT, id="in-workspace"),
+    pytest.param("mem", None, None, id="in-workspace"),
 ]
 
 
 @pytest.mark.parametrize(("target", "directory", "gap"), MKNOD)
 def test_mknod_a_device(cell: Cell, target: str, directory: str | None, gap: str | None) -> None:
-    """mknod of /dev/mem's device (char 1:1). In /dev, Landlock refuses it
-    (fs.make_char) and records it. In the workspace Landlock allows it (write
-    grants include MAKE_CHAR) and the missing CAP_MKNOD refuses it, unrecorded
-    (GAP_MKNOD_IN_GRANT); the workspace is also mounted nodev, so such a node
-    could never be opened. A FIFO in the workspace still works (the control)."""
+    """mknod of /dev/mem's device (char 1:1). Landlock refuses it (fs.make_char)
+    and records it, in /dev and in the workspace alike: write grants never
+    include device nodes (the cell has no CAP_MKNOD either, and the workspace is
+    mounted nodev). A FIFO in the workspace still works (the control)."""
     probe = run_probe(
         cell,
         [
@@ -688,64 +676,51 @@ def test_rename_of_a_protected_parent(host_dir: Path, parent: str, present: bool
 def test_protected_file_that_is_a_symlink_into_the_workspace(host_dir: Path, rel: str) -> None:
     """A protected name that is a symlink to an ordinary file of the workspace
     (as a cloned repository may hold: ``.mcp.json -> config/mcp.json``). The
-    operator's tools follow the link, so writing through it must be refused
-    like writing the protected file itself.
+    operator's tools follow the link, so writing through it must be refused.
 
-    ESCAPE (found by this test): ``_plan._protect`` skips a protected path
-    that is a symlink ("a link out of the workspace leads only to what the
-    view shows"), but a link *into* the workspace leads to a writable file:
-    the agent rewrites what the operator's shell or MCP client will load."""
+    Found by this test and closed: the plan skipped protected symlinks, and the
+    agent rewrote what the operator's MCP client would load. A link is not a
+    mount point, so the agent could also re-point it; stockade now refuses to
+    start such a cell, naming the link, and nothing is written."""
     ws = _ws_root_owned(host_dir)
     (ws / "config").mkdir()
     real = ws / "config" / "real"
     real.write_text("original\n")
     (ws / rel).symlink_to("config/real")
+    with (
+        Cell(default_policy("escapes"), workspace=ws, environ={}) as cell,
+        pytest.raises(CellError, match=f"{rel}.*symbolic link"),
+    ):
+        cell.run(["/bin/true"])
+    assert real.read_text() == "original\n"
+    # The control: as a regular file the same name is protected (read-only).
+    (ws / rel).unlink()
+    (ws / rel).write_text("original\n")
     with Cell(default_policy("escapes"), workspace=ws, environ={}) as cell:
-        probe = run_probe(
-            cell,
-            [
-                Attempt("write", f"open({rel!r}, 'w').write('evil\\n')"),
-                Attempt("control", "open('notes.txt', 'w').write('ok'); return True"),
-            ],
-        )
-    assert assert_works(probe["control"]) is True
-    assert real.read_text() == "original\n" and not probe["write"].ok, (
-        f"ESCAPE: {probe['write']}; {rel} (-> config/real) now reads {real.read_text()!r} on the host"
-    )
+        probe = run_probe(cell, Attempt("write", f"open({rel!r}, 'w').write('evil\\n')"))
+    assert_refused(probe["write"], EROFS)
+    assert (ws / rel).read_text() == "original\n"
 
 
 def test_git_dir_that_is_a_symlink_cannot_be_swapped(host_dir: Path) -> None:
     """A workspace whose ``.git`` is a symlink to a directory inside it (a
-    layout some tools make). The bind mounts of the protection follow the link
-    and pin its target, but the link itself is no mount point: the agent can
-    replace it with a link to a directory of its own holding a hook.
+    layout some tools make). The link itself is no mount point, so the agent
+    could replace it with a link to a directory of its own holding a hook.
 
-    ESCAPE (found by this test): ``.git -> evil`` with ``evil/hooks/pre-commit``
-    written by the agent; the operator's next ``git commit`` runs it."""
+    Found by this test and closed: the operator's next ``git commit`` ran an
+    agent-written hook. Now such a workspace refuses to start a cell, naming
+    the link, and no placeholder is made through it."""
     ws = _ws_root_owned(host_dir)
     (ws / "gitdir" / "hooks").mkdir(parents=True)
     (ws / "gitdir" / "HEAD").write_text("ref: refs/heads/main\n")
     (ws / ".git").symlink_to("gitdir")
-    with Cell(default_policy("escapes"), workspace=ws, environ={}) as cell:
-        probe = run_probe(
-            cell,
-            [
-                Attempt("direct", "open('.git/hooks/pre-commit', 'w').write('#!/bin/sh\\nevil\\n')"),
-                Attempt(
-                    "swap",
-                    "os.makedirs('evil/hooks')\n"
-                    "open('evil/hooks/pre-commit', 'w').write('#!/bin/sh\\nevil\\n')\n"
-                    "os.chmod('evil/hooks/pre-commit', 0o755)\n"
-                    "os.unlink('.git'); os.symlink('evil', '.git')",
-                ),
-            ],
-        )
-    assert_refused(probe["direct"], EROFS)
-    hook = ws / ".git" / "hooks" / "pre-commit"
-    assert not hook.exists(), (
-        f"ESCAPE: {probe['swap']}; the host's {ws}/.git now leads to {os.path.realpath(ws / '.git')} "
-        "with an agent-written pre-commit hook"
-    )
+    with (
+        Cell(default_policy("escapes"), workspace=ws, environ={}) as cell,
+        pytest.raises(CellError, match=r"\.git.*symbolic link"),
+    ):
+        cell.run(["/bin/true"])
+    assert os.listdir(ws / "gitdir" / "hooks") == []
+    assert not (ws / "gitdir" / "config").exists()
 
 
 GIT_REDIRECTS = {
