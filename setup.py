@@ -1,0 +1,16 @@
+"""The C extension of the launcher (``stockade.cell._native``); every other piece
+of metadata lives in pyproject.toml."""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "stockade.cell._native",
+            sources=["src/stockade/cell/_native.c"],
+            # No -Werror here: a newer compiler's new warning must not stop an
+            # install. tests/cell/test_native.py builds it with -Werror instead.
+            extra_compile_args=["-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        )
+    ]
+)

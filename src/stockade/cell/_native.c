@@ -1,0 +1,1261 @@
+/*
+ * stockade.cell._native: the launcher's children, in C.
+ *
+ * _launch.launch() forks a warm Python process twice: C1 enters the cell's
+ * namespaces, C2 (the cell's pid 1) builds the filesystem view, drops every
+ * privilege, applies Landlock and seccomp and execs the command. When those
+ * children ran Python, most of a launch was the interpreter around a few dozen
+ * syscalls. spawn() below takes everything the children need, converts it to
+ * plain C data while it may still use the Python API, forks, and from then on
+ * only makes syscalls: no Python, no malloc, no stdio, nothing that takes a
+ * lock (the parent may run threads, whose locks a forked child inherits held).
+ * Every message is formatted by hand into a buffer on the stack.
+ *
+ * The protocol with _launch._parent_side() on the status pipe:
+ *   "U\n"                        C1 is in its new namespaces (the parent maps its
+ *                                ids and writes "G" on the go pipe)
+ *   "P<pid>\n"                   C2, the cell's pid 1, started (its host pid)
+ *   "E<stage>\t<errno>\t<msg>\n"  a step failed; the child exits 127 right after
+ *   end of file                  the command was exec'd (the pipe is close-on-exec)
+ * C1 waits for C2 and exits with its status (128+N when a signal N killed it).
+ *
+ * Beyond the Python launcher it replaces: C1 closes every descriptor it does
+ * not need (it never execs, so O_CLOEXEC never did), C2 shares C1's memory
+ * until its exec (CLONE_VM | CLONE_VFORK), and signals are blocked across the
+ * first fork so that no handler of the parent runs in the child.
+ *
+ * Syscall numbers come from <sys/syscall.h>; those of the new mount API and
+ * Landlock are the same on every architecture (the unified table, 424 on).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/securebits.h>
+#include <linux/seccomp.h>
+
+/* Unified syscall numbers (include/uapi/asm-generic/unistd.h), for C libraries
+ * older than the calls. */
+#ifndef SYS_open_tree
+#define SYS_open_tree 428 /* Linux 5.2 */
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429 /* Linux 5.2 */
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* Linux 5.9 */
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442 /* Linux 5.12 */
+#endif
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444 /* Linux 5.13 */
+#define SYS_landlock_add_rule 445
+#define SYS_landlock_restrict_self 446
+#endif
+
+/* <linux/mount.h>, open_tree(2), move_mount(2), mount_setattr(2). Our own
+ * names, because glibc's <sys/mount.h> and <linux/mount.h> clash on some
+ * versions and define these only on others. */
+#define CELL_OPEN_TREE_CLONE 1u
+#define CELL_MOVE_MOUNT_F_EMPTY_PATH 0x4u
+#define CELL_AT_RECURSIVE 0x8000u /* <linux/fcntl.h>: apply to the whole subtree */
+#define CELL_MOUNT_ATTR_RDONLY 0x1u
+#define CELL_MOUNT_ATTR_NOSUID 0x2u
+#define CELL_MOUNT_ATTR_NODEV 0x4u
+#define CELL_MOUNT_ATTR_NOEXEC 0x8u
+#define CELL_MOUNT_ATTR_IDMAP 0x100000u /* Linux 5.12 */
+struct cell_mount_attr { /* struct mount_attr, MOUNT_ATTR_SIZE_VER0 = 32 */
+    uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+
+/* <linux/landlock.h>: the net port rule (ABI 4) is newer than Debian 12's headers. */
+#define CELL_LANDLOCK_RULE_PATH_BENEATH 1
+#define CELL_LANDLOCK_RULE_NET_PORT 2
+struct cell_path_beneath { /* struct landlock_path_beneath_attr, packed: 12 bytes */
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+struct cell_net_port { /* struct landlock_net_port_attr: 16 bytes */
+    uint64_t allowed_access;
+    uint64_t port;
+};
+
+/* The cell's seven namespaces (clone(2)): everything bwrap --unshare-all makes. */
+#define CELL_NAMESPACES (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | \
+                         CLONE_NEWUTS | CLONE_NEWCGROUP)
+#define CELL_UID 1000 /* _plan.CELL_UID: the agent inside the cell */
+
+/* <linux/securebits.h>: root gets no capabilities from exec, setuid does not
+ * fix them up, ambient raising is off, and each of these is locked. */
+#define CELL_SECUREBITS                                                                       \
+    (SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED | \
+     SECBIT_NO_CAP_AMBIENT_RAISE | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED)
+
+/* Where C2 mounts its staging tmpfs before the first pivot: the host's /tmp
+ * only inside C2's own mount namespace, and the host's /tmp stays reachable as
+ * /oldroot/tmp (the trick bubblewrap uses). */
+#define STAGE_DIR "/tmp"
+#define REPORT_MAX 4096           /* PIPE_BUF: a report is one atomic write */
+#define PATH_ROOM (PATH_MAX - 64) /* longest path accepted: room for "/newroot" and the like */
+#define INIT_STACK (256 * 1024)   /* C2's stack: a few PATH_MAX buffers deep at most */
+
+/* Stage names: what _launch reports and what users read ("cell setup failed while ..."). */
+static const char ST_PREPARING[] = "preparing";
+static const char ST_AUDIT[] = "setting the audit session";
+static const char ST_CGROUPS[] = "joining cgroups";
+static const char ST_GRANTS[] = "preparing the grants";
+static const char ST_UNSHARE[] = "unshare";
+static const char ST_VIEW[] = "building the filesystem view";
+static const char ST_HOSTNAME[] = "naming the host";
+static const char ST_LOOPBACK[] = "bringing up loopback";
+static const char ST_WORKDIR[] = "entering the workdir";
+static const char ST_PRIVS[] = "dropping privileges";
+static const char ST_LANDLOCK[] = "applying landlock";
+static const char ST_SECCOMP[] = "loading seccomp";
+static const char ST_EXEC[] = "exec";
+
+/* ------------------------------------------------------------------ the spec */
+
+enum kind { K_BIND, K_TMPFS, K_DIR, K_SYMLINK, K_FILE, K_DECOY_FILE, K_DECOY_DIR, K_PROC, K_DEV, K_COUNT };
+static const char *const KIND_NAMES[K_COUNT] = {
+    "bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev"};
+
+struct op { /* one _plan.MountOp */
+    int kind, writable, from_view, userns_fd;
+    const char *dst, *src;
+    const char *data;
+    size_t data_len;
+    const char **names; /* decoy_dir: entry names; dev: device names */
+    unsigned char *name_is_dir;
+    size_t n_names;
+    int tree_fd, tree_is_dir; /* set by C1: the detached copy of a host bind */
+};
+
+struct spec {
+    char **argv, **envp;
+    const char *search_path, *workdir;
+    struct op *ops;
+    size_t n_ops;
+    int landlock;
+    uint64_t ll_attr[3];
+    size_t ll_attr_len;
+    struct cell_path_beneath *ll_ready;
+    size_t n_ll_ready;
+    const char **ll_paths;
+    uint64_t *ll_dir_rights, *ll_file_rights;
+    size_t n_ll_paths;
+    struct cell_net_port *ll_ports;
+    size_t n_ll_ports;
+    unsigned int ll_flags;
+    struct sock_fprog *filters;
+    unsigned int *filter_flags;
+    size_t n_filters;
+    const char **cgroups;
+    size_t n_cgroups;
+    char loginuid[24];
+    int stdio[3], status_r, status_w, go_r, go_w, cap_last;
+    int *keep, *c1_keep; /* sorted: what C2 hands to the command; what C1 keeps */
+    size_t n_keep, n_c1_keep;
+    pid_t parent;
+    PyObject *owned; /* what the pointers above point into, alive until spec_free */
+    void **allocs;
+    size_t n_allocs, cap_allocs;
+};
+
+/* ---------------------------------------------- child side: reporting, helpers */
+
+struct line {
+    char buf[REPORT_MAX];
+    size_t len;
+};
+
+static void put_char(struct line *l, char ch) {
+    if (l->len < sizeof l->buf - 1) /* the last byte is kept for the newline */
+        l->buf[l->len++] = ch;
+}
+
+static void put(struct line *l, const char *s) {
+    /* Tabs and newlines delimit the report: none may appear inside a field. */
+    for (; s != NULL && *s; s++) put_char(l, (*s == '\n' || *s == '\t') ? ' ' : *s);
+}
+
+static const char *digits_of(char *buf, unsigned long value);
+
+static void put_int(struct line *l, long value) {
+    char digits[24];
+    if (value < 0) put_char(l, '-');
+    put(l, digits_of(digits, value < 0 ? 0ul - (unsigned long)value : (unsigned long)value));
+}
+
+/* The decimal digits of value in buf (at least 24 bytes). */
+static const char *digits_of(char *buf, unsigned long value) {
+    char tmp[24];
+    size_t n = 0, i = 0;
+    do tmp[n++] = (char)('0' + value % 10);
+    while ((value /= 10) && n < sizeof tmp);
+    while (n) buf[i++] = tmp[--n];
+    buf[i] = '\0';
+    return buf;
+}
+
+static void put_strerror(struct line *l, int err) {
+    /* strerrordesc_np (glibc 2.32) returns a constant string without touching
+     * the locale or allocating, unlike strerror(3); os.strerror's text. */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 32)
+    const char *text = strerrordesc_np(err);
+#else
+    const char *text = NULL;
+#endif
+    if (text != NULL) {
+        put(l, text);
+    } else {
+        put(l, "Unknown error ");
+        put_int(l, err);
+    }
+}
+
+static int write_all(int fd, const char *buf, size_t len) {
+    while (len > 0) {
+        ssize_t n = write(fd, buf, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        buf += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Report "E<stage>\t<err>\t<parts...>: <strerror>\n" and exit 127: no step is
+ * ever skipped or retried after a failure. The parts end with NULL. */
+__attribute__((noreturn, sentinel)) static void die(int status_fd, const char *stage, int err, ...) {
+    struct line l;
+    va_list ap;
+    const char *part;
+    l.len = 0;
+    put_char(&l, 'E');
+    put(&l, stage);
+    put_char(&l, '\t');
+    put_int(&l, err);
+    put_char(&l, '\t');
+    va_start(ap, err);
+    while ((part = va_arg(ap, const char *)) != NULL) put(&l, part);
+    va_end(ap);
+    put(&l, ": ");
+    put_strerror(&l, err);
+    l.buf[l.len++] = '\n';
+    (void)write_all(status_fd, l.buf, l.len);
+    _exit(127);
+}
+
+static void must_close(int status_fd, int fd, const char *stage, const char *what) {
+    if (close(fd) < 0) die(status_fd, stage, errno, "close ", what, NULL);
+}
+
+/* out = a + b + c, or -1 with ENAMETOOLONG: every copy is bounded by cap. */
+static int join(char *out, size_t cap, const char *a, const char *b, const char *c) {
+    const char *parts[3] = {a, b, c};
+    size_t len = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t n = parts[i] ? strlen(parts[i]) : 0;
+        if (n >= cap - len) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        memcpy(out + len, parts[i] ? parts[i] : "", n);
+        len += n;
+    }
+    out[len] = '\0';
+    return 0;
+}
+
+#define JOIN(fd, stage, out, a, b, c)                                            \
+    do {                                                                         \
+        if (join(out, sizeof out, a, b, c) < 0) die(fd, stage, errno, a, b, c, NULL); \
+    } while (0)
+
+static void do_mount(int fd, const char *src, const char *dst, const char *type, unsigned long flags,
+                     const char *data) {
+    if (mount(src, dst, type, flags, data) < 0)
+        die(fd, ST_VIEW, errno, "mount ", src ? src : (type ? type : "none"), " on ", dst, NULL);
+}
+
+static void set_attr(int fd, const char *path, uint64_t attrs, int recursive) {
+    struct cell_mount_attr attr = {.attr_set = attrs};
+    unsigned int flags = recursive ? CELL_AT_RECURSIVE : 0u;
+    if (syscall(SYS_mount_setattr, AT_FDCWD, path, flags, &attr, sizeof attr) < 0)
+        die(fd, ST_VIEW, errno, "mount_setattr ", path, NULL);
+}
+
+/* mkdir -p with mode 0755: up from the path until a directory exists, then down. */
+static void makedirs(int fd, const char *path) {
+    char buf[PATH_MAX];
+    char *end, *cut;
+    JOIN(fd, ST_VIEW, buf, path, NULL, NULL);
+    end = cut = buf + strlen(buf);
+    while (mkdir(buf, 0755) < 0 && errno != EEXIST) {
+        char *slash = errno == ENOENT ? memrchr(buf, '/', (size_t)(cut - buf)) : NULL;
+        if (slash == NULL || slash == buf) die(fd, ST_VIEW, errno, "mkdir ", buf, NULL);
+        *slash = '\0';
+        cut = slash;
+    }
+    while (cut != end) {
+        *cut = '/';
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST) die(fd, ST_VIEW, errno, "mkdir ", buf, NULL);
+        cut += strlen(cut);
+    }
+}
+
+static void makedirs_parent(int fd, const char *path) {
+    char buf[PATH_MAX];
+    char *slash;
+    JOIN(fd, ST_VIEW, buf, path, NULL, NULL);
+    slash = strrchr(buf, '/');
+    if (slash == NULL || slash == buf) return;
+    *slash = '\0';
+    makedirs(fd, buf);
+}
+
+/* An empty file to mount on. Opening what exists already is harmless (a
+ * directory or a read-only file refuses, and the mount then says if that
+ * matters), except that a FIFO would block: hence O_NONBLOCK. */
+static void touch(int fd, const char *path) {
+    const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    int file = open(path, flags, 0644);
+    if (file < 0 && errno == ENOENT) {
+        makedirs_parent(fd, path);
+        file = open(path, flags, 0644);
+        if (file < 0) die(fd, ST_VIEW, errno, "create ", path, NULL);
+    }
+    if (file >= 0) must_close(fd, file, ST_VIEW, path);
+}
+
+static int lexists(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* --------------------------------------------------- child side: the view */
+
+static void build_dev(int fd, const char *dst, const struct op *op) {
+    char node[PATH_MAX], src[PATH_MAX];
+    static const char *const links[][2] = {
+        {"/fd", "/proc/self/fd"},     {"/stdin", "/proc/self/fd/0"}, {"/stdout", "/proc/self/fd/1"},
+        {"/stderr", "/proc/self/fd/2"}, {"/core", "/proc/kcore"},      {"/ptmx", "pts/ptmx"},
+    };
+    makedirs(fd, dst);
+    do_mount(fd, "tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755");
+    for (size_t i = 0; i < op->n_names; i++) {
+        JOIN(fd, ST_VIEW, node, dst, "/", op->names[i]);
+        JOIN(fd, ST_VIEW, src, "/oldroot/dev/", op->names[i], NULL);
+        touch(fd, node);
+        do_mount(fd, src, node, NULL, MS_BIND, NULL);
+    }
+    JOIN(fd, ST_VIEW, node, dst, "/pts", NULL);
+    if (mkdir(node, 0777) < 0) die(fd, ST_VIEW, errno, "mkdir ", node, NULL);
+    do_mount(fd, "devpts", node, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
+    JOIN(fd, ST_VIEW, node, dst, "/shm", NULL);
+    if (mkdir(node, 0777) < 0) die(fd, ST_VIEW, errno, "mkdir ", node, NULL);
+    do_mount(fd, "tmpfs", node, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
+        JOIN(fd, ST_VIEW, node, dst, links[i][0], NULL);
+        if (symlink(links[i][1], node) < 0) die(fd, ST_VIEW, errno, "symlink ", node, NULL);
+    }
+}
+
+static void build_op(int fd, struct op *op, size_t index) {
+    char dst[PATH_MAX], path[PATH_MAX];
+    int dir;
+    JOIN(fd, ST_VIEW, dst, "/newroot", op->dst, NULL);
+    switch (op->kind) {
+    case K_BIND:
+        if (!op->from_view) {
+            if (op->tree_fd < 0) return; /* gone since planning: nothing to show */
+            if (op->tree_is_dir)
+                makedirs(fd, dst);
+            else
+                touch(fd, dst);
+            if (syscall(SYS_move_mount, op->tree_fd, "", AT_FDCWD, dst, CELL_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                die(fd, ST_VIEW, errno, "move_mount ", op->src, NULL);
+            must_close(fd, op->tree_fd, ST_VIEW, op->src);
+            op->tree_fd = -1;
+            /* Grants are not read-only mounts even when read-only: such a mount
+             * refuses a write before Landlock sees it, and so without a record;
+             * Landlock refuses it instead and the kernel logs what was tried. */
+        } else {
+            /* A protected path inside a writable grant, as the cell sees it: no
+             * Landlock rule can carve a name out of a writable tree, so a
+             * read-only mount refuses it (EROFS); the directories leading to it
+             * are mount points so that they cannot be renamed away (EBUSY). */
+            JOIN(fd, ST_VIEW, path, "/newroot", op->src, NULL);
+            if (!lexists(path)) return;
+            do_mount(fd, path, dst, NULL, MS_BIND, NULL);
+            set_attr(fd, dst, CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV |
+                                  (op->writable ? 0 : CELL_MOUNT_ATTR_RDONLY), 0);
+        }
+        return;
+    case K_TMPFS:
+        makedirs(fd, dst);
+        do_mount(fd, "tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+        return;
+    case K_DECOY_FILE:
+        touch(fd, dst);
+        do_mount(fd, "/empty", dst, NULL, MS_BIND, NULL);
+        set_attr(fd, dst, CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV | CELL_MOUNT_ATTR_NOEXEC, 0);
+        return;
+    case K_DECOY_DIR:
+        makedirs(fd, dst);
+        /* Inside a bind mount of the host: cover it with a tmpfs. A decoy in
+         * the cell's own root needs no mount of its own. Either way it stays
+         * writable by mode: Landlock, which grants nothing here, must be what
+         * refuses an attempt, so that the kernel records it. */
+        if (op->writable) do_mount(fd, "tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755");
+        /* Names come parents first; one may exist already where hidden
+         * places nest (/var/lib/stockade and its workspaces). Made relative
+         * to the directory, and files by mknodat (one call, no open). */
+        dir = open(dst, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dir < 0) die(fd, ST_VIEW, errno, "open ", dst, NULL);
+        for (size_t i = 0; i < op->n_names; i++) {
+            int made = op->name_is_dir[i] ? mkdirat(dir, op->names[i], 0755)
+                                          : mknodat(dir, op->names[i], S_IFREG | 0644, 0);
+            if (made < 0 && errno != EEXIST) die(fd, ST_VIEW, errno, "create ", dst, "/", op->names[i], NULL);
+        }
+        must_close(fd, dir, ST_VIEW, dst);
+        return;
+    case K_FILE: {
+        /* Written in the staging root, then bound over the path: the host's
+         * file under a read grant (/etc/passwd) is never written. */
+        char staged[32], digits[24];
+        int file;
+        JOIN(fd, ST_VIEW, staged, "/file", digits_of(digits, index), NULL);
+        file = open(staged, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (file < 0) die(fd, ST_VIEW, errno, "create ", staged, NULL);
+        if (write_all(file, op->data, op->data_len) < 0)
+            die(fd, ST_VIEW, errno ? errno : EIO, "write ", staged, NULL);
+        must_close(fd, file, ST_VIEW, staged);
+        touch(fd, dst);
+        do_mount(fd, staged, dst, NULL, MS_BIND, NULL);
+        return;
+    }
+    case K_SYMLINK:
+        makedirs_parent(fd, dst);
+        if (!lexists(dst) && symlink(op->src, dst) < 0) die(fd, ST_VIEW, errno, "symlink ", dst, NULL);
+        return;
+    case K_DIR:
+        makedirs(fd, dst);
+        return;
+    case K_PROC: {
+        static const char *const knobs[] = {"/sys", "/sysrq-trigger"};
+        struct stat st;
+        makedirs(fd, dst);
+        do_mount(fd, "proc", dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+        /* The kernel knobs stay read-only (the rest of /proc that is not the
+         * cell's own belongs to host root, which the cell is not). */
+        for (size_t i = 0; i < 2; i++) {
+            JOIN(fd, ST_VIEW, path, dst, knobs[i], NULL);
+            if (stat(path, &st) < 0) continue;
+            do_mount(fd, path, path, NULL, MS_BIND | MS_REC, NULL);
+            set_attr(fd, path, CELL_MOUNT_ATTR_RDONLY | CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV, 1);
+        }
+        return;
+    }
+    case K_DEV:
+        build_dev(fd, dst, op);
+        return;
+    }
+}
+
+static void build_view(int fd, struct spec *s) {
+    /* Private propagation first, so nothing below reaches the host's mounts;
+     * then the staging tmpfs becomes the root, the host's root stays reachable
+     * as /oldroot, and the cell's root is assembled on another tmpfs at
+     * /newroot, then pivoted into. */
+    do_mount(fd, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    do_mount(fd, "tmpfs", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700");
+    if (mkdir(STAGE_DIR "/newroot", 0777) < 0) die(fd, ST_VIEW, errno, "mkdir " STAGE_DIR "/newroot", NULL);
+    if (mkdir(STAGE_DIR "/oldroot", 0777) < 0) die(fd, ST_VIEW, errno, "mkdir " STAGE_DIR "/oldroot", NULL);
+    if (syscall(SYS_pivot_root, STAGE_DIR, STAGE_DIR "/oldroot") < 0)
+        die(fd, ST_VIEW, errno, "pivot_root", NULL);
+    if (chdir("/") < 0) die(fd, ST_VIEW, errno, "chdir /", NULL);
+    do_mount(fd, "tmpfs", "/newroot", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+    touch(fd, "/empty");
+    for (size_t i = 0; i < s->n_ops; i++) build_op(fd, &s->ops[i], i);
+    if (chdir("/newroot") < 0) die(fd, ST_VIEW, errno, "chdir /newroot", NULL);
+    /* pivot_root(".", "."): the old root ends up on top of the new one and is
+     * detached at once (pivot_root(2), NOTES). */
+    if (syscall(SYS_pivot_root, ".", ".") < 0) die(fd, ST_VIEW, errno, "pivot_root into the cell", NULL);
+    if (umount2(".", MNT_DETACH) < 0) die(fd, ST_VIEW, errno, "detaching the host's root", NULL);
+    if (chdir("/") < 0) die(fd, ST_VIEW, errno, "chdir /", NULL);
+}
+
+/* ------------------------------------------- child side: the rest of pid 1 */
+
+static void loopback_up(int fd) {
+    /* A new network namespace has only lo, and it is down (netdevice(7)). */
+    struct ifreq ifr;
+    int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (sock < 0) die(fd, ST_LOOPBACK, errno, "loopback", NULL);
+    memset(&ifr, 0, sizeof ifr);
+    memcpy(ifr.ifr_name, "lo", 3);
+    if (ioctl(sock, SIOCGIFFLAGS, &ifr) < 0) die(fd, ST_LOOPBACK, errno, "loopback", NULL);
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(sock, SIOCSIFFLAGS, &ifr) < 0) die(fd, ST_LOOPBACK, errno, "loopback", NULL);
+    must_close(fd, sock, ST_LOOPBACK, "loopback socket");
+}
+
+static void drop_privileges(int fd, int cap_last) {
+    struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    char number[24];
+    memset(data, 0, sizeof data);
+    if (prctl(PR_SET_SECUREBITS, CELL_SECUREBITS, 0, 0, 0) < 0) die(fd, ST_PRIVS, errno, "securebits", NULL);
+    for (int cap = 0; cap <= cap_last; cap++) {
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
+            die(fd, ST_PRIVS, errno, "dropping capability ", digits_of(number, (unsigned long)cap), NULL);
+    }
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
+        die(fd, ST_PRIVS, errno, "ambient capabilities", NULL);
+    /* capset(2) with version 3: two 32-bit words per set, all zero. */
+    if (syscall(SYS_capset, &header, data) < 0) die(fd, ST_PRIVS, errno, "capset", NULL);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die(fd, ST_PRIVS, errno, "no_new_privs", NULL);
+}
+
+static void apply_landlock(int fd, const struct spec *s) {
+    /* As _landlock.apply: paths the parent opened come as ready rules; the
+     * rest exist only in the cell (its /tmp, /dev, decoys) and are opened
+     * here. Missing paths are skipped: nothing can reach them. */
+    int ruleset;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        die(fd, ST_LANDLOCK, errno, "landlock: no_new_privs", NULL);
+    ruleset = (int)syscall(SYS_landlock_create_ruleset, s->ll_attr, s->ll_attr_len, 0u);
+    if (ruleset < 0) die(fd, ST_LANDLOCK, errno, "landlock: create_ruleset", NULL);
+    for (size_t i = 0; i < s->n_ll_ready; i++)
+        if (syscall(SYS_landlock_add_rule, ruleset, CELL_LANDLOCK_RULE_PATH_BENEATH, &s->ll_ready[i], 0u) < 0)
+            die(fd, ST_LANDLOCK, errno, "landlock: add_rule for a granted path", NULL);
+    for (size_t i = 0; i < s->n_ll_paths; i++) {
+        struct stat st;
+        struct cell_path_beneath rule;
+        int path_fd = open(s->ll_paths[i], O_PATH | O_CLOEXEC);
+        if (path_fd < 0) {
+            if (errno == ENOENT || errno == ENOTDIR) continue;
+            die(fd, ST_LANDLOCK, errno, "landlock: open ", s->ll_paths[i], NULL);
+        }
+        if (fstat(path_fd, &st) < 0) die(fd, ST_LANDLOCK, errno, "landlock: stat ", s->ll_paths[i], NULL);
+        rule.allowed_access = S_ISDIR(st.st_mode) ? s->ll_dir_rights[i] : s->ll_file_rights[i];
+        rule.parent_fd = path_fd;
+        if (rule.allowed_access &&
+            syscall(SYS_landlock_add_rule, ruleset, CELL_LANDLOCK_RULE_PATH_BENEATH, &rule, 0u) < 0)
+            die(fd, ST_LANDLOCK, errno, "landlock: add_rule ", s->ll_paths[i], NULL);
+        must_close(fd, path_fd, ST_LANDLOCK, s->ll_paths[i]);
+    }
+    for (size_t i = 0; i < s->n_ll_ports; i++)
+        if (syscall(SYS_landlock_add_rule, ruleset, CELL_LANDLOCK_RULE_NET_PORT, &s->ll_ports[i], 0u) < 0)
+            die(fd, ST_LANDLOCK, errno, "landlock: add_rule for a port", NULL);
+    if (syscall(SYS_landlock_restrict_self, ruleset, s->ll_flags) < 0)
+        die(fd, ST_LANDLOCK, errno, "landlock: restrict_self", NULL);
+    must_close(fd, ruleset, ST_LANDLOCK, "the ruleset");
+}
+
+static void close_fds(int fd, unsigned int low, unsigned int high) {
+    /* close_range(2), Linux 5.9: older than mount_setattr, which the view needs anyway. */
+    if (low <= high && syscall(SYS_close_range, low, high, 0u) < 0)
+        die(fd, ST_PREPARING, errno, "close_range", NULL);
+}
+
+/* Close every descriptor from 3 up except those in keep (sorted) and extra. */
+static void close_except(int status_fd, const int *keep, size_t n_keep, int extra) {
+    unsigned int low = 3;
+    size_t k = 0;
+    int extra_done = extra < 0;
+    for (;;) {
+        int next;
+        if (k < n_keep && (extra_done || keep[k] <= extra))
+            next = keep[k++];
+        else if (!extra_done) {
+            next = extra;
+            extra_done = 1;
+        } else
+            break;
+        if (next < 0 || (unsigned int)next < low) continue; /* stdio, or a duplicate */
+        close_fds(status_fd, low, (unsigned int)next - 1);
+        low = (unsigned int)next + 1;
+    }
+    close_fds(status_fd, low, ~0u);
+}
+
+/* execvpe(3) as Python's os.execvpe does it: a name with a slash is run as is;
+ * otherwise each directory of the cell's PATH is tried, and the error reported
+ * is the first that is not ENOENT/ENOTDIR, else the last. No sh fallback on
+ * ENOEXEC. */
+__attribute__((noreturn)) static void exec_command(int fd, const struct spec *s) {
+    const char *file = s->argv[0];
+    const char *dir = s->search_path;
+    char full[PATH_MAX];
+    int saved = 0, last = ENOENT;
+    if (strchr(file, '/') != NULL) {
+        execve(file, s->argv, s->envp);
+        die(fd, ST_EXEC, errno, file, NULL);
+    }
+    for (;;) {
+        const char *end = strchrnul(dir, ':');
+        size_t dlen = (size_t)(end - dir), flen = strlen(file);
+        int err;
+        /* os.path.join(dir, file): nothing added after an empty dir or a trailing slash. */
+        size_t sep = (dlen > 0 && dir[dlen - 1] != '/') ? 1 : 0;
+        if (dlen + sep + flen >= sizeof full) {
+            err = ENAMETOOLONG;
+        } else {
+            memcpy(full, dir, dlen);
+            if (sep) full[dlen] = '/';
+            memcpy(full + dlen + sep, file, flen + 1);
+            execve(full, s->argv, s->envp);
+            err = errno;
+        }
+        last = err;
+        if (err != ENOENT && err != ENOTDIR && saved == 0) saved = err;
+        if (*end == '\0') break;
+        dir = end + 1;
+    }
+    die(fd, ST_EXEC, saved ? saved : last, file, NULL);
+}
+
+struct init_args {
+    struct spec *spec;
+    int status_w;
+    pid_t pid; /* C2's host pid, written by clone(CLONE_PARENT_SETTID) before C2 runs */
+};
+
+static int cell_init(void *arg) {
+    const struct init_args *a = arg;
+    struct spec *s = a->spec;
+    const int fd = a->status_w;
+    struct line l = {.len = 0};
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die(fd, ST_PREPARING, errno, "death signal", NULL);
+    /* C1 is suspended until this process execs (CLONE_VFORK), so pid 1 tells
+     * the parent its own host pid, which getpid() cannot give it here. */
+    put_char(&l, 'P');
+    put_int(&l, a->pid);
+    put_char(&l, '\n');
+    if (write_all(fd, l.buf, l.len) < 0) _exit(127);
+    build_view(fd, s);
+    if (sethostname("stockade", 8) < 0) die(fd, ST_HOSTNAME, errno, "sethostname", NULL);
+    loopback_up(fd);
+    if (chdir(s->workdir) < 0) die(fd, ST_WORKDIR, errno, "workdir ", s->workdir, NULL);
+    drop_privileges(fd, s->cap_last);
+    if (s->landlock) apply_landlock(fd, s);
+    /* Nothing the launcher holds may leak into the cell: keep 0-2, the status
+     * pipe (close-on-exec: it reports exec errors) and keep_fds. */
+    close_except(fd, s->keep, s->n_keep, fd);
+    for (size_t i = 0; i < s->n_filters; i++)
+        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, s->filter_flags[i], &s->filters[i]) < 0)
+            die(fd, ST_SECCOMP, errno, "seccomp", NULL);
+    exec_command(fd, s);
+}
+
+/* --------------------------------------------------------------- C1 */
+
+static pid_t cell_fork(void) {
+    /* _Fork (glibc 2.34) runs no atfork handlers and takes no malloc locks: the
+     * children use neither, and another thread of the parent may hold them. */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)
+    return _Fork();
+#else
+    return fork();
+#endif
+}
+
+static int above_stdio(int fd) {
+    /* A descriptor in 0-2 would be overwritten by the dup2s below. */
+    return fd < 3 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : fd;
+}
+
+__attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t *mask) {
+    int fd = s->status_w, go = s->go_r, status;
+    int src[3];
+    struct init_args args;
+    char *stack;
+    pid_t pid;
+    char g;
+    ssize_t got;
+    /* C1 never execs, so O_CLOEXEC never closes what it inherited, and it
+     * lives as long as the cell: it keeps only what it and C2 need (the
+     * pipes, stdio sources, idmap user namespaces, Landlock rule descriptors,
+     * keep_fds), never the caller's other files, sockets, or the pipes of
+     * cells launched meanwhile (whose EOF it would hold back). */
+    close_except(fd, s->c1_keep, s->n_c1_keep, -1);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die(fd, ST_PREPARING, errno, "death signal", NULL);
+    if (getppid() != s->parent) _exit(127); /* the parent died before we could watch it */
+    /* The parent's handlers are meaningless here (and Python's would write to
+     * its wakeup fd); the defaults make the cell killable. Ignored signals stay
+     * ignored across exec, as with the Python launcher, except SIGPIPE. */
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &sa) < 0) continue;
+        if (sa.sa_handler == SIG_DFL) continue;
+        if (sa.sa_handler == SIG_IGN && sig != SIGINT && sig != SIGTERM && sig != SIGPIPE && sig != SIGCHLD)
+            continue;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        if (sigaction(sig, &sa, NULL) < 0) die(fd, ST_PREPARING, errno, "resetting signals", NULL);
+    }
+    if (sigprocmask(SIG_SETMASK, mask, NULL) < 0) die(fd, ST_PREPARING, errno, "signal mask", NULL);
+    if (setsid() < 0) die(fd, ST_PREPARING, errno, "setsid", NULL); /* no controlling tty: no TIOCSTI */
+    if ((fd = above_stdio(fd)) < 0 || (go = above_stdio(go)) < 0)
+        die(s->status_w, ST_PREPARING, errno, "moving the pipes", NULL);
+    for (int i = 0; i < 3; i++) {
+        src[i] = s->stdio[i];
+        if (src[i] < 3 && src[i] != i && (src[i] = above_stdio(src[i])) < 0)
+            die(fd, ST_PREPARING, errno, "moving stdio", NULL);
+    }
+    for (int i = 0; i < 3; i++)
+        if (src[i] != i && dup2(src[i], i) < 0) die(fd, ST_PREPARING, errno, "dup2 of stdio", NULL);
+    if (s->loginuid[0]) {
+        /* Its own audit session: every kernel record of the cell carries ses=. */
+        int file = open("/proc/self/loginuid", O_WRONLY | O_CLOEXEC);
+        if (file < 0 || write_all(file, s->loginuid, strlen(s->loginuid)) < 0)
+            die(fd, ST_AUDIT, errno, "/proc/self/loginuid", NULL);
+        must_close(fd, file, ST_AUDIT, "/proc/self/loginuid");
+    }
+    for (size_t i = 0; i < s->n_cgroups; i++) {
+        int file = open(s->cgroups[i], O_WRONLY | O_CLOEXEC);
+        if (file < 0 || write_all(file, "0", 1) < 0) die(fd, ST_CGROUPS, errno, s->cgroups[i], NULL);
+        must_close(fd, file, ST_CGROUPS, s->cgroups[i]);
+    }
+    /* Detached copies (open_tree) of every host path the view binds, made while
+     * this process is still host root: the cell's pid 1 acts as an
+     * unprivileged host uid and could not traverse a 0700 parent directory.
+     * Writable grants of another owner are idmapped here (only the initial
+     * namespace may idmap an ext4 mount). */
+    for (size_t i = 0; i < s->n_ops; i++) {
+        struct op *op = &s->ops[i];
+        struct cell_mount_attr attr = {.attr_set = CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV};
+        struct stat st;
+        int tree;
+        if (op->kind != K_BIND || op->from_view) continue;
+        tree = (int)syscall(SYS_open_tree, AT_FDCWD, op->src, CELL_OPEN_TREE_CLONE | O_CLOEXEC);
+        if (tree < 0) {
+            if (errno == ENOENT || errno == ENOTDIR) continue; /* gone since planning */
+            die(fd, ST_GRANTS, errno, "open_tree ", op->src, NULL);
+        }
+        if (op->userns_fd >= 0) {
+            attr.attr_set |= CELL_MOUNT_ATTR_IDMAP;
+            attr.userns_fd = (uint64_t)op->userns_fd;
+        }
+        if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+            die(fd, ST_GRANTS, errno, "mount attributes of ", op->src, NULL);
+        if (fstat(tree, &st) < 0) die(fd, ST_GRANTS, errno, "stat ", op->src, NULL);
+        op->tree_fd = tree;
+        op->tree_is_dir = S_ISDIR(st.st_mode);
+    }
+    /* Raw syscalls: they change this thread only, which is all there is. */
+    if (geteuid() == 0 && syscall(SYS_setgroups, 0, NULL) < 0)
+        die(fd, ST_PREPARING, errno, "setgroups", NULL);
+    if (unshare(CELL_NAMESPACES) < 0) die(fd, ST_UNSHARE, errno, "unshare namespaces", NULL);
+    if (write_all(fd, "U\n", 2) < 0) _exit(127);
+    do got = read(go, &g, 1);
+    while (got < 0 && errno == EINTR);
+    if (got != 1 || g != 'G') _exit(127); /* the parent gave up */
+    must_close(fd, go, ST_PREPARING, "the go pipe");
+    if (syscall(SYS_setresgid, CELL_UID, CELL_UID, CELL_UID) < 0)
+        die(fd, ST_PREPARING, errno, "setresgid", NULL);
+    if (syscall(SYS_setresuid, CELL_UID, CELL_UID, CELL_UID) < 0)
+        die(fd, ST_PREPARING, errno, "setresuid", NULL);
+    /* C2 shares C1's memory until it execs (CLONE_VM | CLONE_VFORK, as
+     * posix_spawn does): no second copy of the parent's page tables, and its
+     * exec drops a reference instead of tearing an address space down. C1
+     * sleeps meanwhile, so the two never run at once on shared memory (errno
+     * included). C2 runs on a stack of its own with a guard page below it. */
+    stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) die(fd, ST_PREPARING, errno, "stack of the cell's init", NULL);
+    if (mprotect(stack, (size_t)getpagesize(), PROT_NONE) < 0)
+        die(fd, ST_PREPARING, errno, "guard page of the cell's init", NULL);
+    args.spec = s;
+    args.status_w = fd;
+    args.pid = 0;
+    pid = clone(cell_init, stack + INIT_STACK, CLONE_VM | CLONE_VFORK | CLONE_PARENT_SETTID | SIGCHLD, &args,
+                &args.pid);
+    if (pid < 0) die(fd, ST_PREPARING, errno, "clone of the cell's init", NULL);
+    /* C2 has exec'd (or died): C1 only waits now, and holds nothing for the
+     * cell's lifetime. The status pipe goes last, so that its EOF, which
+     * launch() returns on, also means that everything else is closed. */
+    close_fds(fd, 0, (unsigned int)fd - 1);
+    close_fds(fd, (unsigned int)fd + 1, ~0u);
+    close(fd);
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) _exit(127);
+    _exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
+}
+
+/* ------------------------------------------- parent side: Python to C, fork */
+
+static void *spec_alloc(struct spec *s, size_t count, size_t size) {
+    void *p;
+    if (s->n_allocs == s->cap_allocs) {
+        size_t cap = s->cap_allocs ? s->cap_allocs * 2 : 16;
+        void **grown = PyMem_Realloc(s->allocs, cap * sizeof *grown);
+        if (grown == NULL) return PyErr_NoMemory();
+        s->allocs = grown;
+        s->cap_allocs = cap;
+    }
+    p = PyMem_Calloc(count ? count : 1, size ? size : 1); /* checks count * size for overflow */
+    if (p == NULL) return PyErr_NoMemory();
+    s->allocs[s->n_allocs++] = p;
+    return p;
+}
+
+static void spec_free(struct spec *s) {
+    for (size_t i = 0; i < s->n_allocs; i++) PyMem_Free(s->allocs[i]);
+    PyMem_Free(s->allocs);
+    Py_CLEAR(s->owned);
+}
+
+/* A str, bytes or os.PathLike as a NUL-free C string shorter than PATH_ROOM. */
+static const char *to_path(struct spec *s, PyObject *obj, const char *what, Py_ssize_t index, int absolute) {
+    PyObject *bytes = NULL;
+    const char *text;
+    if (!PyUnicode_FSConverter(obj, &bytes)) return NULL; /* TypeError, or ValueError: embedded NUL */
+    if (PyList_Append(s->owned, bytes) < 0) {
+        Py_DECREF(bytes);
+        return NULL;
+    }
+    Py_DECREF(bytes);
+    text = PyBytes_AS_STRING(bytes);
+    if (PyBytes_GET_SIZE(bytes) >= PATH_ROOM) {
+        PyErr_Format(PyExc_ValueError, "%s[%zd] is longer than %d bytes", what, index, PATH_ROOM);
+        return NULL;
+    }
+    if (absolute && text[0] != '/') {
+        PyErr_Format(PyExc_ValueError, "%s[%zd] must be an absolute path, not %R", what, index, obj);
+        return NULL;
+    }
+    return text;
+}
+
+static int to_long(PyObject *obj, long lo, long hi, const char *what, long *out) {
+    long value;
+    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.80s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    value = PyLong_AsLong(obj);
+    if ((value == -1 && PyErr_Occurred()) || value < lo || value > hi) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be between %ld and %ld, not %R", what, lo, hi, obj);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+static int to_u64(PyObject *obj, const char *what, uint64_t *out) {
+    unsigned long long value;
+    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.80s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    value = PyLong_AsUnsignedLongLong(obj);
+    if (value == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be an unsigned 64-bit int, not %R", what, obj);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+static int to_bool(PyObject *obj, const char *what, Py_ssize_t index, int *out) {
+    if (!PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s[%zd] must be a bool, not %.80s", what, index,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = obj == Py_True;
+    return 0;
+}
+
+static int tuple_of(PyObject *obj, const char *what, Py_ssize_t size) {
+    if (!PyTuple_Check(obj) || (size >= 0 && PyTuple_GET_SIZE(obj) != size)) {
+        if (size >= 0)
+            PyErr_Format(PyExc_TypeError, "%s must be a tuple of %zd items, not %.80s", what, size,
+                         Py_TYPE(obj)->tp_name);
+        else
+            PyErr_Format(PyExc_TypeError, "%s must be a tuple, not %.80s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+static int plain_relative(const char *name, size_t len) {
+    size_t start = 0;
+    if (len == 0) return 0;
+    for (size_t i = 0; i <= len; i++) {
+        if (i < len && name[i] != '/') continue;
+        if (i == start || (i - start == 1 && name[start] == '.') ||
+            (i - start == 2 && name[start] == '.' && name[start + 1] == '.'))
+            return 0; /* empty (leading or doubled slash), "." or ".." */
+        start = i + 1;
+    }
+    return 1;
+}
+
+/* (kind, dst, src, writable, data, names, userns_fd, from_view) */
+static int parse_op(struct spec *s, PyObject *item, Py_ssize_t i, struct op *op) {
+    PyObject *names;
+    Py_ssize_t n;
+    long userns;
+    char *data;
+    Py_ssize_t data_len;
+    if (tuple_of(item, "each mount", 8) < 0) return -1;
+    op->kind = -1;
+    op->tree_fd = -1;
+    for (int k = 0; k < K_COUNT && PyUnicode_Check(PyTuple_GET_ITEM(item, 0)); k++)
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(item, 0), KIND_NAMES[k]) == 0) op->kind = k;
+    if (op->kind < 0) {
+        PyErr_Format(PyExc_ValueError, "mounts[%zd] has an unknown kind %R", i, PyTuple_GET_ITEM(item, 0));
+        return -1;
+    }
+    if ((op->dst = to_path(s, PyTuple_GET_ITEM(item, 1), "mounts.dst", i, 1)) == NULL) return -1;
+    if ((op->src = to_path(s, PyTuple_GET_ITEM(item, 2), "mounts.src", i, op->kind == K_BIND)) == NULL)
+        return -1;
+    if (op->kind == K_SYMLINK && op->src[0] == '\0') {
+        PyErr_Format(PyExc_ValueError, "mounts[%zd] is a symlink without a target", i);
+        return -1;
+    }
+    if (to_bool(PyTuple_GET_ITEM(item, 3), "mounts.writable", i, &op->writable) < 0) return -1;
+    if (!PyBytes_Check(PyTuple_GET_ITEM(item, 4))) {
+        PyErr_Format(PyExc_TypeError, "mounts[%zd].data must be bytes", i);
+        return -1;
+    }
+    if (PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 4), &data, &data_len) < 0) return -1;
+    op->data = data;
+    op->data_len = (size_t)data_len;
+    names = PyTuple_GET_ITEM(item, 5);
+    if (tuple_of(names, "mounts.names", -1) < 0) return -1;
+    n = PyTuple_GET_SIZE(names);
+    op->names = spec_alloc(s, (size_t)n, sizeof *op->names);
+    op->name_is_dir = spec_alloc(s, (size_t)n, 1);
+    if (op->names == NULL || op->name_is_dir == NULL) return -1;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const char *name = to_path(s, PyTuple_GET_ITEM(names, j), "mounts.names", j, 0);
+        size_t len;
+        char *copy;
+        if (name == NULL) return -1;
+        len = strlen(name);
+        op->name_is_dir[j] = len > 1 && name[len - 1] == '/'; /* "name/" is a directory */
+        len -= op->name_is_dir[j];
+        /* A relative path of plain names (a decoy mirrors two levels): never
+         * absolute, no "." or "..", nothing made outside dst. */
+        if (!plain_relative(name, len)) {
+            PyErr_Format(PyExc_ValueError, "mounts[%zd].names[%zd] is not a relative path of plain names: %R",
+                         i, j, PyTuple_GET_ITEM(names, j));
+            return -1;
+        }
+        if ((copy = spec_alloc(s, len + 1, 1)) == NULL) return -1;
+        memcpy(copy, name, len);
+        op->names[j] = copy;
+    }
+    op->n_names = (size_t)n;
+    if (to_long(PyTuple_GET_ITEM(item, 6), -1, INT_MAX, "mounts.userns_fd", &userns) < 0) return -1;
+    op->userns_fd = (int)userns;
+    return to_bool(PyTuple_GET_ITEM(item, 7), "mounts.from_view", i, &op->from_view);
+}
+
+/* (ruleset_attr, ready rules, (path, dir rights, file rights)..., ports, restrict flags) */
+static int parse_landlock(struct spec *s, PyObject *ll) {
+    PyObject *attr, *ready, *paths, *ports;
+    long flags;
+    if (ll == Py_None) return 0;
+    if (tuple_of(ll, "landlock", 5) < 0) return -1;
+    attr = PyTuple_GET_ITEM(ll, 0);
+    ready = PyTuple_GET_ITEM(ll, 1);
+    paths = PyTuple_GET_ITEM(ll, 2);
+    ports = PyTuple_GET_ITEM(ll, 3);
+    if (!PyBytes_Check(attr) || PyBytes_GET_SIZE(attr) == 0 || PyBytes_GET_SIZE(attr) > 24 ||
+        PyBytes_GET_SIZE(attr) % 8) {
+        PyErr_SetString(PyExc_ValueError, "landlock ruleset_attr must be 8, 16 or 24 bytes");
+        return -1;
+    }
+    memcpy(s->ll_attr, PyBytes_AS_STRING(attr), (size_t)PyBytes_GET_SIZE(attr));
+    s->ll_attr_len = (size_t)PyBytes_GET_SIZE(attr);
+    if (tuple_of(ready, "landlock rules", -1) < 0 || tuple_of(paths, "landlock paths", -1) < 0 ||
+        tuple_of(ports, "landlock ports", -1) < 0)
+        return -1;
+    s->n_ll_ready = (size_t)PyTuple_GET_SIZE(ready);
+    s->n_ll_paths = (size_t)PyTuple_GET_SIZE(paths);
+    s->n_ll_ports = (size_t)PyTuple_GET_SIZE(ports);
+    s->ll_ready = spec_alloc(s, s->n_ll_ready, sizeof *s->ll_ready);
+    s->ll_paths = spec_alloc(s, s->n_ll_paths, sizeof *s->ll_paths);
+    s->ll_dir_rights = spec_alloc(s, s->n_ll_paths, sizeof *s->ll_dir_rights);
+    s->ll_file_rights = spec_alloc(s, s->n_ll_paths, sizeof *s->ll_file_rights);
+    s->ll_ports = spec_alloc(s, s->n_ll_ports, sizeof *s->ll_ports);
+    if (!s->ll_ready || !s->ll_paths || !s->ll_dir_rights || !s->ll_file_rights || !s->ll_ports) return -1;
+    for (size_t i = 0; i < s->n_ll_ready; i++) {
+        PyObject *rule = PyTuple_GET_ITEM(ready, (Py_ssize_t)i);
+        if (!PyBytes_Check(rule) || PyBytes_GET_SIZE(rule) != (Py_ssize_t)sizeof(struct cell_path_beneath)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "each landlock rule must be a packed path_beneath_attr (12 bytes)");
+            return -1;
+        }
+        memcpy(&s->ll_ready[i], PyBytes_AS_STRING(rule), sizeof(struct cell_path_beneath));
+    }
+    for (size_t i = 0; i < s->n_ll_paths; i++) {
+        PyObject *entry = PyTuple_GET_ITEM(paths, (Py_ssize_t)i);
+        if (tuple_of(entry, "each landlock path", 3) < 0) return -1;
+        s->ll_paths[i] = to_path(s, PyTuple_GET_ITEM(entry, 0), "landlock paths", (Py_ssize_t)i, 1);
+        if (s->ll_paths[i] == NULL ||
+            to_u64(PyTuple_GET_ITEM(entry, 1), "landlock directory rights", &s->ll_dir_rights[i]) < 0 ||
+            to_u64(PyTuple_GET_ITEM(entry, 2), "landlock file rights", &s->ll_file_rights[i]) < 0)
+            return -1;
+    }
+    for (size_t i = 0; i < s->n_ll_ports; i++) {
+        PyObject *rule = PyTuple_GET_ITEM(ports, (Py_ssize_t)i);
+        if (!PyBytes_Check(rule) || PyBytes_GET_SIZE(rule) != (Py_ssize_t)sizeof(struct cell_net_port)) {
+            PyErr_SetString(PyExc_ValueError, "each landlock port must be a net_port_attr (16 bytes)");
+            return -1;
+        }
+        memcpy(&s->ll_ports[i], PyBytes_AS_STRING(rule), sizeof(struct cell_net_port));
+    }
+    if (to_long(PyTuple_GET_ITEM(ll, 4), 0, UINT_MAX, "landlock restrict flags", &flags) < 0) return -1;
+    s->ll_flags = (unsigned int)flags;
+    s->landlock = 1;
+    return 0;
+}
+
+static int parse_filters(struct spec *s, PyObject *filters) {
+    if (tuple_of(filters, "seccomp", -1) < 0) return -1;
+    s->n_filters = (size_t)PyTuple_GET_SIZE(filters);
+    s->filters = spec_alloc(s, s->n_filters, sizeof *s->filters);
+    s->filter_flags = spec_alloc(s, s->n_filters, sizeof *s->filter_flags);
+    if (s->filters == NULL || s->filter_flags == NULL) return -1;
+    for (size_t i = 0; i < s->n_filters; i++) {
+        PyObject *entry = PyTuple_GET_ITEM(filters, (Py_ssize_t)i), *program;
+        Py_ssize_t size;
+        int log;
+        void *copy;
+        if (tuple_of(entry, "each seccomp filter", 2) < 0) return -1;
+        program = PyTuple_GET_ITEM(entry, 0);
+        size = PyBytes_Check(program) ? PyBytes_GET_SIZE(program) : -1;
+        if (size <= 0 || size % (Py_ssize_t)sizeof(struct sock_filter) ||
+            size / (Py_ssize_t)sizeof(struct sock_filter) > BPF_MAXINSNS) {
+            PyErr_Format(PyExc_ValueError, "seccomp[%zd] must be bytes of 1 to %d BPF instructions",
+                         (Py_ssize_t)i, BPF_MAXINSNS);
+            return -1;
+        }
+        if (to_bool(PyTuple_GET_ITEM(entry, 1), "seccomp.log", (Py_ssize_t)i, &log) < 0) return -1;
+        if ((copy = spec_alloc(s, (size_t)size, 1)) == NULL) return -1;
+        memcpy(copy, PyBytes_AS_STRING(program), (size_t)size);
+        s->filters[i].len = (unsigned short)(size / (Py_ssize_t)sizeof(struct sock_filter));
+        s->filters[i].filter = copy;
+        /* SECCOMP_FILTER_FLAG_LOG (Linux 4.14): the kernel logs this filter's refusals. */
+        s->filter_flags[i] = log ? SECCOMP_FILTER_FLAG_LOG : 0;
+    }
+    return 0;
+}
+
+static int parse_fds(PyObject *obj, const char *what, int *out, Py_ssize_t count) {
+    if (tuple_of(obj, what, count) < 0) return -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long fd;
+        if (to_long(PyTuple_GET_ITEM(obj, i), 0, INT_MAX, what, &fd) < 0) return -1;
+        out[i] = (int)fd;
+    }
+    return 0;
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+static int parse_spec(struct spec *s, PyObject **a) {
+    /* a: argv, env, workdir, mounts, landlock, seccomp, cgroup_procs, loginuid,
+     * stdio, status_pipe, go_pipe, cap_last, keep_fds */
+    Py_ssize_t n;
+    long value;
+    int pipe_fds[2];
+    s->search_path = "/bin:/usr/bin"; /* os.defpath, when the env has no PATH */
+    if (tuple_of(a[0], "argv", -1) < 0) return -1;
+    if ((n = PyTuple_GET_SIZE(a[0])) == 0) {
+        PyErr_SetString(PyExc_ValueError, "argv must not be empty");
+        return -1;
+    }
+    if ((s->argv = spec_alloc(s, (size_t)n + 1, sizeof *s->argv)) == NULL) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *bytes = NULL;
+        if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(a[0], i), &bytes)) return -1;
+        if (PyList_Append(s->owned, bytes) < 0) {
+            Py_DECREF(bytes);
+            return -1;
+        }
+        Py_DECREF(bytes);
+        s->argv[i] = PyBytes_AS_STRING(bytes);
+    }
+    if (s->argv[0][0] == '\0') {
+        PyErr_SetString(PyExc_ValueError, "argv[0] must not be empty");
+        return -1;
+    }
+    if (tuple_of(a[1], "env", -1) < 0) return -1;
+    n = PyTuple_GET_SIZE(a[1]);
+    if ((s->envp = spec_alloc(s, (size_t)n + 1, sizeof *s->envp)) == NULL) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(a[1], i), *key = NULL, *val = NULL;
+        Py_ssize_t klen, vlen;
+        char *entry;
+        if (tuple_of(pair, "each env entry (name, value)", 2) < 0) return -1;
+        if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(pair, 0), &key)) return -1;
+        if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(pair, 1), &val)) {
+            Py_DECREF(key);
+            return -1;
+        }
+        klen = PyBytes_GET_SIZE(key);
+        vlen = PyBytes_GET_SIZE(val);
+        if (klen == 0 || memchr(PyBytes_AS_STRING(key), '=', (size_t)klen) != NULL) {
+            PyErr_Format(PyExc_ValueError, "illegal environment variable name %R", PyTuple_GET_ITEM(pair, 0));
+            entry = NULL;
+        } else if ((entry = spec_alloc(s, (size_t)klen + (size_t)vlen + 2, 1)) != NULL) {
+            memcpy(entry, PyBytes_AS_STRING(key), (size_t)klen);
+            entry[klen] = '=';
+            memcpy(entry + klen + 1, PyBytes_AS_STRING(val), (size_t)vlen);
+            if (klen == 4 && memcmp(entry, "PATH", 4) == 0) s->search_path = entry + 5;
+        }
+        Py_DECREF(key);
+        Py_DECREF(val);
+        if (entry == NULL) return -1;
+        s->envp[i] = entry;
+    }
+    if ((s->workdir = to_path(s, a[2], "workdir", 0, 0)) == NULL) return -1;
+    if (tuple_of(a[3], "mounts", -1) < 0) return -1;
+    s->n_ops = (size_t)PyTuple_GET_SIZE(a[3]);
+    if ((s->ops = spec_alloc(s, s->n_ops, sizeof *s->ops)) == NULL) return -1;
+    for (size_t i = 0; i < s->n_ops; i++)
+        if (parse_op(s, PyTuple_GET_ITEM(a[3], (Py_ssize_t)i), (Py_ssize_t)i, &s->ops[i]) < 0) return -1;
+    if (parse_landlock(s, a[4]) < 0 || parse_filters(s, a[5]) < 0) return -1;
+    if (tuple_of(a[6], "cgroup_procs", -1) < 0) return -1;
+    s->n_cgroups = (size_t)PyTuple_GET_SIZE(a[6]);
+    if ((s->cgroups = spec_alloc(s, s->n_cgroups, sizeof *s->cgroups)) == NULL) return -1;
+    for (Py_ssize_t i = 0; i < (Py_ssize_t)s->n_cgroups; i++)
+        if ((s->cgroups[i] = to_path(s, PyTuple_GET_ITEM(a[6], i), "cgroup_procs", i, 1)) == NULL) return -1;
+    if (a[7] != Py_None) {
+        /* audit_loginuid: a uid; (uid_t)-1 is "unset" and cannot be written. */
+        if (to_long(a[7], 0, (long)UINT32_MAX - 1, "loginuid", &value) < 0) return -1;
+        digits_of(s->loginuid, (unsigned long)value);
+    }
+    if (parse_fds(a[8], "stdio", s->stdio, 3) < 0) return -1;
+    if (parse_fds(a[9], "status_pipe", pipe_fds, 2) < 0) return -1;
+    s->status_r = pipe_fds[0];
+    s->status_w = pipe_fds[1];
+    if (parse_fds(a[10], "go_pipe", pipe_fds, 2) < 0) return -1;
+    s->go_r = pipe_fds[0];
+    s->go_w = pipe_fds[1];
+    /* capset(2) version 3 holds 64 capabilities. */
+    if (to_long(a[11], 0, 63, "cap_last", &value) < 0) return -1;
+    s->cap_last = (int)value;
+    if (tuple_of(a[12], "keep_fds", -1) < 0) return -1;
+    s->n_keep = (size_t)PyTuple_GET_SIZE(a[12]);
+    if ((s->keep = spec_alloc(s, s->n_keep, sizeof *s->keep)) == NULL) return -1;
+    for (size_t i = 0; i < s->n_keep; i++) {
+        if (to_long(PyTuple_GET_ITEM(a[12], (Py_ssize_t)i), 3, INT_MAX, "keep_fds", &value) < 0) return -1;
+        s->keep[i] = (int)value;
+    }
+    qsort(s->keep, s->n_keep, sizeof *s->keep, cmp_int);
+    /* What C1 keeps: its pipe ends, stdio sources, the user namespaces of
+     * idmapped grants, the descriptors of ready Landlock rules, keep_fds. */
+    s->c1_keep = spec_alloc(s, 5 + s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
+    if (s->c1_keep == NULL) return -1;
+    s->c1_keep[s->n_c1_keep++] = s->status_w;
+    s->c1_keep[s->n_c1_keep++] = s->go_r;
+    for (int i = 0; i < 3; i++) s->c1_keep[s->n_c1_keep++] = s->stdio[i];
+    for (size_t i = 0; i < s->n_ops; i++)
+        if (s->ops[i].userns_fd >= 0) s->c1_keep[s->n_c1_keep++] = s->ops[i].userns_fd;
+    for (size_t i = 0; i < s->n_ll_ready; i++) s->c1_keep[s->n_c1_keep++] = s->ll_ready[i].parent_fd;
+    for (size_t i = 0; i < s->n_keep; i++) s->c1_keep[s->n_c1_keep++] = s->keep[i];
+    qsort(s->c1_keep, s->n_c1_keep, sizeof *s->c1_keep, cmp_int);
+    return 0;
+}
+
+static const char *const SPAWN_KEYWORDS[] = {
+    "argv", "env", "workdir", "mounts", "landlock", "seccomp", "cgroup_procs", "loginuid",
+    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", NULL};
+
+static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
+    PyObject *a[13] = {NULL};
+    struct spec s;
+    sigset_t all, old;
+    pid_t pid;
+    int err;
+    (void)module;
+    /* All keyword-only; the format can only make them optional ("|$"), so
+     * their presence is checked below. */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
+                                     &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], &a[10],
+                                     &a[11], &a[12]))
+        return NULL;
+    for (int i = 0; i < 13; i++)
+        if (a[i] == NULL)
+            return PyErr_Format(PyExc_TypeError, "spawn() missing required keyword argument '%s'",
+                                SPAWN_KEYWORDS[i]);
+    memset(&s, 0, sizeof s);
+    if ((s.owned = PyList_New(0)) == NULL) return NULL;
+    if (parse_spec(&s, a) < 0) {
+        spec_free(&s);
+        return NULL;
+    }
+    s.parent = getpid();
+    /* No signal handler may run in the child before it resets them. */
+    sigfillset(&all);
+    if ((err = pthread_sigmask(SIG_SETMASK, &all, &old)) != 0) {
+        spec_free(&s);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    pid = cell_fork();
+    if (pid == 0) first_child(&s, &old);
+    err = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    spec_free(&s);
+    if (pid < 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong((long)pid);
+}
+
+PyDoc_STRVAR(spawn_doc,
+             "spawn(*, argv, env, workdir, mounts, landlock, seccomp, cgroup_procs, loginuid, stdio,\n"
+             "      status_pipe, go_pipe, cap_last, keep_fds) -> int\n\n"
+             "Fork the cell's first child (C1) and return its pid. Everything is checked and\n"
+             "converted before the fork (TypeError/ValueError, nothing forked); the children\n"
+             "then report on status_pipe as stockade.cell._launch expects.");
+
+static PyMethodDef native_methods[] = {
+    {"spawn", (PyCFunction)(void (*)(void))spawn, METH_VARARGS | METH_KEYWORDS, spawn_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "stockade.cell._native",
+    "The cell launcher's children in C: fork, namespaces, the filesystem view, exec.", -1, native_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&native_module); }

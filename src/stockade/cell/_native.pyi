@@ -1,0 +1,35 @@
+"""Type stub of the C extension ``_native.c``: the launcher's children."""
+
+from collections.abc import Sequence
+
+_Path = str | bytes
+_Mount = tuple[str, _Path, _Path, bool, bytes, Sequence[_Path], int, bool]
+"""(kind, dst, src, writable, data, names, userns fd or -1, from_view): one
+``MountOp``; ``names`` are a decoy directory's entries, or the device names of
+``dev``."""
+_Landlock = tuple[bytes, tuple[bytes, ...], tuple[tuple[bytes, int, int], ...], tuple[bytes, ...], int]
+"""(ruleset_attr, ready rules, (path, dir rights, file rights)..., port rules,
+restrict flags): a ``PreparedLandlock``."""
+
+def spawn(
+    *,
+    argv: tuple[_Path, ...],
+    env: tuple[tuple[_Path, _Path], ...],
+    workdir: _Path,
+    mounts: tuple[_Mount, ...],
+    landlock: _Landlock | None,
+    seccomp: tuple[tuple[bytes, bool], ...],
+    cgroup_procs: tuple[_Path, ...],
+    loginuid: int | None,
+    stdio: tuple[int, int, int],
+    status_pipe: tuple[int, int],
+    go_pipe: tuple[int, int],
+    cap_last: int,
+    keep_fds: tuple[int, ...],
+) -> int:
+    """Fork the cell's first child and return its pid.
+
+    Raises:
+        TypeError, ValueError: an argument is malformed (checked before forking).
+        OSError: fork failed.
+    """
