@@ -24,11 +24,15 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
 stamp=.venv/.stockade-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# The install also compiles the launcher's C extension (setup.py): redo it when
+# its source changed or it is missing (e.g. a checkout from before it existed).
+native=src/stockade/cell/_native.c
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ "$native" -nt "$stamp" ] \
+  || ! .venv/bin/python -c "import stockade.cell._native" 2>/dev/null; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" >&2 || true
-  .venv/bin/python -c "import stockade, pydantic, yaml, click, rich, pytest, hypothesis" \
-    || { echo "setup: installing the package failed" >&2; exit 1; }
+  .venv/bin/python -c "import stockade, stockade.cell._native, pydantic, yaml, click, rich, pytest, hypothesis" \
+    || { echo "setup: installing the package failed (the C extension needs gcc and the Python headers)" >&2; exit 1; }
   touch "$stamp"
 fi
 # Byte-compile the package: this machine sets PYTHONDONTWRITEBYTECODE, so
