@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import threading
+import time
 
 from stockade.cell import _landlock, _seccomp
 from stockade.cell._plan import CellPlan, MountOp
@@ -98,32 +100,79 @@ def _shows_host(mounts: tuple[MountOp, ...], path: str) -> bool:
     return covering is not None and covering.kind == "bind"
 
 
-class HostDescriptors:
-    """``O_PATH`` descriptors of host paths that one prepared ruleset refers to.
+class _Shared:
+    """One kept ``O_PATH`` descriptor and how many prepared rulesets use it."""
 
-    Each prepared ruleset owns its own descriptors (never shared with another
-    cell's, so closing one can never change what another's rules name), and
-    closes them when it is dropped or ``close`` is called.
+    __slots__ = ("checked", "fd", "identity", "is_dir", "users")
+
+    def __init__(self, fd: int, is_dir: bool, identity: tuple[int, int], checked: float) -> None:
+        self.fd = fd
+        self.is_dir = is_dir
+        self.identity = identity
+        self.checked = checked
+        self.users = 0
+
+
+_REVALIDATE_AFTER = 2.0
+"""Seconds a shared descriptor is trusted before its path is looked up again. A
+file replaced on the host since gets a new descriptor; the old one lives on
+for the rulesets that still use it, and is closed when the last lets go."""
+
+_lock = threading.Lock()
+_current: dict[str, _Shared] = {}
+
+
+class HostDescriptors:
+    """The ``O_PATH`` descriptors of host paths that one prepared ruleset names.
+
+    Descriptors are shared between rulesets of the same process (a hundred
+    cells of one policy hold one descriptor per path, not a hundred) and
+    counted: one is closed only when no ruleset uses it any more, so a rule
+    can never come to name another file because its number was reused.
+    Thread-safe.
     """
 
     def __init__(self) -> None:
-        self.fds: list[int] = []
+        self._held: list[tuple[str, _Shared]] = []
 
     def open(self, path: str) -> tuple[int, bool] | None:
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return None  # gone, or not reachable from here: the child will try
-        self.fds.append(fd)
-        return fd, stat.S_ISDIR(os.fstat(fd).st_mode)
+        now = time.monotonic()
+        with _lock:
+            shared = _current.get(path)
+            if shared is not None and now - shared.checked >= _REVALIDATE_AFTER:
+                try:
+                    st = os.stat(path)
+                    same = (st.st_dev, st.st_ino) == shared.identity
+                except OSError:
+                    same = False
+                if same:
+                    shared.checked = now
+                else:
+                    del _current[path]  # its users still hold it; the last closes it
+                    shared = None
+            if shared is None:
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except OSError:
+                    return None  # gone, or not reachable from here: the child will try
+                st = os.fstat(fd)
+                shared = _Shared(fd, stat.S_ISDIR(st.st_mode), (st.st_dev, st.st_ino), now)
+                _current[path] = shared
+            shared.users += 1
+            self._held.append((path, shared))
+            return shared.fd, shared.is_dir
 
     def close(self) -> None:
-        fds, self.fds = self.fds, []
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        with _lock:
+            held, self._held = self._held, []
+            for path, shared in held:
+                shared.users -= 1
+                if shared.users == 0:
+                    # Unused: close it (a process that ran cells for many
+                    # workspaces must not keep one descriptor per past path).
+                    if _current.get(path) is shared:
+                        del _current[path]
+                    os.close(shared.fd)
 
     def __del__(self) -> None:
         self.close()
