@@ -757,6 +757,9 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
             if (errno == ENOENT || errno == ENOTDIR) continue; /* gone since planning */
             die(fd, ST_GRANTS, errno, "open_tree ", op->src, NULL);
         }
+        /* A read grant is a read-write mount (Landlock refuses writes, and so
+         * records them) unless the plan asks otherwise: see _plan._read_mount. */
+        if (!op->writable) attr.attr_set |= CELL_MOUNT_ATTR_RDONLY;
         if (op->userns_fd >= 0) {
             attr.attr_set |= CELL_MOUNT_ATTR_IDMAP;
             attr.userns_fd = (uint64_t)op->userns_fd;

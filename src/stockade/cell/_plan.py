@@ -46,6 +46,8 @@ class MountOp:
     dst: str
     src: str = ""
     writable: bool = False
+    """For a bind: whether the mount is read-write. Read grants are read-write
+    mounts that Landlock makes read-only (see ``_owned_by``)."""
     data: bytes = b""
     names: tuple[str, ...] = ()
     idmap_owner: int | None = None
@@ -245,7 +247,7 @@ def plan_cell(
     # under /etc, the workspace under /tmp) lands on top of a shallower one.
     entries: list[tuple[str, MountOp]] = []
     for path in sorted(set(read_dirs)):
-        entries.append((path, MountOp("bind", path, src=path, writable=False)))
+        entries.append((path, MountOp("bind", path, src=path, writable=not _owned_by(path, host_uid))))
     for path in sorted({*write_dirs, workspace}):
         entries.append(
             (path, MountOp("bind", path, src=path, writable=True, idmap_owner=_idmap(path, host_uid)))
@@ -275,7 +277,9 @@ def plan_cell(
     entries.append(("/dev", MountOp("dev", "/dev")))
     entries.append(("/proc", MountOp("proc", "/proc")))
     if os.path.isdir("/sys"):
-        entries.append(("/sys", MountOp("bind", "/sys", src="/sys", writable=False)))
+        # Read-write mount, read-only by Landlock (and file permissions: it is
+        # root's): a write is then refused by Landlock, which records it.
+        entries.append(("/sys", MountOp("bind", "/sys", src="/sys", writable=True)))
     if any(_is_under("/etc", r) for r in read_dirs):
         entries.append(("/etc/passwd", MountOp("file", "/etc/passwd", data=_passwd(workspace))))
         entries.append(("/etc/group", MountOp("file", "/etc/group", data=_group())))
@@ -316,6 +320,22 @@ def _cell_identity(workspace: str) -> tuple[int, int]:
     if st.st_uid != 0:
         return st.st_uid, st.st_gid
     return NOBODY, NOBODY
+
+
+def _owned_by(path: str, uid: int) -> bool:
+    """Whether a read grant belongs to the cell's own host uid.
+
+    A read grant is normally a read-write mount, so that Landlock, not the
+    mount, refuses writes and the kernel records them. But Landlock has no
+    right for chmod, chown or utimes, and on files the cell's uid owns, file
+    permissions do not stop those either: such a grant is a read-only mount
+    (writes then fail with EROFS, unrecorded). Only the grant's own directory
+    is looked at.
+    """
+    try:
+        return os.stat(path).st_uid == uid
+    except OSError:
+        return False
 
 
 def _idmap(path: str, host_uid: int) -> int | None:
