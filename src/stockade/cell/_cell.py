@@ -122,6 +122,10 @@ class Cell:
         self.workspace = str(chosen) if chosen is not None else _fresh_workspace()
         self._audit_choice = audit
         self._prepared: tuple[float, CellPlan, object, tuple[tuple[bytes, bool], ...]] | None = None
+        self._placeholders: list[str] = []
+        """Protected paths this Cell created empty; kept between its runs (the
+        agent cannot touch them: they are read-only mounts in every cell) and
+        removed, where still empty, by ``close``."""
 
     # ------------------------------------------------------------------ running
 
@@ -155,7 +159,7 @@ class Cell:
         plan, landlock, seccomp = self._prepared_plan()
         events: list[Event] = []
         cgroup = CellCgroup.create(cell_id, limits)
-        created = _create_placeholders(plan.workspace, plan.placeholders)
+        self._ensure_placeholders(plan)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin is None else -1
@@ -196,7 +200,6 @@ class Cell:
                 if audit is not None:
                     audit.unwatch(cell_id)
             cgroup.destroy()
-            _remove_placeholders(plan.workspace, created)
             raise
         finally:
             for fd in (out_r, err_r, out_w, err_w, null_fd):
@@ -208,7 +211,6 @@ class Cell:
         duration = time.monotonic() - start
         stats = cgroup.stats()
         cgroup.destroy()
-        _remove_placeholders(plan.workspace, created)
         if audit is not None and launched.session is not None:
             events.extend(audit.collect(cell_id))
             audit.unwatch(cell_id)
@@ -269,10 +271,27 @@ class Cell:
             workspace=self.workspace,
         )
 
+    def _ensure_placeholders(self, plan: CellPlan) -> None:
+        # A cheap lstat each run: the host may have removed one since, and a
+        # missing placeholder would leave its protected name uncovered.
+        missing = tuple(p for p in plan.placeholders if not os.path.lexists(p.path))
+        if missing:
+            self._placeholders.extend(_create_placeholders(plan.workspace, missing))
+
+    def __del__(self) -> None:
+        try:
+            placeholders = self._placeholders
+        except AttributeError:
+            return  # __init__ did not finish
+        if placeholders:
+            _remove_placeholders(self.workspace, placeholders)
+
     def close(self) -> None:
         """Let go of the prepared layers, and remove a fresh workspace unless
         asked to keep it. Idempotent."""
         self._prepared = None  # closes the host descriptors its rules hold
+        placeholders, self._placeholders = self._placeholders, []
+        _remove_placeholders(self.workspace, placeholders)
         if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
             import shutil  # only here: it is not on the path of a run
 
