@@ -489,8 +489,8 @@ def _supervise(
                     exited = True
                     poller.unregister(pidfd)
                     # The cell's pid 1 is gone, so its whole pid namespace is
-                    # too; any writer left is dying. Kill the cgroup to be sure.
-                    cgroup.kill()
+                    # too; any writer left is dying, and the caller's
+                    # cgroup.destroy() kills whatever might remain.
                     continue
                 data = os.read(fd, 65536)
                 if not data:
