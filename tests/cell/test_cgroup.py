@@ -212,9 +212,7 @@ def _layout_for(mechanism: KillMechanism) -> CgroupLayout | None:
 
 
 @pytest.mark.parametrize("mechanism", ["cgroup.kill", "cgroup.freeze", "freezer", "signals"])
-def test_kill_ends_a_double_forked_daemon(
-    mechanism: KillMechanism, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_kill_ends_a_double_forked_daemon(mechanism: KillMechanism, monkeypatch: pytest.MonkeyPatch) -> None:
     lay = _layout_for(mechanism)
     limits = Limits(pids=64) if lay is not None else Limits()
     cg = CellCgroup.create(f"daemon-{mechanism}", limits, _layout=lay)
@@ -419,9 +417,7 @@ def test_sweep_stale_removes_a_crashed_run_leftovers() -> None:
     try:
         for d in (*empty, *busy):
             os.makedirs(d)
-        sleeper = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", "import signal; signal.pause()"]
-        )
+        sleeper = subprocess.Popen([sys.executable, "-I", "-S", "-c", "import signal; signal.pause()"])
         for d in busy:
             Path(d, "cgroup.procs").write_text(str(sleeper.pid))
 

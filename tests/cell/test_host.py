@@ -114,9 +114,7 @@ def test_probe_stays_cheap_to_import_and_run() -> None:
         "print(' '.join(sorted({'json', 'rich', 'click', 'pydantic', 'yaml', 'subprocess', "
         "'shutil'} & set(sys.modules))))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == ""
 
 
@@ -244,9 +242,7 @@ def test_check_passes_on_a_host_with_everything() -> None:
 
 
 @pytest.mark.parametrize(("case", "changes", "missing"), LACKING, ids=[c[0] for c in LACKING])
-def test_check_names_each_missing_feature(
-    case: str, changes: dict[str, object], missing: set[str]
-) -> None:
+def test_check_names_each_missing_feature(case: str, changes: dict[str, object], missing: set[str]) -> None:
     facts = dataclasses.replace(_full(), **changes)  # type: ignore[arg-type]
     with pytest.raises(HostError) as info:
         check(LIMITED, facts)

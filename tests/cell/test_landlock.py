@@ -31,9 +31,7 @@ ABI = landlock_abi()
 
 def needs_abi(abi: int, what: str) -> pytest.MarkDecorator:
     linux = {1: "5.13", 3: "6.2", 4: "6.7", 6: "6.12", 7: "6.15"}[abi]
-    return pytest.mark.skipif(
-        abi > ABI, reason=f"host lacks Landlock ABI {abi} ({what}, Linux ≥ {linux})"
-    )
+    return pytest.mark.skipif(abi > ABI, reason=f"host lacks Landlock ABI {abi} ({what}, Linux ≥ {linux})")
 
 
 LOG = ABI >= 7
@@ -51,8 +49,6 @@ def fs_rules(**kwargs: Any) -> LandlockRules:
 
 
 # --- running code under Landlock ------------------------------------------------------
-
-
 
 
 def confined(rules: LandlockRules, fn: Callable[[], Any]) -> Any:
@@ -106,9 +102,7 @@ class TestPrepare:
             (9, 24, (1 << 16) - 1),
         ],
     )
-    def test_ruleset_handles_everything_the_abi_knows(
-        self, abi: int, size: int, handled: int
-    ) -> None:
+    def test_ruleset_handles_everything_the_abi_knows(self, abi: int, size: int, handled: int) -> None:
         rules = LandlockRules(
             write=("/w",),
             scope_signals=abi >= 6,
@@ -556,8 +550,6 @@ class TestScopes:
                         }
 
             scoped = LandlockRules(scope_abstract_unix=True, scope_signals=False, log_denials=LOG)
-            unscoped = LandlockRules(
-                scope_abstract_unix=False, scope_signals=False, log_denials=LOG
-            )
+            unscoped = LandlockRules(scope_abstract_unix=False, scope_signals=False, log_denials=LOG)
             assert confined(scoped, attempt) == {"outside": errno.EPERM, "inside": 0}
             assert confined(unscoped, attempt) == {"outside": 0, "inside": 0}

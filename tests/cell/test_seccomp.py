@@ -77,16 +77,12 @@ def trace_bpf(
             raise AssertionError(f"unexpected BPF opcode {code:#x}")
 
 
-def run_bpf(
-    program: bytes, nr: int, arch: int = AUDIT_ARCH_X86_64, args: tuple[int, ...] = ()
-) -> int:
+def run_bpf(program: bytes, nr: int, arch: int = AUDIT_ARCH_X86_64, args: tuple[int, ...] = ()) -> int:
     """The action of a seccomp program for one struct seccomp_data."""
     return trace_bpf(program, nr, arch, args)[0]
 
 
-def decide(
-    mode: seccomp.Mode, nr: int, arch: int = AUDIT_ARCH_X86_64, args: tuple[int, ...] = ()
-) -> int:
+def decide(mode: seccomp.Mode, nr: int, arch: int = AUDIT_ARCH_X86_64, args: tuple[int, ...] = ()) -> int:
     """The action of the stacked filters: the most restrictive one wins."""
     deny, clone3 = seccomp.build_filters(mode)
     actions = [run_bpf(deny, nr, arch, args), run_bpf(clone3, nr, arch, args)]
@@ -280,8 +276,6 @@ class TestProgram:
 
 
 # --- the real kernel ----------------------------------------------------------------
-
-
 
 
 def attempt(nr: int, *args: int | bytes) -> int:
@@ -547,9 +541,7 @@ class TestCheckHost:
         assert "errno" in str(info.value) and "actions_logged" in str(info.value)
         seccomp.check_host("audit")  # audit mode needs only "log"
 
-    def test_missing_seccomp_is_a_host_error(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_missing_seccomp_is_a_host_error(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(seccomp, "_SECCOMP_PROC", str(tmp_path / "absent"))
         with pytest.raises(HostError) as info:
             seccomp.check_host("audit")

@@ -98,9 +98,7 @@ def test_a_missing_feature_exits_5_and_says_what_to_do(
     assert "Missing" in out and "landlock.net" in out
 
 
-def test_a_policy_file_says_what_it_needs(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_a_policy_file_says_what_it_needs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     pytest.importorskip("stockade.policy._load", reason="the policy loader is not here yet")
     policy = tmp_path / "p.yaml"
     policy.write_text("name: doctored\nmode: audit\nlimits:\n  cpu: 0.5\n  pids: 64\n")
@@ -123,9 +121,7 @@ def test_a_bad_policy_file_exits_3(capsys: pytest.CaptureFixture[str], tmp_path:
     assert out == ""
 
 
-def test_a_missing_policy_file_is_a_usage_error(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_a_missing_policy_file_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = _run(["doctor", "--policy", str(tmp_path / "nope.yaml")])
     _, err = capsys.readouterr()
     assert code == 2

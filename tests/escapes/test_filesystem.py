@@ -54,6 +54,7 @@ EACCES, ENOENT, EPERM, EROFS, EBUSY, EXDEV, EBADF = (
     errno.EBADF,
 )
 
+
 def _ws_root_owned(host_dir: Path, name: str = "ws") -> Path:
     ws = host_dir / name
     ws.mkdir()

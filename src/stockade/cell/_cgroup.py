@@ -166,9 +166,7 @@ def discover_layout() -> CgroupLayout:
                 enabled = tuple(_read(f"{own_dir}/cgroup.subtree_control").split())
             except OSError:
                 continue
-            v2 = Hierarchy(
-                2, mount, own_dir, available, enabled, is_root=own["<v2>"].strip("/") == ""
-            )
+            v2 = Hierarchy(2, mount, own_dir, available, enabled, is_root=own["<v2>"].strip("/") == "")
         else:
             opts = fields[sep + 3].split(",")
             bound = [o for o in opts if o in own and o != "<v2>"]
@@ -334,8 +332,7 @@ def _plan(lay: CgroupLayout, limits: Limits) -> list[_Dir]:
             dirs.append(_Dir(h.own, 1, ("freezer",)))
         elif h is not None:
             dirs = [
-                _Dir(d.path, d.version, (*d.controllers, "freezer")) if d.path == h.own else d
-                for d in dirs
+                _Dir(d.path, d.version, (*d.controllers, "freezer")) if d.path == h.own else d for d in dirs
             ]
     if not dirs:
         raise HostError(
@@ -414,9 +411,7 @@ class CellCgroup:
     # -- lifecycle
 
     @classmethod
-    def create(
-        cls, cell_id: str, limits: Limits, *, _layout: CgroupLayout | None = None
-    ) -> CellCgroup:
+    def create(cls, cell_id: str, limits: Limits, *, _layout: CgroupLayout | None = None) -> CellCgroup:
         """Make the cell's cgroups under this process's own cgroups and set ``limits``.
 
         Raises:
@@ -484,9 +479,7 @@ class CellCgroup:
             try:
                 _write(f, str(pid))
             except OSError as exc:
-                raise CellError(
-                    f"cannot move pid {pid} into {f}: {os.strerror(exc.errno or 0)}"
-                ) from exc
+                raise CellError(f"cannot move pid {pid} into {f}: {os.strerror(exc.errno or 0)}") from exc
 
     def pids(self) -> list[int]:
         """The processes now in the cell (pids as this process sees them)."""
@@ -554,9 +547,7 @@ class CellCgroup:
             except OSError as exc:
                 failed.append(f"{d.path} ({os.strerror(exc.errno or 0)})")
         if failed:
-            raise CellError(
-                f"cannot remove the cgroups of cell {self.cell_id!r}: {', '.join(failed)}"
-            )
+            raise CellError(f"cannot remove the cgroups of cell {self.cell_id!r}: {', '.join(failed)}")
         self._destroyed = True
 
     # -- statistics
@@ -634,9 +625,7 @@ class CellCgroup:
             # Wait (bounded) until every task is frozen, so that none forks
             # between reading the pid list and the SIGKILLs.
             if state_file.endswith("cgroup.freeze"):
-                _wait_event(
-                    state_file[: -len("cgroup.freeze")] + "cgroup.events", "frozen", 1, deadline
-                )
+                _wait_event(state_file[: -len("cgroup.freeze")] + "cgroup.events", "frozen", 1, deadline)
             else:
                 delay = 0.0002
                 while _try_read(state_file).strip() != "FROZEN" and time.monotonic() < deadline:

@@ -420,8 +420,7 @@ def _audit(caps: int) -> Fact[bool]:
         return Fact(
             False,
             f"socket(AF_NETLINK, SOCK_RAW, NETLINK_AUDIT) failed: {exc.strerror}",
-            "use a kernel built with CONFIG_AUDIT=y, and run stockade in the initial network "
-            "namespace",
+            "use a kernel built with CONFIG_AUDIT=y, and run stockade in the initial network namespace",
         )
     sock.close()
     read = bool(caps >> CAP_AUDIT_READ & 1)
@@ -579,8 +578,7 @@ def _audit_status() -> Fact[int | None]:
         f"AUDIT_GET: enabled={enabled}",
         None
         if enabled
-        else "the daemon turns audit on with AUDIT_SET (needs CAP_AUDIT_CONTROL), or run "
-        "auditctl -e 1",
+        else "the daemon turns audit on with AUDIT_SET (needs CAP_AUDIT_CONTROL), or run auditctl -e 1",
     )
 
 
@@ -590,9 +588,7 @@ def _bwrap_version(path: str | None) -> Fact[str | None]:
     import subprocess
 
     try:
-        out = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=5, check=False
-        )
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Fact(None, f"{path} --version failed: {exc}")
     return Fact(out.stdout.strip().removeprefix("bubblewrap ") or None, f"{path} --version")
@@ -689,8 +685,7 @@ def requirements(policy: Policy) -> list[Requirement]:
         ),
         Requirement(
             "seccomp.log",
-            "kernel.seccomp.actions_logged holding "
-            + " and ".join(seccomp_logged_needed(policy.mode)),
+            "kernel.seccomp.actions_logged holding " + " and ".join(seccomp_logged_needed(policy.mode)),
             "mode: audit lets refused syscalls through with SECCOMP_RET_LOG"
             if policy.mode == "audit"
             else "refused syscalls reach the record",
@@ -846,10 +841,7 @@ def check(policy: Policy, facts: HostFacts | None = None) -> None:
     missing = [f for f in assess(policy, facts) if not f.met]
     if not missing:
         return
-    parts = [
-        f"{m.requirement.feature} ({m.have}" + (f"; {m.fix}" if m.fix else "") + ")"
-        for m in missing
-    ]
+    parts = [f"{m.requirement.feature} ({m.have}" + (f"; {m.fix}" if m.fix else "") + ")" for m in missing]
     raise HostError(
         f"this host lacks what policy {policy.name!r} needs: {'; '.join(parts)}; "
         "run `stockade doctor` for details",

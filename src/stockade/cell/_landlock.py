@@ -98,11 +98,7 @@ FS_RIGHTS_BY_ABI: dict[int, int] = {
 """Every filesystem right ABI *n* knows (ABI 5 and later add none)."""
 
 ACCESS_FILE = (
-    ACCESS_FS_EXECUTE
-    | ACCESS_FS_WRITE_FILE
-    | ACCESS_FS_READ_FILE
-    | ACCESS_FS_TRUNCATE
-    | ACCESS_FS_IOCTL_DEV
+    ACCESS_FS_EXECUTE | ACCESS_FS_WRITE_FILE | ACCESS_FS_READ_FILE | ACCESS_FS_TRUNCATE | ACCESS_FS_IOCTL_DEV
 )
 """The rights that make sense on a non-directory; any other on a rule whose
 parent_fd is not a directory makes landlock_add_rule fail with EINVAL."""
@@ -262,9 +258,7 @@ def prepare(rules: LandlockRules, abi: int) -> PreparedLandlock:
             if not path.startswith("/"):
                 raise ValueError(f"Landlock path {path!r} is not absolute")
             rights[path] = rights.get(path, 0) | (mask & handled_fs)
-    prepared_paths = tuple(
-        (os.fsencode(path), mask, mask & ACCESS_FILE) for path, mask in rights.items()
-    )
+    prepared_paths = tuple((os.fsencode(path), mask, mask & ACCESS_FILE) for path, mask in rights.items())
 
     port_access: dict[int, int] = {}
     for ports, access in (
@@ -275,9 +269,7 @@ def prepare(rules: LandlockRules, abi: int) -> PreparedLandlock:
             if not 0 <= port <= 65535:
                 raise ValueError(f"TCP port {port} is out of range 0-65535")
             port_access[port] = port_access.get(port, 0) | access
-    prepared_ports = tuple(
-        struct.pack("=QQ", access, port) for port, access in sorted(port_access.items())
-    )
+    prepared_ports = tuple(struct.pack("=QQ", access, port) for port, access in sorted(port_access.items()))
 
     flags = RESTRICT_SELF_LOG_NEW_EXEC_ON if rules.log_denials else 0
     return PreparedLandlock(abi, attr, prepared_paths, prepared_ports, flags)
@@ -294,9 +286,7 @@ def apply(prepared: PreparedLandlock) -> None:
             reason other than not existing; ``errno`` says why.
     """
     set_no_new_privs()
-    ruleset = syscall(
-        SYS_LANDLOCK_CREATE_RULESET, prepared.ruleset_attr, len(prepared.ruleset_attr), 0
-    )
+    ruleset = syscall(SYS_LANDLOCK_CREATE_RULESET, prepared.ruleset_attr, len(prepared.ruleset_attr), 0)
     try:
         for rule in prepared.rules:
             syscall(SYS_LANDLOCK_ADD_RULE, ruleset, RULE_PATH_BENEATH, rule, 0)

@@ -131,8 +131,7 @@ _KEYS = "uses the kernel keyring, which is not isolated between containers"
 _MODULE = "loads or unloads kernel code"
 _KEXEC = "replaces the running kernel"
 _URING = (
-    "io_uring does I/O that seccomp and parts of audit never see, and is a frequent source"
-    " of kernel bugs"
+    "io_uring does I/O that seccomp and parts of audit never see, and is a frequent source of kernel bugs"
 )
 
 REFUSED: dict[str, str] = {
@@ -142,13 +141,10 @@ REFUSED: dict[str, str] = {
     "pidfd_getfd": "copies a file descriptor out of another process",
     "process_madvise": "acts on another process's memory",
     "unshare": (
-        "creates namespaces: a new user namespace regains capabilities and widens the"
-        " kernel's attack surface"
+        "creates namespaces: a new user namespace regains capabilities and widens the kernel's attack surface"
     ),
     "setns": "joins another namespace",
-    "clone": (
-        "only with a CLONE_NEW* flag, which creates namespaces; plain fork and threads are allowed"
-    ),
+    "clone": ("only with a CLONE_NEW* flag, which creates namespaces; plain fork and threads are allowed"),
     "clone3": (
         "refused with ENOSYS and not logged: its flags lie behind a pointer seccomp cannot"
         " read, and the C library falls back to clone, which is checked"
@@ -483,8 +479,7 @@ def check_host(mode: Mode) -> None:
     missing = [a for a in ("kill_process", "errno", "log", "allow") if a not in avail]
     if missing:
         raise HostError(
-            f"seccomp actions {', '.join(missing)} are not available on this kernel; "
-            "run on Linux ≥ 4.14",
+            f"seccomp actions {', '.join(missing)} are not available on this kernel; run on Linux ≥ 4.14",
             feature="seccomp",
         )
     needed = ("errno", "kill_process") if mode == "enforce" else ("log",)

@@ -201,9 +201,7 @@ def layers(facts: HostFacts) -> list[tuple[str, str, str, str | None]]:
                 fact.fix,
             )
         )
-    rows.append(
-        ("cell kill", facts.cgroup_kill.value, facts.cgroup_kill.how, facts.cgroup_kill.fix)
-    )
+    rows.append(("cell kill", facts.cgroup_kill.value, facts.cgroup_kill.how, facts.cgroup_kill.fix))
     audit = "readable" if facts.audit.value else "not readable"
     audit_how = facts.audit.how
     audit_fix = facts.audit.fix
@@ -239,9 +237,7 @@ def _print_tables(facts: HostFacts, policy: Policy, findings: list[Finding]) -> 
     console.print(host)
 
     source = f" ({policy.source})" if policy.source else ""
-    needs = Table(
-        title=f"What policy {policy.name!r}{source} needs", title_justify="left", show_lines=False
-    )
+    needs = Table(title=f"What policy {policy.name!r}{source} needs", title_justify="left", show_lines=False)
     needs.add_column("", width=1)
     needs.add_column("feature", style="bold")
     needs.add_column("needs")

@@ -52,6 +52,7 @@ def _log() -> logging.Logger:
 
     return logging.getLogger(__name__)
 
+
 __all__ = ["AuditReader", "AuditStats"]
 
 
