@@ -236,3 +236,44 @@ def test_workspace_mode_is_untouched(tmp_path: Path) -> None:
     before = stat.S_IMODE(tmp_path.stat().st_mode)
     Cell(workspace=tmp_path).run(["/bin/true"])
     assert stat.S_IMODE(tmp_path.stat().st_mode) == before
+
+
+def test_a_host_socket_and_variables_can_be_handed_to_the_cell(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    path = str(tmp_path / "broker.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o666)
+    server.listen()
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            got.append(conn.recv(100))
+            conn.sendall(b"pong")
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    code = (
+        "import os, socket\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(os.environ['STOCKADE_BROKER'])\n"
+        "s.sendall(b'ping ' + os.environ['STOCKADE_RUN'].encode()); print(s.recv(10).decode())\n"
+    )
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with Cell(
+        workspace=workspace,
+        run_id="r-test",
+        sockets={"/run/stockade/broker.sock": path},
+        extra_env={"STOCKADE_BROKER": "/run/stockade/broker.sock", "STOCKADE_RUN": "r-test"},
+    ) as cell:
+        result = cell.run([PY, "-c", code])
+    thread.join(timeout=10)
+    server.close()
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == b"pong\n"
+    assert got == [b"ping r-test"]
+    assert {e.run for e in result.events} == {"r-test"}

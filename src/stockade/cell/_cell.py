@@ -3,6 +3,7 @@ output and events. Used by the CLI, the tests and the benchmarks."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import signal
@@ -98,6 +99,9 @@ class Cell:
         keep_workspace: bool | None = None,
         audit: AuditReader | Literal["auto"] | None = "auto",
         environ: Mapping[str, str] | None = None,
+        run_id: str = "",
+        sockets: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         """
         Args:
@@ -108,6 +112,11 @@ class Cell:
                 an ``AuditReader``, or None to record no kernel refusals (tests
                 of other layers only; the CLI never does this).
             environ: the caller's environment, for ``env.pass``; os.environ by default.
+            run_id: the daemon's run this cell belongs to; set on every event.
+            sockets: unix sockets of the host to show in the cell, as
+                {path in the cell: path on the host} (the broker's socket).
+            extra_env: variables set in the cell beyond the policy's (the
+                broker's address and the run's capability token).
 
         Raises:
             HostError: the host lacks a layer the policy needs.
@@ -121,6 +130,9 @@ class Cell:
         self.keep_workspace = (not self._fresh) if keep_workspace is None else keep_workspace
         self.workspace = str(chosen) if chosen is not None else _fresh_workspace()
         self._audit_choice = audit
+        self.run_id = run_id
+        self._sockets = tuple(sorted((sockets or {}).items()))
+        self._extra_env = dict(extra_env or {})
         self._prepared: tuple[float, CellPlan, object, tuple[tuple[bytes, bool], ...]] | None = None
         self._placeholders: list[str] = []
         """Protected paths this Cell created empty; kept between its runs (the
@@ -264,7 +276,9 @@ class Cell:
             exit_code=exit_code,
             stdout=stdout,
             stderr=stderr,
-            events=tuple(events),
+            events=tuple(dataclasses.replace(e, run=self.run_id) for e in events)
+            if self.run_id
+            else tuple(events),
             duration=duration,
             timed_out=timed_out,
             limits_hit=tuple(limits_hit),
@@ -323,7 +337,9 @@ class Cell:
         now = time.monotonic()
         if self._prepared is not None and now - self._prepared[0] < PLAN_REUSE_SECONDS:
             return self._prepared[1], self._prepared[2], self._prepared[3]
-        plan = plan_cell(self.policy, workspace=self.workspace, environ=self._environ)
+        plan = plan_cell(self.policy, workspace=self.workspace, environ=self._environ, sockets=self._sockets)
+        if self._extra_env:
+            plan = dataclasses.replace(plan, env=tuple(sorted({**dict(plan.env), **self._extra_env}.items())))
         landlock, seccomp = prepare_layers(self.policy, plan)
         self._prepared = (now, plan, landlock, seccomp)
         return plan, landlock, seccomp

@@ -191,6 +191,7 @@ def plan_cell(
     workspace: str,
     environ: dict[str, str] | os._Environ[str],
     extra_hidden: tuple[str, ...] = (),
+    sockets: tuple[tuple[str, str], ...] = (),
 ) -> CellPlan:
     """Compute the plan of one cell for ``policy`` with ``workspace``.
 
@@ -284,6 +285,10 @@ def plan_cell(
         entries.append(("/etc/passwd", MountOp("file", "/etc/passwd", data=_passwd(workspace))))
         entries.append(("/etc/group", MountOp("file", "/etc/group", data=_group())))
         entries.append(("/etc/hostname", MountOp("file", "/etc/hostname", data=b"stockade\n")))
+    # Unix sockets the caller shows inside the cell (the broker's), each at a
+    # path of its own; Landlock has no right that concerns connecting to one.
+    for inside, host in sockets:
+        entries.append((inside, MountOp("bind", inside, src=host, writable=True)))
     # Parents before children (a stable sort keeps a path's own ops in order),
     # so that a deeper mount (a secret under /etc, the workspace under /tmp)
     # lands on top of a shallower one.

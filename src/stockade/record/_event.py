@@ -36,12 +36,15 @@ class Event:
     time: float = field(default_factory=time.time)
     summary: str = ""
     """One human sentence, e.g. ``write to /etc/passwd refused by landlock``."""
+    run: str = ""
+    """The run (under the daemon) this event belongs to; empty outside one."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "v": EVENT_VERSION,
             "time": self.time,
             "kind": self.kind,
+            "run": self.run,
             "cell": self.cell,
             "layer": self.layer,
             "outcome": self.outcome,
