@@ -35,6 +35,14 @@ CASES: list[tuple[str, str, str, str]] = [
     ),
     ("comments-only", "# nothing here\n", "1:1", "the file is empty"),
     (
+        "denials-zero",
+        "name: x\nlimits:\n  denials: 0\n",
+        "3:12",
+        "0 is less than 1; write a number of denials",
+    ),
+    ("denials-text", "name: x\nlimits:\n  denials: '5'\n", "3:12", "'5' is text, not a number"),
+    ("denials-word", "name: x\nlimits:\n  denials: many\n", "3:12", "'many' is not a whole number"),
+    (
         "llm-key-passed",
         "name: x\nenv:\n  pass: [HOME, OPENAI_KEY]\nllm:\n  provider: openai\n  api_key_env: OPENAI_KEY\n",
         "3:16",

@@ -56,6 +56,7 @@ DEFAULT_LIMITS = Limits(
     cpu=None,
     timeout=3600.0,
     output=64 * 1024**2,
+    denials=10,
 )
 
 DEFAULT_PASSTHROUGH = ("TERM", "LANG", "LC_ALL", "TZ")

@@ -871,6 +871,7 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
             cpu=limit("cpu"),
             timeout=limit("timeout"),
             output=limit("output"),
+            denials=limit("denials"),
         ),
         network=NetworkPolicy(
             allow=tuple(

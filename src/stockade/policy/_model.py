@@ -67,6 +67,9 @@ class Limits:
     """Wall-clock seconds from start until every process of the cell is killed."""
     output: int | None = None
     """Bytes of stdout + stderr kept; past it output is dropped and recorded."""
+    denials: int | None = None
+    """The tripwire: after this many denials of the broker in one run, the run
+    halts (its cells stop, every later intent is refused and recorded)."""
 
 
 @dataclass(frozen=True)

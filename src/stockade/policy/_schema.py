@@ -591,6 +591,26 @@ PidsLimit = Annotated[
         }
     ),
 ]
+def _denials(value: object) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        raise ValueError(f"{show(value)} is text, not a number; write it without quotes: {value.strip()}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{show(value)} is not a whole number; write a number of denials such as 10")
+    return value
+
+
+DenialsLimit = Annotated[
+    int | None,
+    BeforeValidator(
+        _limit(_denials, minimum=1, what="{value} is less than 1; write a number of denials such as 10")
+    ),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": 1}, *_UNLIMITED],
+            "description": "The tripwire: denials of the broker after which the run halts.",
+        }
+    ),
+]
 CpuLimit = Annotated[
     float | None,
     BeforeValidator(_limit(parse_cpu)),
@@ -725,6 +745,7 @@ class LimitsSection(_Section):
     cpu: CpuLimit = _default_limit("cpu")
     timeout: TimeoutLimit = _default_limit("timeout")
     output: OutputLimit = _default_limit("output")
+    denials: DenialsLimit = _default_limit("denials")
 
 
 class HostRuleSection(_Section):
