@@ -1,0 +1,503 @@
+"""Intents: what an agent asks the broker to do for it, and doing it.
+
+An intent is a name and a JSON object of arguments. The arguments are a trust
+boundary (they come from the agent), so each intent's are a strict pydantic
+model: unknown keys, wrong types, relative or oversized paths are an
+``IntentError`` naming the argument, and nothing is done. The daemon decides
+first (``Rules``, approvals, tripwire); ``IntentExecutor.execute`` only runs
+an intent already allowed.
+
+========== =================================================== ==============================
+intent     arguments                                           value
+========== =================================================== ==============================
+fs.read    ``path``                                            ``path, size, content, encoding``
+fs.write   ``path, content, mode?, encoding?``                 ``path, bytes, created, mode``
+fs.list    ``path``                                            ``path, entries, truncated``
+exec       ``argv, timeout?, cwd?``                            ``exit_code, stdout, stderr, …``
+ask        ``question``                                        ``answer``
+========== =================================================== ==============================
+
+Bytes travel as text when they are valid UTF-8 (``encoding: "utf-8"``) and
+as base64 otherwise (``encoding: "base64"``). An intent that was allowed but
+could not be done returns ``{"error": {"code", "message"}}``; the code
+``refused`` means the broker's own checks (grants, hidden paths, links)
+refused it, which the daemon records and counts as a denial (see
+``refusal``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from stockade.broker._fs import MAX_WRITE, FileAccess, FsFailure
+from stockade.broker._rules import normalize_path
+from stockade.errors import StockadeError
+from stockade.policy._model import Limits, NetworkPolicy, Policy
+
+if TYPE_CHECKING:
+    from stockade.cell._cell import CellResult
+
+INTENTS = ("fs.read", "fs.write", "fs.list", "exec", "ask")
+"""The intents this broker executes."""
+COMING = ("http.fetch", "llm.chat", "agent.spawn", "agent.send", "agent.recv")
+"""Intents a policy may already name, executed by a later version."""
+
+MAX_PATH = 4096
+MAX_ARGV = 4096
+"""Words of an ``exec`` command line, at most."""
+MAX_ARGV_BYTES = 256 * 1024
+MAX_QUESTION = 4096
+EXEC_TIMEOUT = 300.0
+"""Seconds an ``exec`` may run when it names no timeout (the policy's limit may be lower)."""
+EXEC_TIMEOUT_MAX = 3600.0
+EXEC_OUTPUT_MAX = 1024 * 1024
+"""Bytes of stdout + stderr an ``exec`` returns, at most (the policy's ``limits.output`` may be lower)."""
+
+SECRET_KEYS = frozenset({"token", "secret", "password", "api_key"})
+REDACTED = "[redacted]"
+_REDACT_DEPTH = 16
+_REDACT_ITEMS = 1000
+
+
+class IntentError(StockadeError):
+    """The agent's intent was malformed: unknown, or with bad arguments.
+
+    ``code`` is the wire error code the daemon answers with (``bad_params``
+    for arguments, ``bad_request`` for an unknown or not-yet-supported
+    intent); ``field`` names the offending argument when there is one.
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: Literal["bad_params", "bad_request"] = "bad_params",
+        field: str | None = None,
+    ) -> None:
+        self.code = code
+        self.field = field
+        super().__init__(message)
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def _abs_path(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("contains a NUL byte; name a real path")
+    if not value.startswith("/"):
+        raise ValueError("is not an absolute path; name it from '/', such as '/data/file.txt'")
+    if len(value) > MAX_PATH:
+        raise ValueError(f"is longer than {MAX_PATH} characters")
+    return normalize_path(value)
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("contains a NUL byte, which cannot be passed to a program")
+    return value
+
+
+def _argv_size(value: list[str]) -> list[str]:
+    if sum(len(word.encode("utf-8", "surrogatepass")) + 1 for word in value) > MAX_ARGV_BYTES:
+        raise ValueError(f"is longer than {MAX_ARGV_BYTES // 1024} KiB in all")
+    return value
+
+
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+Word = Annotated[str, AfterValidator(_no_nul)]
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class FsReadArgs(_Args):
+    path: AbsPath
+
+
+class FsListArgs(_Args):
+    path: AbsPath
+
+
+class FsWriteArgs(_Args):
+    path: AbsPath
+    content: Annotated[str, Field(max_length=MAX_WRITE * 4 // 3 + 4)]
+    mode: Literal["create", "overwrite", "append"] = "create"
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    """How ``content`` holds the bytes to write: as text, or base64 for binary data."""
+
+    def data(self) -> bytes:
+        """The bytes to write.
+
+        Raises:
+            IntentError: ``content`` is not valid base64 (with ``encoding: base64``).
+        """
+        if self.encoding == "utf-8":
+            return self.content.encode("utf-8", "surrogatepass")
+        try:
+            return base64.b64decode(self.content, validate=True)
+        except (binascii.Error, ValueError):
+            raise IntentError(
+                "fs.write: 'content' is not valid base64; encode the bytes with standard base64, "
+                "or send text with encoding 'utf-8'",
+                field="content",
+            ) from None
+
+
+class ExecArgs(_Args):
+    argv: Annotated[list[Word], Field(min_length=1, max_length=MAX_ARGV), AfterValidator(_argv_size)]
+    timeout: Annotated[float, Field(gt=0, le=EXEC_TIMEOUT_MAX, allow_inf_nan=False)] | None = None
+    cwd: AbsPath | None = None
+
+
+class AskArgs(_Args):
+    question: Annotated[str, Field(min_length=1, max_length=MAX_QUESTION)]
+
+
+IntentArgs = FsReadArgs | FsWriteArgs | FsListArgs | ExecArgs | AskArgs
+_MODELS: dict[str, type[_Args]] = {
+    "fs.read": FsReadArgs,
+    "fs.write": FsWriteArgs,
+    "fs.list": FsListArgs,
+    "exec": ExecArgs,
+    "ask": AskArgs,
+}
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _problem(error: Mapping[str, Any], model: type[_Args]) -> str:
+    kind = error["type"]
+    where = _loc(tuple(error["loc"]))
+    given = error.get("input")
+    if kind == "missing":
+        return f"'{where}' is missing; give it"
+    if kind == "extra_forbidden":
+        known = ", ".join(model.model_fields)
+        return f"'{where}' is not one of its arguments; remove it (the arguments are: {known})"
+    if kind == "value_error":
+        message = str(error.get("ctx", {}).get("error", error["msg"]))
+        return f"'{where}' {message}"
+    if kind.endswith("_type"):
+        return f"'{where}' must be {_expected(kind)}, not {_json_type(given)}"
+    if kind == "literal_error":
+        return f"'{where}' {_short(given)} is not valid; {error['msg'][0].lower()}{error['msg'][1:]}"
+    return f"'{where}' {_short(given)} is not valid: {error['msg'][0].lower()}{error['msg'][1:]}"
+
+
+def _expected(kind: str) -> str:
+    return {
+        "string_type": "a string",
+        "float_type": "a number",
+        "int_type": "a whole number",
+        "list_type": "a list",
+        "dict_type": "an object",
+        "bool_type": "true or false",
+        "model_type": "an object",
+    }.get(kind, kind.removesuffix("_type"))
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:45] + "…" + text[-10:]
+
+
+def parse_args(intent: str, args: object) -> IntentArgs:
+    """Validate the arguments of ``intent``; the returned model has paths normalised.
+
+    The daemon may call this before deciding, so that a malformed intent is
+    answered ``bad_params`` and neither decided nor counted.
+
+    Raises:
+        IntentError: an unknown or coming intent (``bad_request``), or bad
+            arguments (``bad_params``, naming the first bad one).
+    """
+    model = _MODELS.get(intent)
+    if model is None:
+        raise _unknown(intent)
+    if not isinstance(args, Mapping):
+        raise IntentError(f"{intent}: the arguments must be an object, not {_json_type(args)}")
+    try:
+        return model.model_validate(dict(args))  # type: ignore[return-value]
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = errors[0]
+        more = (
+            f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+            if len(errors) > 1
+            else ""
+        )
+        raise IntentError(
+            f"{intent}: {_problem(first, model)}{more}", field=_loc(tuple(first["loc"])) or None
+        ) from None
+
+
+def _unknown(intent: object) -> IntentError:
+    if intent in COMING:
+        return IntentError(
+            f"intent {intent!r} is coming in a later version of stockade; this broker executes "
+            f"{', '.join(INTENTS)}",
+            code="bad_request",
+        )
+    import difflib
+
+    close = difflib.get_close_matches(str(intent), [*INTENTS, *COMING], n=1)
+    fix = f"did you mean {close[0]!r}?" if close else f"the intents are {', '.join(INTENTS)}"
+    return IntentError(f"{_short(intent)} is not an intent; {fix}", code="bad_request")
+
+
+# -------------------------------------------------------------------- results
+
+
+def blob(data: bytes) -> dict[str, object]:
+    """Bytes for a JSON result: text when valid UTF-8, else base64."""
+    try:
+        return {"content": data.decode("utf-8"), "encoding": "utf-8"}
+    except UnicodeDecodeError:
+        return {"content": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+
+
+def failure(code: str, message: str) -> dict[str, object]:
+    return {"error": {"code": code, "message": message}}
+
+
+def refusal(value: Mapping[str, object]) -> str | None:
+    """The reason when an executed intent's value says the broker refused it
+    (a denial the daemon records and counts), else ``None``."""
+    error = value.get("error")
+    if isinstance(error, Mapping) and error.get("code") == "refused":
+        return str(error.get("message", ""))
+    return None
+
+
+def redact(args: Mapping[str, object], *, limit: int = 4096) -> dict[str, object]:
+    """A copy of ``args`` fit for an event or an approval.
+
+    Values under keys named ``token``, ``secret``, ``password`` or ``api_key``
+    (any case, ``-`` or ``_``) become ``"[redacted]"``, at any depth; strings
+    longer than ``limit`` characters are shortened (saying by how much);
+    containers are cut at 1,000 items and 16 levels. Secrets inside values
+    (``--password=…`` in an argv) are not recognised.
+    """
+    result = _redact(args, limit, 0)
+    assert isinstance(result, dict)
+    return result
+
+
+def _is_secret(key: str) -> bool:
+    return key.lower().replace("-", "_") in SECRET_KEYS
+
+
+def _redact(value: object, limit: int, depth: int) -> object:
+    if depth > _REDACT_DEPTH:
+        return "[nested too deep]"
+    if isinstance(value, Mapping):
+        out: dict[str, object] = {}
+        for index, (key, item) in enumerate(value.items()):
+            if index >= _REDACT_ITEMS:
+                out["[more]"] = f"{len(value) - _REDACT_ITEMS} more keys"
+                break
+            name = str(key)
+            out[name] = REDACTED if _is_secret(name) else _redact(item, limit, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        items = [_redact(item, limit, depth + 1) for item in value[:_REDACT_ITEMS]]
+        if len(value) > _REDACT_ITEMS:
+            items.append(f"[{len(value) - _REDACT_ITEMS} more items]")
+        return items
+    if isinstance(value, str):
+        if len(value) > limit:
+            return value[:limit] + f"… [{len(value) - limit} more characters]"
+        return value
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return _redact(str(value), limit, depth)
+
+
+# ------------------------------------------------------------------- executor
+
+RunWorkbench = Callable[[list[str], Policy], "CellResult"]
+Answer = Callable[[str], "str | None"]
+
+
+class IntentExecutor:
+    """Executes the allowed intents of one run."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        workspace: str,
+        run_workbench: RunWorkbench,
+        answer: Answer | None = None,
+        hidden: Sequence[str] = (),
+    ) -> None:
+        """
+        Args:
+            policy: the run's policy.
+            workspace: the run's workspace on the host.
+            run_workbench: runs a command in a fresh cell under the given policy
+                (``lambda argv, p: Cell(p, run_id=…).run(argv)`` plus recording
+                its events); called by ``exec``.
+            answer: asks the operator the ``ask`` intent's question and returns
+                the answer, or ``None`` when none came in time; without it,
+                ``ask`` fails as ``unavailable``.
+            hidden: more host places never reachable by fs intents (the
+                daemon's state directory).
+        """
+        self.policy = policy
+        self.workspace = workspace
+        self._run_workbench = run_workbench
+        self._answer = answer
+        self._files = FileAccess(policy, workspace=workspace, hidden=hidden)
+
+    def execute(self, intent: str, args: Mapping[str, object]) -> dict[str, object]:
+        """Execute ``intent``; return its JSON-serialisable value.
+
+        Raises:
+            IntentError: the intent or its arguments are malformed (nothing was done).
+        """
+        parsed = parse_args(intent, args)
+        try:
+            if isinstance(parsed, FsReadArgs):
+                data = self._files.read(parsed.path)
+                return {"path": parsed.path, "size": len(data), **blob(data)}
+            if isinstance(parsed, FsWriteArgs):
+                data = parsed.data()
+                created = self._files.write(parsed.path, data, parsed.mode)
+                return {"path": parsed.path, "bytes": len(data), "created": created, "mode": parsed.mode}
+            if isinstance(parsed, FsListArgs):
+                entries, truncated = self._files.list(parsed.path)
+                return {
+                    "path": parsed.path,
+                    "entries": [_entry(e.name, e.type, e.size) for e in entries],
+                    "truncated": truncated,
+                }
+        except FsFailure as exc:
+            return failure(exc.code, exc.message)
+        if isinstance(parsed, ExecArgs):
+            return self._exec(parsed)
+        assert isinstance(parsed, AskArgs)
+        return self._ask(parsed)
+
+    def workbench_policy(self, args: ExecArgs) -> Policy:
+        """The policy an ``exec`` runs under: the run's, with no network (loopback
+        ports stay: they are the cell's own), a fresh workspace, no command, no
+        tools and no LLM endpoint; its timeout and output cap bounded by the
+        arguments, the run's limits and ``EXEC_TIMEOUT``/``EXEC_OUTPUT_MAX``."""
+        policy = self.policy
+        limits = policy.limits
+        cap = min(limits.timeout or math.inf, EXEC_TIMEOUT_MAX)
+        timeout = min(args.timeout if args.timeout is not None else EXEC_TIMEOUT, cap)
+        output = min(limits.output or EXEC_OUTPUT_MAX, EXEC_OUTPUT_MAX)
+        return dataclasses.replace(
+            policy,
+            command=(),
+            workspace=None,
+            workdir=args.cwd,
+            network=NetworkPolicy(allow=(), loopback_ports=policy.network.loopback_ports),
+            limits=Limits(
+                memory=limits.memory, pids=limits.pids, cpu=limits.cpu, timeout=timeout, output=output
+            ),
+            tools=(),
+            llm=None,
+        )
+
+    def _exec(self, args: ExecArgs) -> dict[str, object]:
+        if args.cwd is not None:
+            try:
+                self._files.check(args.cwd, write=False)
+            except FsFailure as exc:
+                return failure(exc.code, f"cwd: {exc.message}")
+        policy = self.workbench_policy(args)
+        try:
+            result = self._run_workbench(list(args.argv), policy)
+        except StockadeError as exc:
+            return failure("failed", f"the workbench cell could not run: {exc}")
+        return {
+            "exit_code": result.exit_code,
+            "stdout": blob(result.stdout),
+            "stderr": blob(result.stderr),
+            "timed_out": result.timed_out,
+            "limits_hit": list(result.limits_hit),
+            "denials": len(result.denials),
+            "duration": round(result.duration, 6),
+            "cell": result.cell_id,
+        }
+
+    def _ask(self, args: AskArgs) -> dict[str, object]:
+        if self._answer is None:
+            return failure("unavailable", "nobody is attached to answer questions for this run")
+        answer = self._answer(args.question)
+        return {"answer": answer}
+
+
+def _entry(name: str, kind: str, size: int) -> dict[str, object]:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a name that is not UTF-8 on disk (os gives it surrogate-escaped)
+        raw = name.encode("utf-8", "surrogateescape")
+        return {
+            "name": base64.b64encode(raw).decode("ascii"),
+            "encoding": "base64",
+            "type": kind,
+            "size": size,
+        }
+    return {"name": name, "type": kind, "size": size}
+
+
+__all__ = [
+    "COMING",
+    "EXEC_OUTPUT_MAX",
+    "EXEC_TIMEOUT",
+    "EXEC_TIMEOUT_MAX",
+    "INTENTS",
+    "Answer",
+    "AskArgs",
+    "ExecArgs",
+    "FsListArgs",
+    "FsReadArgs",
+    "FsWriteArgs",
+    "IntentArgs",
+    "IntentError",
+    "IntentExecutor",
+    "RunWorkbench",
+    "blob",
+    "failure",
+    "parse_args",
+    "redact",
+    "refusal",
+]
