@@ -185,6 +185,19 @@ def test_redact_always_gives_json_without_secret_values(value: object) -> None:
 def test_blob_is_text_when_it_can_be_and_base64_otherwise() -> None:
     assert blob("héllo".encode()) == {"content": "héllo", "encoding": "utf-8"}
     assert blob(b"\xff\x00") == {"content": base64.b64encode(b"\xff\x00").decode(), "encoding": "base64"}
+    assert blob(b"") == {"content": "", "encoding": "utf-8"}
+    # valid UTF-8, but six bytes a character in JSON: base64 is shorter
+    assert blob(b"\x01" * 300)["encoding"] == "base64"
+
+
+@given(st.binary(max_size=2000))
+def test_blob_round_trips_and_is_at_most_four_thirds_on_the_wire(data: bytes) -> None:
+    value = blob(data)
+    wire = json.dumps(value["content"], ensure_ascii=False).encode("utf-8")
+    assert len(wire) - 2 <= len(base64.b64encode(data))
+    content = str(value["content"])
+    decoded = base64.b64decode(content) if value["encoding"] == "base64" else content.encode("utf-8")
+    assert decoded == data
 
 
 # --------------------------------------------------------------------- executor

@@ -18,7 +18,8 @@ ask        ``question``                                        ``answer``
 ========== =================================================== ==============================
 
 Bytes travel as text when they are valid UTF-8 (``encoding: "utf-8"``) and
-as base64 otherwise (``encoding: "base64"``). An intent that was allowed but
+as base64 otherwise, or when the text would be longer in JSON (``encoding:
+"base64"``). An intent that was allowed but
 could not be done returns ``{"error": {"code", "message"}}``; the code
 ``refused`` means the broker's own checks (grants, hidden paths, links)
 refused it, which the daemon records and counts as a denial (see
@@ -30,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -281,11 +283,20 @@ def _unknown(intent: object) -> IntentError:
 
 
 def blob(data: bytes) -> dict[str, object]:
-    """Bytes for a JSON result: text when valid UTF-8, else base64."""
+    """Bytes for a JSON result: text when valid UTF-8, else base64.
+
+    Text is kept only while its JSON form is no longer than base64 would be
+    (a file of control characters escapes to six bytes each), so a value is
+    never more than 4/3 of its bytes on the wire.
+    """
+    encoded = base64.b64encode(data).decode("ascii")
     try:
-        return {"content": data.decode("utf-8"), "encoding": "utf-8"}
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return {"content": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+        return {"content": encoded, "encoding": "base64"}
+    if len(json.dumps(text, ensure_ascii=False).encode("utf-8")) - 2 > len(encoded):
+        return {"content": encoded, "encoding": "base64"}
+    return {"content": text, "encoding": "utf-8"}
 
 
 def failure(code: str, message: str) -> dict[str, object]:
