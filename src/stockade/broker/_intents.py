@@ -41,7 +41,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from stockade.broker._fs import MAX_WRITE, FileAccess, FsFailure
 from stockade.broker._rules import normalize_path
 from stockade.errors import StockadeError
-from stockade.policy._model import Limits, NetworkPolicy, Policy
+from stockade.policy._model import NetworkPolicy, Policy
 
 if TYPE_CHECKING:
     from stockade.cell._cell import CellResult
@@ -440,9 +440,7 @@ class IntentExecutor:
             workspace=None,
             workdir=args.cwd,
             network=NetworkPolicy(allow=(), loopback_ports=policy.network.loopback_ports),
-            limits=Limits(
-                memory=limits.memory, pids=limits.pids, cpu=limits.cpu, timeout=timeout, output=output
-            ),
+            limits=dataclasses.replace(limits, timeout=timeout, output=output),
             tools=(),
             llm=None,
         )

@@ -7,8 +7,8 @@ the limit trips it, the daemon halts the run (a ``run.halted`` event), and
 every intent after that is refused. A tripwire never resets: a halted run
 stays halted.
 
-The limit is the daemon's to choose (10 by default); the policy has no field
-for it.
+The daemon passes the limit (the policy's ``limits.denials``, 10 by default);
+nothing here reads the policy.
 """
 
 from __future__ import annotations
