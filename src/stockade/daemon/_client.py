@@ -1,0 +1,340 @@
+"""A small synchronous client for the daemon's sockets (docs/PROTOCOL.md).
+
+The protocol itself is ``stockade.broker._protocol``; this module only moves its
+frames over a Unix socket, and turns what goes wrong there into stockade's
+errors, each saying whose fault it was::
+
+    DaemonError      the daemon is not running, closed the connection, or did not
+                     answer in time (exit 4)
+    ProtocolError    the daemon's reply is malformed (a version mismatch, a bug) (exit 5)
+    RemoteError      the daemon read the request and refused it; ``code`` says why
+
+A ``Client`` is not thread-safe: give each thread its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, Final
+
+from stockade.broker._protocol import (
+    MAX_FRAME,
+    VERSION,
+    Failure,
+    FrameDecoder,
+    Push,
+    Response,
+    encode,
+    parse_reply,
+)
+from stockade.errors import DaemonError, ProtocolError, StockadeError
+
+_READ: Final = 1 << 16
+
+_EXIT_CODES: Final = {"bad_params": 2, "not_found": 6, "denied": 126}
+# The daemon could not read the request: it may close the stream after saying so.
+_UNREAD: Final = frozenset(("bad_frame", "too_large", "bad_json", "bad_request"))
+
+
+class RemoteError(StockadeError):
+    """The daemon read the request and refused it.
+
+    ``code`` is the protocol's error code (docs/PROTOCOL.md: ``not_found``,
+    ``conflict``, ``bad_params``, ``unauthorized``, ``denied``, ``unavailable``,
+    ``internal``…), ``method`` the request's method, and the message the
+    daemon's own sentence. ``exit_code`` follows the code: 2 for ``bad_params``,
+    6 for ``not_found``, 126 for ``denied``, 5 (a daemon error) for the rest.
+    """
+
+    def __init__(self, message: str, *, code: str, method: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.method = method
+        self.exit_code = _EXIT_CODES.get(code, 5)
+
+
+def _not_running(path: str) -> str:
+    return f"the daemon is not running at {path}; start it with `stockade daemon`"
+
+
+class _Channel:
+    """One connection: a socket, its frame decoder, and the frames read ahead."""
+
+    def __init__(self, path: str, timeout: float | None, max_frame: int) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._decoder = FrameDecoder(max_frame=max_frame)
+        self._frames: deque[bytes] = deque()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise DaemonError(_not_running(path)) from exc
+        except PermissionError as exc:
+            sock.close()
+            raise DaemonError(
+                f"permission denied on the daemon's socket {path}; run as the user who started the daemon"
+            ) from exc
+        except TimeoutError as exc:
+            sock.close()
+            raise DaemonError(
+                f"the daemon at {path} did not accept a connection within {timeout:g} s;"
+                " it may be overloaded: see its log"
+            ) from exc
+        except OSError as exc:
+            sock.close()
+            raise DaemonError(
+                f"cannot connect to the daemon at {path} ({exc.strerror or exc});"
+                " check the socket path (--socket, $STOCKADE_SOCKET)"
+            ) from exc
+        self._sock = sock
+
+    def _wait(self, deadline: float | None, method: str) -> None:
+        if deadline is None:
+            self._sock.settimeout(None)
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._timed_out(method)
+        self._sock.settimeout(remaining)
+
+    def _timed_out(self, method: str) -> DaemonError:
+        return DaemonError(
+            f"the daemon at {self.path} did not answer {method!r} within {self.timeout:g} s;"
+            " it may be stuck: see its log, or allow longer with a larger timeout"
+        )
+
+    def _broken(self, method: str, how: str) -> DaemonError:
+        return DaemonError(f"the daemon at {self.path} {how} during {method!r}; see the daemon's log")
+
+    def send(self, frame: bytes, deadline: float | None, method: str) -> None:
+        self._wait(deadline, method)
+        try:
+            self._sock.sendall(frame)
+        except TimeoutError as exc:
+            raise self._timed_out(method) from exc
+        except OSError as exc:  # EPIPE, ECONNRESET: the daemon went away
+            raise self._broken(method, "closed the connection") from exc
+
+    def receive(self, deadline: float | None, method: str) -> Response | Failure | Push | None:
+        """The next reply or push, or None when the daemon closed the
+        connection between two frames."""
+        while not self._frames:
+            if self._decoder.oversized is not None:
+                raise ProtocolError(
+                    f"the daemon at {self.path} sent a frame of {self._decoder.oversized} bytes, over"
+                    f" this client's limit of {self._decoder.max_frame}; ask for less, or raise max_frame"
+                )
+            self._wait(deadline, method)
+            try:
+                data = self._sock.recv(_READ)
+            except TimeoutError as exc:
+                raise self._timed_out(method) from exc
+            except OSError as exc:
+                raise self._broken(method, "closed the connection") from exc
+            if not data:
+                if self._decoder.buffered:
+                    raise self._broken(method, "closed the connection in the middle of a reply")
+                return None
+            self._frames.extend(self._decoder.feed(data))
+        return parse_reply(self._frames.popleft())
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class Subscription(Iterator[dict[str, Any]]):
+    """The events the daemon pushes on one subscription, on a connection of its own.
+
+    Iterating blocks until the next event (no timeout: a live stream may be
+    quiet for a long time), and ends when the daemon closes the stream.
+    ``result`` is the daemon's reply to the subscribing request. Close it, or
+    use it in a ``with`` block, to end the stream early.
+
+    Raises (while iterating):
+        DaemonError: the connection broke in the middle of a frame.
+        RemoteError: the daemon ended the stream with an error.
+        ProtocolError: the daemon sent a malformed frame.
+    """
+
+    def __init__(self, channel: _Channel, method: str, result: dict[str, Any], early: deque[Push]) -> None:
+        self.method = method
+        self.result = result
+        self._channel: _Channel | None = channel
+        self._early = early
+
+    def __next__(self) -> dict[str, Any]:
+        if self._early:
+            return self._early.popleft().event
+        channel = self._channel
+        if channel is None:
+            raise StopIteration
+        try:
+            reply = channel.receive(None, self.method)
+            if reply is None:
+                raise StopIteration
+            if isinstance(reply, Push):
+                return reply.event
+            if isinstance(reply, Failure):
+                raise RemoteError(reply.message, code=reply.code, method=self.method)
+            raise ProtocolError(
+                f"the daemon sent a second reply (id {reply.id}) on the {self.method!r} subscription;"
+                " check that the daemon and this client are the same stockade version"
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        self._early.clear()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Client:
+    """A connection to one of the daemon's sockets, at ``path``.
+
+    ``call`` sends one request and waits for its reply; ``subscribe`` opens a
+    connection of its own and streams what the daemon pushes. The connection is
+    opened on first use, and opened again after one broke, but a request is
+    never sent twice. ``timeout`` (seconds, None for none) bounds each call,
+    from sending the request to reading the whole reply; ``max_frame`` bounds a
+    reply's size.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, timeout: float | None = 30.0, max_frame: int = MAX_FRAME
+    ) -> None:
+        self.path = os.fspath(path)
+        self.timeout = timeout
+        self.max_frame = max_frame
+        self._channel: _Channel | None = None
+        self._ids = itertools.count(1)
+        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    def _request(self, method: str, params: dict[str, Any]) -> tuple[int, bytes]:
+        request_id = next(self._ids)
+        frame = encode(
+            {"v": VERSION, "id": request_id, "method": method, "params": params}, max_frame=self.max_frame
+        )
+        return request_id, frame
+
+    def call(self, method: str, /, **params: Any) -> dict[str, Any]:
+        """Send ``method`` with ``params`` and return the daemon's result.
+
+        Raises:
+            DaemonError: the daemon is not running, closed the connection, or
+                did not answer within ``timeout``.
+            RemoteError: the daemon refused the request.
+            ProtocolError: the request cannot be encoded or is too large, or the
+                reply is malformed.
+        """
+        request_id, frame = self._request(method, params)
+        if self._channel is None:
+            self._channel = _Channel(self.path, self.timeout, self.max_frame)
+        channel = self._channel
+        deadline = self._deadline()
+        try:
+            channel.send(frame, deadline, method)
+            return _await_result(channel, request_id, method, deadline, None)
+        except RemoteError as exc:
+            if exc.code in _UNREAD:
+                self._drop()
+            raise
+        except BaseException:
+            # A timeout or a broken stream leaves the connection in an unknown
+            # state (a late reply would answer the next call): start afresh.
+            self._drop()
+            raise
+
+    def subscribe(self, method: str, /, **params: Any) -> Subscription:
+        """Send ``method`` (such as ``events.subscribe``) on a new connection and
+        return the stream of events the daemon pushes after its reply.
+
+        Raises:
+            DaemonError, RemoteError, ProtocolError: as ``call``, for the
+                subscribing request.
+        """
+        request_id, frame = self._request(method, params)
+        channel = _Channel(self.path, self.timeout, self.max_frame)
+        early: deque[Push] = deque()
+        try:
+            deadline = self._deadline()
+            channel.send(frame, deadline, method)
+            result = _await_result(channel, request_id, method, deadline, early)
+        except BaseException:
+            channel.close()
+            raise
+        subscription = Subscription(channel, method, result, early)
+        self._subscriptions.add(subscription)
+        return subscription
+
+    def _drop(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def close(self) -> None:
+        """Close the connection and every subscription this client opened."""
+        self._drop()
+        for subscription in list(self._subscriptions):
+            subscription.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _await_result(
+    channel: _Channel, request_id: int, method: str, deadline: float | None, early: deque[Push] | None
+) -> dict[str, Any]:
+    """The result of request ``request_id``; pushes that come first are kept in
+    ``early`` (a subscription's) or dropped (a plain call has none)."""
+    while True:
+        reply = channel.receive(deadline, method)
+        if reply is None:
+            raise DaemonError(
+                f"the daemon at {channel.path} closed the connection before answering {method!r};"
+                " see the daemon's log"
+            )
+        if isinstance(reply, Push):
+            if early is not None:
+                early.append(reply)
+            continue
+        if reply.id not in (request_id, 0):
+            raise ProtocolError(
+                f"the daemon answered request {reply.id} while this client waited for {request_id};"
+                " check that the daemon and this client are the same stockade version"
+            )
+        if isinstance(reply, Failure):
+            raise RemoteError(reply.message, code=reply.code, method=method)
+        return reply.result
+
+
+__all__ = ["Client", "RemoteError", "Subscription"]
