@@ -9,7 +9,8 @@ caller can do about it::
     ├── HostError                 this host lacks a kernel feature the policy needs: see `stockade doctor`
     ├── CellError                 a cell could not be set up or run (a bug or a broken host)
     ├── DaemonError               the daemon is unreachable or broken
-    └── ProtocolError             a malformed message on a socket
+    ├── ProtocolError             a malformed message on a socket
+    └── StoreError                the event store cannot write its file: full disk, read-only, corrupt
 
 Every message is one sentence: what happened, the offending value, then the fix.
 """
@@ -70,4 +71,29 @@ class ProtocolError(StockadeError):
     exit_code = 5
 
 
-__all__ = ["CellError", "DaemonError", "HostError", "PolicyError", "ProtocolError", "StockadeError"]
+class StoreError(StockadeError):
+    """The event store cannot write (or read) its file: a full disk, a read-only
+    file or filesystem, a corrupt file, a lock held by another process.
+
+    Nothing was half-written: the events of the failed call were not stored and
+    the chain is intact. stockade runs nothing it cannot record, so the daemon
+    starts no run (and halts running ones) until the store can write again.
+    ``path`` is the store's file.
+    """
+
+    exit_code = 5
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        self.path = path
+        super().__init__(message)
+
+
+__all__ = [
+    "CellError",
+    "DaemonError",
+    "HostError",
+    "PolicyError",
+    "ProtocolError",
+    "StockadeError",
+    "StoreError",
+]

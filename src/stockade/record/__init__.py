@@ -1,24 +1,66 @@
-"""The record: events from every layer, and the kernel audit reader.
+"""The record: events from every layer, their store and hash chain, exports,
+and the kernel audit reader.
 
-``AuditReader`` is imported lazily: it pulls in threading and sockets, which
-code that only handles events does not need."""
+Only the event model is imported eagerly. The rest is imported when first
+used: the audit reader pulls in threading and sockets, the store sqlite3, the
+chain hashlib and json, the exports datetime; ``stockade exec`` needs none of
+them to start a cell."""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from stockade.record._event import EVENT_VERSION, Event, Layer, Outcome
 
 if TYPE_CHECKING:
     from stockade.record._audit import AuditReader, AuditStats
+    from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, canonical_json, chain_hash
+    from stockade.record._export import ExportFormat, export, export_to_file, parse_since
+    from stockade.record._store import EventStore, SqliteStore, open_store
+
+_LAZY = {
+    "AuditReader": "_audit",
+    "AuditStats": "_audit",
+    "GENESIS": "_chain",
+    "StoredEvent": "_chain",
+    "VerifyResult": "_chain",
+    "canonical_json": "_chain",
+    "chain_hash": "_chain",
+    "ExportFormat": "_export",
+    "export": "_export",
+    "export_to_file": "_export",
+    "parse_since": "_export",
+    "EventStore": "_store",
+    "SqliteStore": "_store",
+    "open_store": "_store",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("AuditReader", "AuditStats"):
-        from stockade.record import _audit
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stockade.record' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"stockade.record.{module}"), name)
 
-        return getattr(_audit, name)
-    raise AttributeError(f"module 'stockade.record' has no attribute {name!r}")
 
-
-__all__ = ["EVENT_VERSION", "AuditReader", "AuditStats", "Event", "Layer", "Outcome"]
+__all__ = [
+    "EVENT_VERSION",
+    "GENESIS",
+    "AuditReader",
+    "AuditStats",
+    "Event",
+    "EventStore",
+    "ExportFormat",
+    "Layer",
+    "Outcome",
+    "SqliteStore",
+    "StoredEvent",
+    "VerifyResult",
+    "canonical_json",
+    "chain_hash",
+    "export",
+    "export_to_file",
+    "open_store",
+    "parse_since",
+]

@@ -1,0 +1,164 @@
+"""``stockade verify`` and ``stockade export``: the record, from its file.
+
+Both open the event store read-only, so they work while a daemon writes it
+(SQLite's WAL lets readers see a consistent snapshot without blocking the
+writer). ``verify`` exits 0 when the chain is intact and 1 when it is not,
+naming the first altered, missing or reordered event; ``export`` writes JSON,
+JSON lines or text to stdout or, atomically, to ``--out FILE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from stockade.errors import StoreError
+from stockade.record._export import FORMATS, ExportFormat, export, export_to_file, parse_since, printable
+
+if TYPE_CHECKING:
+    from stockade.record._store import SqliteStore
+
+EXIT_BROKEN = 1
+"""``stockade verify``: the chain is not intact."""
+EXIT_NOT_FOUND = 6
+
+
+def default_db() -> str:
+    """``<state>/events.db``: ``$STOCKADE_STATE``, else ``/var/lib/stockade`` for
+    root and ``$XDG_STATE_HOME/stockade`` (``~/.local/state/stockade``) for others,
+    as in docs/internals/DAEMON-CONTRACTS.md."""
+    state = os.environ.get("STOCKADE_STATE")
+    if not state:
+        if os.geteuid() == 0:
+            state = "/var/lib/stockade"
+        else:
+            xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+            state = os.path.join(xdg, "stockade")
+    return os.path.join(state, "events.db")
+
+
+_DB_OPTION = click.option(
+    "--db",
+    "db",
+    metavar="PATH",
+    default=None,
+    help="The event store (default: $STOCKADE_STATE/events.db, else /var/lib/stockade/events.db).",
+)
+
+
+def _open(ctx: click.Context, db: str | None) -> SqliteStore:
+    from stockade.record._store import open_store
+
+    path = db or default_db()
+    if not os.path.exists(path):
+        click.echo(
+            f"stockade: there is no event store at {path}; pass --db PATH or set STOCKADE_STATE",
+            err=True,
+        )
+        ctx.exit(EXIT_NOT_FOUND)
+    return open_store(path, readonly=True)
+
+
+@click.command("verify")
+@_DB_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def verify(ctx: click.Context, db: str | None, as_json: bool) -> None:
+    """Check that the record's hash chain is intact.
+
+    Walks every event in order and recomputes its hash. Exits 0 when every
+    event is intact and in order, 1 at the first event that was altered, is
+    missing or is out of order (it is named and shown), 6 when there is no
+    store, 5 when the store cannot be read.
+    """
+    with _open(ctx, db) as store:
+        result = store.verify()
+        bad_json = None if result.first_bad_seq is None else store.stored_json(result.first_bad_seq)
+    if as_json:
+        body = {
+            "ok": result.ok,
+            "db": store.path,
+            "checked": result.checked,
+            "first_bad_seq": result.first_bad_seq,
+            "reason": result.reason,
+            "last_hash": result.last_hash,
+            "first_bad_event": bad_json,
+        }
+        click.echo(json.dumps(body, indent=2, ensure_ascii=False))
+    elif result.ok:
+        click.echo(f"{store.path}: {result.reason}.")
+        if result.checked:
+            click.echo(f"last event {result.checked}, hash {result.last_hash}")
+    else:
+        click.echo(f"{store.path}: the record is NOT intact: {result.reason}.")
+        click.echo(f"{result.checked} event(s) before it are intact (last hash {result.last_hash}).")
+        if bad_json is not None:
+            click.echo(f"event {result.first_bad_seq} as stored: {printable(bad_json)}")
+    if not result.ok:
+        ctx.exit(EXIT_BROKEN)
+
+
+@click.command("export")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="jsonl",
+    show_default=True,
+    help="json: one array; jsonl: one object per line; text: one human line per event.",
+)
+@click.option(
+    "--since",
+    metavar="TIME",
+    default=None,
+    help="Only events at or after TIME: ISO-8601 (2026-11-30T12:00:00Z; UTC without an offset) "
+    "or a duration back from now (90s, 10m, 2h, 7d).",
+)
+@click.option("--run", "run", metavar="ID", default=None, help="Only the events of run ID.")
+@click.option(
+    "--out",
+    metavar="FILE",
+    default=None,
+    help="Write to FILE, atomically (complete or not at all), mode 0600; default stdout.",
+)
+@_DB_OPTION
+@click.pass_context
+def export_cmd(
+    ctx: click.Context, fmt: ExportFormat, since: str | None, run: str | None, out: str | None, db: str | None
+) -> None:
+    """Export the record: every event, or those since TIME and of one run, in seq order.
+
+    Safe while the daemon runs: the export is one consistent snapshot, and
+    events stored after it began are not in it.
+    """
+    since_ts: float | None = None
+    if since is not None:
+        try:
+            since_ts = parse_since(since)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--since'") from None
+    with _open(ctx, db) as store:
+        events = store.query(since=since_ts, run=run)
+        try:
+            if out is not None:
+                count = export_to_file(events, fmt, out)
+                click.echo(f"stockade: {count} event(s) written to {out}", err=True)
+                return
+            export(events, fmt, sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # `stockade export | head`: the reader has what it wanted. Point
+            # stdout at /dev/null so that the interpreter's last flush is quiet.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except ValueError as exc:
+            # A stored event that is not one (text needs it parsed): tampering.
+            raise StoreError(
+                f"cannot export {store.path}: {exc}; run `stockade verify --db {store.path}`",
+                path=store.path,
+            ) from exc
