@@ -1,0 +1,501 @@
+"""The daemon's commands: ``daemon``, ``run``, ``ps``, ``stop``, ``logs``,
+``status``, ``approvals``, ``approve`` and ``deny`` (docs/DAEMON.md).
+
+Thin: each parses its flags, talks to the daemon through
+``stockade.daemon._client.Client`` and renders the answer. Errors are
+stockade's own and ``run_app`` turns them into exit codes: 4 when the daemon
+is unreachable, 6 when a run or approval is not found, 5 for other daemon
+errors (docs/CLI.md). ``stockade run`` with no daemon running starts one in
+this process for that run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from stockade.errors import DaemonError, PolicyError
+
+if TYPE_CHECKING:
+    from stockade.daemon._client import Client
+
+EXIT_HOST = 5
+EXIT_INTERRUPTED = 130
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _place(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--socket",
+        "socket_path",
+        metavar="PATH",
+        default=None,
+        help="The daemon's socket (default: $STOCKADE_SOCKET, else <state>/daemon.sock).",
+    )(f)
+    return click.option(
+        "--state",
+        "state",
+        metavar="DIR",
+        default=None,
+        help="The daemon's state directory (default: $STOCKADE_STATE, else /var/lib/stockade "
+        "for root, $XDG_STATE_HOME/stockade for others).",
+    )(f)
+
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def _where(state: str | None, socket_path: str | None) -> tuple[str, str]:
+    from stockade.daemon import _paths
+
+    state_dir = _paths.state_dir(state)
+    return state_dir, _paths.socket_path(socket_path, state=state_dir)
+
+
+def _client(state: str | None, socket_path: str | None, *, timeout: float | None = 30.0) -> Client:
+    from stockade.daemon._client import Client
+
+    return Client(_where(state, socket_path)[1], timeout=timeout)
+
+
+def _echo_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _ago(when: float | None) -> str:
+    if not when:
+        return "-"
+    seconds = max(0.0, time.time() - when)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+# --------------------------------------------------------------------------- daemon
+
+
+@click.command("daemon")
+@_place
+@click.option(
+    "--approval-timeout",
+    type=click.FloatRange(min=0.001),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long an intent waits for the operator before it is denied.",
+)
+def daemon(state: str | None, socket_path: str | None, approval_timeout: float) -> int:
+    """Run the daemon in the foreground until SIGTERM or Ctrl-C.
+
+    It listens on a unix socket (mode 0600), keeps the event store in the
+    state directory, and runs the cells that `stockade run` asks for. On
+    SIGTERM it stops every run and records that it stopped.
+    """
+    from stockade.daemon._server import serve
+
+    state_dir, sock = _where(state, socket_path)
+
+    def ready(_daemon: object) -> None:
+        click.echo(f"stockade: daemon listening on {sock} (state {state_dir}, pid {os.getpid()})", err=True)
+
+    try:
+        return serve(state=state_dir, socket_path=sock, approval_timeout=approval_timeout, ready=ready)
+    except DaemonError as exc:
+        # The daemon itself cannot start: a daemon error, not "unreachable".
+        click.echo(f"stockade: {exc}", err=True)
+        return EXIT_HOST
+
+
+# --------------------------------------------------------------------------- run
+
+
+@click.command("run", context_settings={"allow_interspersed_args": False})
+@click.option("-f", "--policy", "policy_file", required=True, metavar="POLICY", help="The policy file.")
+@click.option(
+    "-w",
+    "--workspace",
+    metavar="DIR",
+    default=None,
+    help="The workspace (default: the policy's, else a fresh directory, kept).",
+)
+@click.option("--detach", is_flag=True, help="Start the run and return; a daemon must be running.")
+@click.option(
+    "--unattended", is_flag=True, help="Nobody answers: what would need approval is denied and counted."
+)
+@_JSON
+@_place
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def run(
+    policy_file: str,
+    workspace: str | None,
+    detach: bool,
+    unattended: bool,
+    as_json: bool,
+    state: str | None,
+    socket_path: str | None,
+    argv: tuple[str, ...],
+) -> int:
+    """Run an agent under the daemon: stockade run -f POLICY [-- COMMAND ARGS...].
+
+    In the foreground the agent's output is printed live, approvals are asked
+    at this terminal, and the exit code is the agent's; Ctrl-C stops the run.
+    With no daemon running, one is started in this process for the run.
+    """
+    from stockade.daemon._client import Client
+    from stockade.policy import load_policy
+
+    path = os.path.abspath(policy_file)
+    policy = load_policy(path)  # a bad file is exit 3 here, before any daemon is involved
+    names = set(policy.env.passthrough)
+    try:
+        with open(path, encoding="utf-8") as f:
+            names.update(_VAR.findall(f.read()))
+    except OSError as exc:
+        raise PolicyError(f"cannot read {path}: {exc.strerror}") from exc
+    params: dict[str, Any] = {
+        "policy_path": path,
+        "argv": list(argv) or None,
+        "workspace": os.path.abspath(workspace) if workspace else None,
+        "detach": detach,
+        "unattended": unattended,
+        "env": {name: os.environ[name] for name in sorted(names) if name in os.environ},
+    }
+    state_dir, sock = _where(state, socket_path)
+    client = Client(sock, timeout=60.0)
+    local = None
+    try:
+        client.call("status")
+    except DaemonError:
+        if detach:
+            raise DaemonError(
+                f"no daemon is running at {sock}, and a detached run needs one; "
+                "start it with `stockade daemon`"
+            ) from None
+        from stockade.daemon._server import DaemonThread
+
+        local = DaemonThread(state=state_dir, socket_path=sock).start()
+    try:
+        info = client.call("run.start", **params)
+        if detach:
+            if as_json:
+                _echo_json(info)
+            else:
+                click.echo(info["id"])
+            return 0
+        return _foreground(client, info, as_json=as_json)
+    finally:
+        client.close()
+        if local is not None:
+            local.stop()
+
+
+def _foreground(client: Client, info: dict[str, Any], *, as_json: bool) -> int:
+    run_id = str(info["id"])
+    prompter = None
+    if not info.get("unattended") and sys.stdin.isatty():
+        prompter = _Prompter(client, run_id)
+        prompter.start()
+    try:
+        logs = client.subscribe("run.logs", run=run_id, follow=True)
+        ended: dict[str, Any] | None = None
+        with logs:
+            if not as_json:
+                _write(1, logs.result.get("data", ""))
+            if logs.result.get("ended"):
+                ended = client.call("run.list", all=True)
+                ended = next((r for r in ended["runs"] if r["id"] == run_id), None)
+            else:
+                for push in logs:
+                    kind = push.get("kind")
+                    if kind == "run.output" and not as_json:
+                        _write(1 if push.get("stream") == "stdout" else 2, str(push.get("data", "")))
+                    elif kind == "run.ended":
+                        ended = push.get("run")
+                        break
+                    elif kind == "subscription.dropped":
+                        click.echo("stockade: the live output fell behind; see `stockade logs`", err=True)
+    except KeyboardInterrupt:
+        client.call("run.stop", run=run_id, grace=0)
+        click.echo(f"stockade: run {run_id} stopped", err=True)
+        return EXIT_INTERRUPTED
+    finally:
+        if prompter is not None:
+            prompter.stop()
+    if ended is None:
+        raise DaemonError(f"the daemon stopped following run {run_id}; see `stockade logs {run_id}`")
+    if as_json:
+        _echo_json(ended)
+    if ended.get("halted"):
+        click.echo(f"stockade: run {run_id} was halted: {ended['halted']}", err=True)
+    if ended.get("error"):
+        click.echo(f"stockade: run {run_id} failed: {ended['error']}", err=True)
+        return EXIT_HOST
+    code = ended.get("exit_code")
+    return int(code) if isinstance(code, int) else EXIT_HOST
+
+
+def _write(fd: int, text: str) -> None:
+    if not text:
+        return
+    stream = sys.stdout if fd == 1 else sys.stderr
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        pass
+
+
+class _Prompter:
+    """Asks the operator at this terminal about the run's approvals, one at a time."""
+
+    def __init__(self, client: Client, run_id: str) -> None:
+        from stockade.daemon._client import Client
+
+        self._decider = Client(client.path, timeout=30.0)
+        self._events = Client(client.path, timeout=30.0)
+        self._run = run_id
+        self._thread = threading.Thread(target=self._main, name="stockade-prompt", daemon=True)
+        self._seen: set[str] = set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._events.close()
+        self._decider.close()
+
+    def _main(self) -> None:
+        from stockade.errors import StockadeError
+
+        try:
+            with self._events.subscribe("events.subscribe", run=self._run) as stream:
+                # Asked before we listened: they are pending now.
+                for approval in self._decider.call("approvals.list", run=self._run)["approvals"]:
+                    self._prompt(approval)
+                for stored in stream:
+                    event = stored.get("event", {})
+                    if (
+                        event.get("kind") == "approval.asked"
+                        and event.get("detail", {}).get("state") == "pending"
+                    ):
+                        self._prompt(event["detail"])
+                    elif event.get("kind") == "run.end":
+                        return
+        except (StockadeError, OSError, ValueError):
+            return
+
+    def _prompt(self, approval: dict[str, Any]) -> None:
+        from stockade.daemon._client import RemoteError
+
+        approval_id = str(approval.get("id"))
+        if approval_id in self._seen:
+            return
+        self._seen.add(approval_id)
+        args = json.dumps(approval.get("args", {}), ensure_ascii=False)[:500]
+        if approval.get("intent") == "ask":
+            question = str(approval.get("args", {}).get("question", ""))
+            click.echo(f"\nstockade: the agent asks ({approval_id}): {question}", err=True)
+            answer = click.prompt("answer (empty to refuse)", default="", show_default=False, err=True)
+            decision, reason = ("approve", answer) if answer else ("deny", "refused at the terminal")
+        else:
+            click.echo(f"\nstockade: approval {approval_id}: {approval.get('intent')} {args}", err=True)
+            yes = click.confirm("approve?", default=False, err=True)
+            decision, reason = ("approve", "") if yes else ("deny", "refused at the terminal")
+        try:
+            self._decider.call(
+                "approvals.decide", id=approval_id, decision=decision, reason=reason, by="terminal"
+            )
+        except RemoteError as exc:
+            click.echo(f"stockade: {exc}", err=True)
+
+
+# --------------------------------------------------------------------------- the rest
+
+
+@click.command("ps")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Also the runs of earlier daemons.")
+@_JSON
+@_place
+def ps(show_all: bool, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """List the daemon's runs."""
+    with _client(state, socket_path) as client:
+        runs = client.call("run.list", all=show_all)["runs"]
+    if as_json:
+        _echo_json(runs)
+        return 0
+    rows = [("ID", "NAME", "STATE", "EXIT", "INTENTS", "DENIALS", "STARTED")]
+    for r in runs:
+        code = r.get("exit_code")
+        rows.append(
+            (
+                str(r.get("id")),
+                str(r.get("name")),
+                str(r.get("state")),
+                "-" if code is None else str(code),
+                str(r.get("intents", 0)),
+                f"{r.get('denials', 0)}/{r.get('denial_limit', '-')}",
+                _ago(r.get("created")),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+@click.command("stop")
+@click.argument("run_ref", metavar="NAME|ID")
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 3600),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long the agent gets after SIGTERM before its cell is killed.",
+)
+@_JSON
+@_place
+def stop(run_ref: str, grace: float, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """Stop a run: SIGTERM to the agent, its cell killed after --grace seconds."""
+    with _client(state, socket_path, timeout=grace + 60.0) as client:
+        info = client.call("run.stop", run=run_ref, grace=grace)
+    if as_json:
+        _echo_json(info)
+    else:
+        code = info.get("exit_code")
+        click.echo(f"{info['id']} {info['state']}" + ("" if code is None else f" (exit code {code})"))
+    return 0
+
+
+@click.command("logs")
+@click.argument("run_ref", metavar="NAME|ID")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing output as the agent writes it.")
+@click.option(
+    "-n", "--tail", type=click.IntRange(min=0), default=None, metavar="N", help="Only the last N lines."
+)
+@_place
+def logs(run_ref: str, follow: bool, tail: int | None, state: str | None, socket_path: str | None) -> int:
+    """Print a run's transcript (the agent's stdout and stderr, capped)."""
+    with _client(state, socket_path) as client:
+        if not follow:
+            result = client.call("run.logs", run=run_ref, tail=tail)
+            _write(1, result["data"])
+            if result.get("truncated") and tail is None:
+                click.echo(
+                    "stockade: older output left out; see the transcript file in the run's directory",
+                    err=True,
+                )
+            return 0
+        with client.subscribe("run.logs", run=run_ref, tail=tail, follow=True) as stream:
+            _write(1, stream.result.get("data", ""))
+            if stream.result.get("ended"):
+                return 0
+            try:
+                for push in stream:
+                    kind = push.get("kind")
+                    if kind == "run.output":
+                        _write(1 if push.get("stream") == "stdout" else 2, str(push.get("data", "")))
+                    elif kind == "run.ended":
+                        return 0
+                    elif kind == "subscription.dropped":
+                        click.echo(
+                            "stockade: fell behind the live output; run `stockade logs` again", err=True
+                        )
+                        return EXIT_HOST
+            except KeyboardInterrupt:
+                return EXIT_INTERRUPTED
+    return 0
+
+
+@click.command("status")
+@_JSON
+@_place
+def status(as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """Say whether the daemon runs, where, and what it holds."""
+    with _client(state, socket_path) as client:
+        info = client.call("status")
+    if as_json:
+        _echo_json(info)
+        return 0
+    store = info.get("store", {})
+    click.echo(f"daemon    pid {info['pid']}, version {info['version']}, up {info['uptime']:.0f} s")
+    click.echo(f"socket    {info['socket']}")
+    click.echo(f"state     {info['state']}")
+    click.echo(f"runs      {info['runs']['running']} running, {info['runs']['total']} in all")
+    click.echo(f"approvals {info['approvals_pending']} pending")
+    last = store.get("last_seq", "?")
+    click.echo(
+        f"store     {store.get('path')}: {last} events"
+        + (f"; ERROR: {store['error']}" if store.get("error") else "")
+    )
+    if not info.get("accepting_runs", True):
+        click.echo("stockade: the daemon refuses new runs: its store cannot write", err=True)
+        return EXIT_HOST
+    return 0
+
+
+@click.command("approvals")
+@click.option("--run", "run_ref", metavar="ID", default=None, help="Only this run's.")
+@_JSON
+@_place
+def approvals(run_ref: str | None, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """List the approvals waiting for an operator."""
+    with _client(state, socket_path) as client:
+        pending = client.call("approvals.list", **({"run": run_ref} if run_ref else {}))["approvals"]
+    if as_json:
+        _echo_json(pending)
+        return 0
+    if not pending:
+        click.echo("no approvals are waiting")
+    for a in pending:
+        left = max(0.0, float(a.get("deadline") or 0) - time.time())
+        args = json.dumps(a.get("args", {}), ensure_ascii=False)[:200]
+        click.echo(f"{a['id']}  run {a['run']}  {a['intent']} {args}  ({left:.0f} s left)")
+    return 0
+
+
+def _decide(
+    approval_id: str, decision: str, reason: str, as_json: bool, state: str | None, socket_path: str | None
+) -> int:
+    with _client(state, socket_path) as client:
+        result = client.call("approvals.decide", id=approval_id, decision=decision, reason=reason)
+    if as_json:
+        _echo_json(result)
+    else:
+        click.echo(f"{result['id']} {result['state']}")
+    return 0
+
+
+@click.command("approve")
+@click.argument("approval_id", metavar="ID")
+@click.option("--reason", default="", help="Why (for a question the agent asked: the answer).")
+@_JSON
+@_place
+def approve(approval_id: str, reason: str, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """Approve a waiting intent; the agent gets its answer at once."""
+    return _decide(approval_id, "approve", reason, as_json, state, socket_path)
+
+
+@click.command("deny")
+@click.argument("approval_id", metavar="ID")
+@click.option("--reason", required=True, help="Why: recorded, and told to the agent.")
+@_JSON
+@_place
+def deny(approval_id: str, reason: str, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """Deny a waiting intent."""
+    return _decide(approval_id, "deny", reason, as_json, state, socket_path)
+
+
+COMMANDS = (daemon, run, ps, stop, logs, status, approvals, approve, deny)
+"""Registered by ``stockade.cli._app``."""
+
+__all__ = ["COMMANDS", "approvals", "approve", "daemon", "deny", "logs", "ps", "run", "status", "stop"]

@@ -1,0 +1,372 @@
+"""The daemon's record and its live stream.
+
+``Recorder`` is the one writer of the event store: a thread that owns the
+store and appends, in one transaction, every batch of events that arrived
+together (group commit). Each caller gets its events back, stored, only after
+that transaction is durable, so an intent is never answered before its event
+is on disk. Once an append fails with ``StoreError`` the recorder refuses every
+later write with the same error: the daemon never runs anything unrecorded.
+
+``EventBus`` hands stored events, in ``seq`` order, to live subscribers
+(``events.subscribe``) and a run's output to those following it (``run.logs
+-f``). It never blocks: each subscriber's ``send`` says whether it could take
+the message, and one that cannot (its bounded queue is full) is dropped and
+reported to the caller, so one slow reader never stalls the others.
+
+Neither class touches a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stockade.errors import StoreError
+from stockade.record import Event
+from stockade.record._chain import StoredEvent
+from stockade.record._store import EventStore, open_store
+
+MAX_BATCH = 1024
+"""Events written in one transaction at most; more wait for the next."""
+
+Waiter = asyncio.Future[list[StoredEvent]] | concurrent.futures.Future[list[StoredEvent]]
+
+
+@dataclass(eq=False, slots=True)
+class _Append:
+    events: Sequence[Event]
+    waiter: Waiter
+
+
+class _Stop:
+    pass
+
+
+_Job = _Append | _Stop
+
+
+class Recorder:
+    """The store's one writer: a thread doing group commits (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        on_stored: Callable[[list[StoredEvent]], None],
+        on_failure: Callable[[StoreError], None],
+    ) -> None:
+        """
+        Args:
+            path: the store's file.
+            loop: the daemon's event loop: ``on_stored``, ``on_failure`` and
+                the futures of ``record_soon`` are called and resolved there.
+            on_stored: every batch of stored events, in order, before any of
+                their callers is answered.
+            on_failure: the first write that failed (called once).
+        """
+        self.path = path
+        self._loop = loop
+        self._on_stored = on_stored
+        self._on_failure = on_failure
+        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._store: EventStore | None = None
+        self.failure: StoreError | None = None
+        self.appended = 0
+        self.commits = 0
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Open the store in the writer thread.
+
+        Raises:
+            StoreError: the store cannot be opened or written.
+        """
+        opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._main, args=(opened,), name="stockade-recorder", daemon=True
+        )
+        self._thread.start()
+        opened.result()
+
+    def close(self) -> None:
+        """Write what is queued, close the store and end the thread. Idempotent."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._queue.put(_Stop())
+        thread.join()
+
+    # ----------------------------------------------------------------- writing
+
+    def record_soon(self, events: Sequence[Event]) -> asyncio.Future[list[StoredEvent]]:
+        """From the loop: a future of the stored events, set once they are durable.
+
+        The future's exception is ``StoreError`` when they could not be written.
+        """
+        waiter: asyncio.Future[list[StoredEvent]] = self._loop.create_future()
+        if self.failure is not None:
+            waiter.set_exception(self.failure)
+        else:
+            self._queue.put(_Append(events, waiter))
+        return waiter
+
+    def record(self, events: Sequence[Event]) -> list[StoredEvent]:
+        """From any thread but the loop's: store ``events`` and wait until durable.
+
+        Raises:
+            StoreError: they could not be written.
+        """
+        if self.failure is not None:
+            raise self.failure
+        waiter: concurrent.futures.Future[list[StoredEvent]] = concurrent.futures.Future()
+        self._queue.put(_Append(events, waiter))
+        return waiter.result()
+
+    @property
+    def store(self) -> EventStore:
+        """The store, for reading (``query``, ``verify``, ``last_seq``): it is
+        safe to read from any thread while this one writes."""
+        if self._store is None:
+            raise StoreError(f"the event store {self.path} is not open", path=self.path)
+        return self._store
+
+    # ----------------------------------------------------------------- the thread
+
+    def _main(self, opened: concurrent.futures.Future[None]) -> None:
+        try:
+            store = open_store(self.path)
+        except BaseException as exc:
+            opened.set_exception(exc)
+            return
+        self._store = store
+        opened.set_result(None)
+        try:
+            self._serve(store)
+        finally:
+            with contextlib.suppress(Exception):
+                store.close()
+
+    def _serve(self, store: EventStore) -> None:
+        pending: _Job | None = None
+        while True:
+            job = pending if pending is not None else self._queue.get()
+            pending = None
+            if isinstance(job, _Stop):
+                return
+            batch = [job]
+            count = len(job.events)
+            # Everything that arrived meanwhile goes into the same transaction.
+            while count < MAX_BATCH:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(more, _Stop):
+                    pending = more
+                    break
+                batch.append(more)
+                count += len(more.events)
+            self._append(store, batch)
+
+    def _append(self, store: EventStore, batch: list[_Append]) -> None:
+        results: list[tuple[Waiter, list[StoredEvent] | BaseException]] = []
+        if self.failure is not None:
+            results = [(job.waiter, self.failure) for job in batch]
+            self._deliver(results, [])
+            return
+        events = [event for job in batch for event in job.events]
+        try:
+            stored = store.append(events) if events else []
+        except StoreError as exc:
+            self._fail(exc)
+            self._deliver([(job.waiter, exc) for job in batch], [])
+            return
+        except Exception as exc:
+            # Not the store's fault (an event that cannot be encoded, say):
+            # write the jobs one by one, so only the bad one fails.
+            if len(batch) == 1:
+                self._deliver([(batch[0].waiter, exc)], [])
+                return
+            for job in batch:
+                self._append(store, [job])
+            return
+        self.commits += 1
+        self.appended += len(stored)
+        start = 0
+        for job in batch:
+            end = start + len(job.events)
+            results.append((job.waiter, stored[start:end]))
+            start = end
+        self._deliver(results, stored)
+
+    def _fail(self, exc: StoreError) -> None:
+        if self.failure is None:
+            self.failure = exc
+            self._soon(self._on_failure, exc)
+
+    def _deliver(
+        self, results: list[tuple[Waiter, list[StoredEvent] | BaseException]], stored: list[StoredEvent]
+    ) -> None:
+        threaded = [(w, r) for w, r in results if isinstance(w, concurrent.futures.Future)]
+        looped = [(w, r) for w, r in results if isinstance(w, asyncio.Future)]
+
+        def in_loop() -> None:
+            if stored:
+                self._on_stored(stored)
+            for waiter, result in looped:
+                if waiter.done():
+                    continue
+                if isinstance(result, BaseException):
+                    waiter.set_exception(result)
+                else:
+                    waiter.set_result(result)
+            _resolve(threaded)
+
+        if not self._soon(in_loop):
+            # The loop is gone (the daemon is ending): answer the threads directly.
+            _resolve(threaded)
+            for waiter, _result in looped:
+                waiter.cancel()
+
+    def _soon(self, fn: Callable[..., None], *args: object) -> bool:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+
+def _resolve(results: Sequence[tuple[Waiter, list[StoredEvent] | BaseException]]) -> None:
+    for waiter, result in results:
+        assert isinstance(waiter, concurrent.futures.Future)
+        if waiter.done():
+            continue
+        if isinstance(result, BaseException):
+            waiter.set_exception(result)
+        else:
+            waiter.set_result(result)
+
+
+# --------------------------------------------------------------------------- the bus
+
+
+Send = Callable[[int, dict[str, Any]], bool]
+"""Hands one message to subscription ``id``; False when its queue is full."""
+SendOutput = Callable[[int, int, int, bytes], bool]
+"""Hands (id, stream, offset, data) of a run's transcript to a follower; False when its queue is full."""
+EndOutput = Callable[[int, dict[str, Any]], None]
+"""Tells follower ``id`` that the run ended, and how (the run's info)."""
+
+
+@dataclass(eq=False, slots=True)
+class Subscription:
+    id: int
+    run: str | None
+    """Only this run's events (``None``: every event)."""
+    send: Send
+    owner: object
+    """Who asked (the connection), so that all of its subscriptions end with it."""
+
+
+@dataclass(eq=False, slots=True)
+class OutputTap:
+    """Someone following a run's transcript from byte ``start`` on."""
+
+    id: int
+    run: str
+    start: int
+    send: SendOutput
+    end: EndOutput
+    owner: object
+
+
+@dataclass(slots=True)
+class EventBus:
+    """Live subscribers to stored events and to runs' output (see the module docstring)."""
+
+    _subs: dict[int, Subscription] = field(default_factory=dict)
+    _taps: dict[str, dict[int, OutputTap]] = field(default_factory=dict)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    dropped: int = 0
+
+    def subscribe(self, send: Send, *, run: str | None, owner: object) -> Subscription:
+        sub = Subscription(next(self._ids), run, send, owner)
+        self._subs[sub.id] = sub
+        return sub
+
+    def tap(self, run: str, start: int, send: SendOutput, end: EndOutput, *, owner: object) -> OutputTap:
+        tap = OutputTap(next(self._ids), run, start, send, end, owner)
+        self._taps.setdefault(run, {})[tap.id] = tap
+        return tap
+
+    def unsubscribe(self, sub_id: int) -> None:
+        self._subs.pop(sub_id, None)
+        for taps in self._taps.values():
+            taps.pop(sub_id, None)
+
+    def drop_owner(self, owner: object) -> None:
+        """End every subscription of ``owner`` (a connection that closed)."""
+        for sub_id in [s.id for s in self._subs.values() if s.owner is owner]:
+            del self._subs[sub_id]
+        for run, taps in list(self._taps.items()):
+            for tap_id in [t.id for t in taps.values() if t.owner is owner]:
+                del taps[tap_id]
+            if not taps:
+                del self._taps[run]
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs) + sum(len(t) for t in self._taps.values())
+
+    def publish(self, stored: Sequence[StoredEvent]) -> list[Subscription]:
+        """Hand ``stored`` to every subscriber; return (and forget) the ones that overflowed."""
+        if not self._subs:
+            return []
+        overflowed: list[Subscription] = []
+        for item in stored:
+            message: dict[str, Any] | None = None
+            for sub in list(self._subs.values()):
+                if sub.run is not None and sub.run != item.event.run:
+                    continue
+                if message is None:
+                    message = item.to_dict()
+                if not sub.send(sub.id, message):
+                    del self._subs[sub.id]
+                    overflowed.append(sub)
+        self.dropped += len(overflowed)
+        return overflowed
+
+    def output(self, run: str, stream: int, offset: int, data: bytes) -> list[OutputTap]:
+        """Hand a chunk of ``run``'s transcript (at byte ``offset``) to its followers."""
+        taps = self._taps.get(run)
+        if not taps:
+            return []
+        overflowed: list[OutputTap] = []
+        end = offset + len(data)
+        for tap in list(taps.values()):
+            if end <= tap.start:
+                continue  # already sent from the file
+            chunk = data[max(0, tap.start - offset) :]
+            if not tap.send(tap.id, stream, max(offset, tap.start), chunk):
+                del taps[tap.id]
+                overflowed.append(tap)
+        self.dropped += len(overflowed)
+        return overflowed
+
+    def end_output(self, run: str, info: dict[str, Any]) -> None:
+        """The run ended: tell its followers how, and forget them."""
+        for tap in self._taps.pop(run, {}).values():
+            tap.end(tap.id, info)
+
+
+__all__ = ["MAX_BATCH", "EventBus", "OutputTap", "Recorder", "Subscription"]

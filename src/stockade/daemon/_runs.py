@@ -1,0 +1,955 @@
+"""Runs under the daemon, and the broker's serving side: what each intent gets.
+
+A run is one agent in one cell, started by ``run.start``: an id (``r-`` and 12
+hex digits), a ``Cell`` run by a thread of its own (the thread that forks a
+cell must outlive it: the cell's death signal follows that thread), a broker
+socket the server listens on (shown in the cell at
+``/run/stockade/broker.sock``), a capability token bound to the run, a
+tripwire, and a transcript of the agent's stdout and stderr. Everything a run
+does is an event, recorded before anyone is answered.
+
+Each intent on a run's broker socket goes through ``Runs.intent``:
+
+1. a halted run refuses it (``denied``), recorded;
+2. the token must be this run's and live (``unauthorized``), recorded as a denial;
+3. the policy's ``tools`` rules decide (``Rules``); unattended runs deny what
+   would ask;
+4. the ``intent`` event is stored, durably, before anything else happens;
+5. ``allow`` runs the intent (``IntentExecutor``), ``ask`` waits for the
+   operator (``Approvals``), ``deny`` answers at once; every denial counts
+   toward the tripwire, whose trip halts the run.
+
+Nothing here touches a socket: the server (``_server``) calls in, and opens
+and closes the broker sockets this module asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+
+from stockade.broker._approvals import Approval, ApprovalError, Approvals
+from stockade.broker._intents import IntentError, IntentExecutor, redact, refusal
+from stockade.broker._rules import Decision, Rules
+from stockade.broker._tokens import TokenCheck, Tokens
+from stockade.broker._tripwire import DEFAULT_LIMIT, Tripwire
+from stockade.cell._plan import _cell_identity
+from stockade.daemon import _paths
+from stockade.daemon._bus import EventBus, Recorder
+from stockade.errors import CellError, PolicyError, StockadeError, StoreError
+from stockade.policy import Policy
+from stockade.record import Event, Outcome
+
+if TYPE_CHECKING:
+    from stockade.cell._cell import Cell, CellResult
+    from stockade.record._audit import AuditReader
+
+RunState = Literal["running", "stopping", "halted", "ended", "failed", "lost"]
+"""``halted``: ended by its tripwire or by a store failure; ``lost``: the
+daemon died before the run ended (found so at the next start)."""
+
+TRANSCRIPT_MAX = 64 * 1024 * 1024
+"""Transcript bytes kept when the policy sets no ``limits.output``."""
+LOG_MAX = 512 * 1024
+"""Bytes of transcript one ``run.logs`` answer carries at most (it fits a frame)."""
+TOKEN_TTL_MARGIN = 300.0
+TOKEN_TTL_DEFAULT = 7 * 24 * 3600.0
+"""A run with no timeout gets a token for a week; a restart invalidates it anyway."""
+WORKBENCHES_PER_RUN = 4
+"""``exec`` intents of one run that may hold a workbench cell at once."""
+PAST_RUNS_KEPT = 1000
+"""Ended runs of earlier daemons that ``run.list`` shows (newest first)."""
+STOP_WAIT_EXTRA = 30.0
+"""Seconds ``run.stop`` waits past its grace for the cell's end to be recorded."""
+
+
+class RequestError(StockadeError):
+    """A request the daemon refuses; ``code`` is the wire protocol's error code."""
+
+    exit_code = 5
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class BrokerHost(Protocol):
+    """What runs need of the server: listening sockets (the only I/O they ask for)."""
+
+    async def open_broker(self, run: Run, path: str, uid: int, gid: int) -> Callable[[], None]:
+        """Listen on ``path`` (0600, owned by ``uid``:``gid``) for ``run``'s cell; return a closer."""
+        ...
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass(eq=False)
+class Run:
+    """One run: its identity, its cell's thread, its broker state. Mutated in the loop,
+    except where a lock says otherwise."""
+
+    id: str
+    name: str
+    policy: Policy
+    argv: tuple[str, ...]
+    workspace: str
+    detach: bool
+    unattended: bool
+    created: float
+    token: str = field(repr=False)
+    tripwire: Tripwire
+    rules: Rules
+    state: RunState = "running"
+    executor: IntentExecutor | None = None
+    exit_code: int | None = None
+    ended: float | None = None
+    error: str = ""
+    halted: str = ""
+    """Why the run was halted (tripwire, store failure); empty otherwise."""
+    stopped_by: str = ""
+    intents: int = 0
+    denials: int = 0
+    unattended_denials: int = 0
+    transcript_bytes: int = 0
+    transcript_truncated: bool = False
+    cells: list[str] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    close_broker: Callable[[], None] | None = None
+    thread: threading.Thread | None = None
+    # Shared with the cell's threads, under ``lock``:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    live: dict[str, int] = field(default_factory=dict)
+    """Pidfds of the run's live cells (agent and workbenches), by cell id."""
+    kill_requested: bool = False
+    workbench_slots: threading.Semaphore = field(
+        default_factory=lambda: threading.Semaphore(WORKBENCHES_PER_RUN)
+    )
+
+    @property
+    def over(self) -> bool:
+        return self.state in ("ended", "failed", "halted", "lost") and self.done.is_set()
+
+    def info(self) -> dict[str, Any]:
+        """What ``run.list`` and ``run.start`` answer, and ``run.json`` holds. Never the token."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "state": self.state,
+            "policy": self.policy.source or f"<{self.policy.name}>",
+            "argv": list(self.argv),
+            "workspace": self.workspace,
+            "detach": self.detach,
+            "unattended": self.unattended,
+            "created": self.created,
+            "ended": self.ended,
+            "exit_code": self.exit_code,
+            "error": self.error,
+            "halted": self.halted,
+            "stopped_by": self.stopped_by,
+            "intents": self.intents,
+            "denials": self.denials,
+            "denial_limit": self.tripwire.limit,
+            "unattended_denials": self.unattended_denials,
+            "cells": list(self.cells),
+            "transcript": {"bytes": self.transcript_bytes, "truncated": self.transcript_truncated},
+        }
+
+    # ------------------------------------------------------------ killing cells
+
+    def signal_cells(self, sig: int) -> int:
+        """Send ``sig`` to the pid 1 of each live cell of the run; return how many got it."""
+        sent = 0
+        with self.lock:
+            if sig == signal.SIGKILL:
+                self.kill_requested = True
+            for pidfd in self.live.values():
+                try:
+                    signal.pidfd_send_signal(pidfd, sig)
+                    sent += 1
+                except ProcessLookupError:
+                    pass
+        return sent
+
+
+class _CellWatch:
+    """Stands in for the audit reader given to a run's cells: passes every call on,
+    and keeps a pidfd of each cell's pid 1 while it lives, so the run can be stopped.
+
+    ``Cell`` tells its audit reader the cell id and the host pid of the cell's
+    pid 1 right after launching it (``watch``) and lets go after it ended
+    (``unwatch``); no other part of ``Cell`` names a running cell's process.
+    """
+
+    def __init__(self, reader: AuditReader, run: Run) -> None:
+        self._reader = reader
+        self._run = run
+
+    def watch(self, cell_id: str, *, session: int, pid: int) -> None:
+        self._reader.watch(cell_id, session=session, pid=pid)
+        run = self._run
+        with run.lock:
+            if cell_id not in run.cells:
+                run.cells.append(cell_id)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return  # already gone
+            run.live[cell_id] = pidfd
+            if run.kill_requested:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+    def unwatch(self, cell_id: str) -> None:
+        self._reader.unwatch(cell_id)
+        with self._run.lock:
+            pidfd = self._run.live.pop(cell_id, None)
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def collect(self, cell_id: str, *, timeout: float = 2.0) -> list[Event]:
+        return self._reader.collect(cell_id, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- all runs
+
+
+class Runs:
+    """Every run of one daemon, and the broker logic each intent goes through."""
+
+    def __init__(
+        self,
+        *,
+        state: str,
+        loop: asyncio.AbstractEventLoop,
+        recorder: Recorder,
+        bus: EventBus,
+        host: BrokerHost,
+        tokens: Tokens | None = None,
+        approvals: Approvals | None = None,
+        approval_timeout: float = 300.0,
+        audit: Callable[[], AuditReader] | None = None,
+    ) -> None:
+        self.state_dir = state
+        self.loop = loop
+        self.recorder = recorder
+        self.bus = bus
+        self.host = host
+        self.tokens = tokens or Tokens()
+        self.approvals = approvals or Approvals()
+        self.approval_timeout = approval_timeout
+        self._audit = audit
+        self.runs: dict[str, Run] = {}
+        self.past: dict[str, dict[str, Any]] = {}
+        self._waiting: dict[str, asyncio.Future[Approval]] = {}
+        self._expiry: asyncio.TimerHandle | None = None
+        self._workbench_pool = concurrent.futures.ThreadPoolExecutor(
+            64, thread_name_prefix="stockade-workbench"
+        )
+        self.on_output_dropped: Callable[[str], None] = lambda run_id: None
+        self.refusing: str = ""
+        """Set when new runs are refused (the store failed): the reason."""
+
+    # ------------------------------------------------------------------ finding
+
+    def find(self, ref: object) -> Run | dict[str, Any]:
+        """A run by id or name (the running one, else the latest); a past run as its ``run.json``.
+
+        Raises:
+            RequestError: ``bad_params``, ``not_found`` or ``conflict`` (a name several running runs share).
+        """
+        if not isinstance(ref, str) or not ref:
+            raise RequestError("bad_params", "'run' must be a run's id or name, such as r-3f9a1c2e4b5d")
+        if ref in self.runs:
+            return self.runs[ref]
+        if ref in self.past:
+            return self.past[ref]
+        named = [r for r in self.runs.values() if r.name == ref]
+        running = [r for r in named if not r.done.is_set()]
+        if len(running) > 1:
+            ids = ", ".join(r.id for r in running)
+            raise RequestError("conflict", f"several runs named {ref!r} are running ({ids}); give an id")
+        if running:
+            return running[0]
+        if named:
+            return max(named, key=lambda r: r.created)
+        past = [p for p in self.past.values() if p.get("name") == ref]
+        if past:
+            return max(past, key=lambda p: float(p.get("created") or 0))
+        raise RequestError("not_found", f"no run {ref!r}; `stockade ps` lists the runs")
+
+    def listing(self, *, include_past: bool = False) -> list[dict[str, Any]]:
+        items = [r.info() for r in self.runs.values()]
+        if include_past:
+            items.extend(self.past.values())
+        return sorted(items, key=lambda i: float(i.get("created") or 0))
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> list[Event]:
+        """Read the runs of earlier daemons from the state directory; return a
+        ``run.end`` for each that never ended (its daemon died), to record."""
+        root = _paths.runs_dir(self.state_dir)
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return []
+        found: list[dict[str, Any]] = []
+        for name in names:
+            if not _paths.RUN_ID.match(name):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_paths.broker_socket_path(self.state_dir, name))
+            try:
+                with open(_paths.run_meta_path(self.state_dir, name), encoding="utf-8") as f:
+                    meta = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(meta, dict) and meta.get("id") == name:
+                found.append(meta)
+        events = []
+        for meta in found:
+            if meta.get("ended") is None:
+                meta.update(state="lost", ended=time.time(), error="the daemon ended before the run did")
+                events.append(
+                    Event(
+                        kind="run.end",
+                        cell="",
+                        layer="cell",
+                        outcome="info",
+                        run=str(meta["id"]),
+                        summary=f"run {meta['id']} was lost: its daemon ended before it (killed?)",
+                        detail={"exit_code": None, "state": "lost", "reason": meta["error"]},
+                    )
+                )
+                self._write_meta_dict(meta)
+        found.sort(key=lambda m: float(m.get("created") or 0))
+        self.past = {str(m["id"]): m for m in found[-PAST_RUNS_KEPT:]}
+        return events
+
+    def _write_meta(self, run: Run) -> None:
+        self._write_meta_dict(run.info())
+
+    def _write_meta_dict(self, meta: Mapping[str, Any]) -> None:
+        """``runs/<id>/run.json``, replaced atomically (a crash leaves the old or the new)."""
+        path = _paths.run_meta_path(self.state_dir, str(meta["id"]))
+        tmp = path + ".tmp"
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as f:
+                json.dump(meta, f, indent=1)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # the store has the record; run.json only helps `ps` after a restart
+
+    # ------------------------------------------------------------------ starting
+
+    async def start(self, params: Mapping[str, Any]) -> Run:
+        """``run.start``: make the run, its socket and its cell, record ``run.start``, start it.
+
+        Raises:
+            RequestError: ``unavailable`` (the store failed), ``bad_params`` (a
+                bad policy or parameter, a host that lacks what the policy needs).
+        """
+        if self.refusing or self.recorder.failure is not None:
+            raise RequestError(
+                "unavailable", self.refusing or f"the event store cannot write: {self.recorder.failure}"
+            )
+        opts = _start_params(params)
+        environ = opts["env"] if opts["env"] is not None else dict(os.environ)
+        policy = _load_policy(opts, environ)
+        run_id = _paths.new_run_id()
+        run_dir = _paths.run_dir(self.state_dir, run_id)
+        os.makedirs(_paths.runs_dir(self.state_dir), mode=0o700, exist_ok=True)
+        os.mkdir(run_dir, 0o700)
+        limits = policy.limits
+        ttl = (limits.timeout or TOKEN_TTL_DEFAULT) + TOKEN_TTL_MARGIN
+        token = self.tokens.issue(run_id, "", ttl=ttl)
+        sock_path = _paths.broker_socket_path(self.state_dir, run_id)
+        run = Run(
+            id=run_id,
+            name=policy.name,
+            policy=policy,
+            argv=tuple(opts["argv"] or policy.command),
+            workspace=opts["workspace"] or policy.workspace or "",
+            detach=opts["detach"],
+            unattended=opts["unattended"],
+            created=time.time(),
+            token=token,
+            tripwire=Tripwire(limits.denials or DEFAULT_LIMIT),
+            rules=Rules(policy.tools),
+        )
+        cell: Cell | None = None
+        try:
+            watch = _CellWatch(self._audit() if self._audit is not None else _shared_audit(), run)
+            cell = await asyncio.to_thread(
+                _make_cell, policy, opts["workspace"], environ, run_id, sock_path, token, watch
+            )
+            run.workspace = cell.workspace
+            run.executor = IntentExecutor(
+                policy,
+                workspace=cell.workspace,
+                run_workbench=lambda argv, p: self._workbench(run, argv, p),
+                answer=lambda question: self._answer(run, question),
+                hidden=(self.state_dir,),
+            )
+            uid, gid = _cell_identity(cell.workspace)
+            run.close_broker = await self.host.open_broker(run, sock_path, uid, gid)
+            await self.recorder.record_soon([self._start_event(run)])
+        except BaseException as exc:
+            if run.close_broker is not None:
+                run.close_broker()
+            if cell is not None:
+                cell.close()
+            _remove_quietly(run_dir)
+            if isinstance(exc, StoreError):
+                raise RequestError("unavailable", str(exc)) from exc
+            if isinstance(exc, PolicyError):
+                raise RequestError("bad_params", str(exc)) from exc
+            if isinstance(exc, StockadeError):
+                raise RequestError("unavailable", str(exc)) from exc
+            raise
+        self.runs[run.id] = run
+        self._write_meta(run)
+        thread = threading.Thread(
+            target=self._run_cell, args=(run, cell), name=f"stockade-{run.id}", daemon=True
+        )
+        run.thread = thread
+        thread.start()
+        return run
+
+    def _start_event(self, run: Run) -> Event:
+        return Event(
+            kind="run.start",
+            cell="",
+            layer="cell",
+            outcome="info",
+            run=run.id,
+            summary=f"run {run.id} started for policy {run.name!r}: {' '.join(run.argv)[:200]}",
+            detail={
+                "name": run.name,
+                "policy": run.policy.source,
+                "argv": list(run.argv),
+                "workspace": run.workspace,
+                "detach": run.detach,
+                "unattended": run.unattended,
+                "denial_limit": run.tripwire.limit,
+            },
+        )
+
+    # ------------------------------------------------------------- the run's thread
+
+    def _run_cell(self, run: Run, cell: Cell) -> None:
+        """The run's own thread: it forks the cell and outlives it (death signal)."""
+        cap = run.policy.limits.output or TRANSCRIPT_MAX
+        fd = os.open(
+            _paths.transcript_path(self.state_dir, run.id),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+            0o600,
+        )
+
+        def sink(stream: int, data: bytes) -> None:
+            room = cap - run.transcript_bytes
+            if len(data) > room:
+                data = data[: max(0, room)]
+                run.transcript_truncated = True
+            if not data:
+                return
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            offset = run.transcript_bytes
+            run.transcript_bytes += len(data)
+            self._soon(self._output, run, stream, offset, data)
+
+        result: CellResult | None = None
+        error = ""
+        try:
+            if not run.kill_requested:
+                result = cell.run(list(run.argv) or None, on_output=sink)
+        except StockadeError as exc:
+            error = str(exc)
+        except BaseException as exc:  # a bug: say so, and still end the run
+            error = f"internal error running the cell: {exc!r}"
+        finally:
+            os.close(fd)
+            cell.close()
+        if result is not None:
+            try:
+                self.recorder.record(result.events)
+            except StoreError:
+                pass  # on_failure has halted everything and said why
+        self._soon(self._cell_ended, run, result, error)
+
+    def _soon(self, fn: Callable[..., object], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is gone
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def _output(self, run: Run, stream: int, offset: int, data: bytes) -> None:
+        for _dropped in self.bus.output(run.id, stream, offset, data):
+            self.on_output_dropped(run.id)
+
+    def _cell_ended(self, run: Run, result: CellResult | None, error: str) -> None:
+        self.loop.create_task(self._finish(run, result, error))
+
+    async def _finish(self, run: Run, result: CellResult | None, error: str) -> None:
+        if run.close_broker is not None:
+            run.close_broker()
+            run.close_broker = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_paths.broker_socket_path(self.state_dir, run.id))
+        await self._close_approvals(run, "the run ended")
+        run.ended = time.time()
+        run.exit_code = result.exit_code if result is not None else None
+        run.error = error
+        if run.halted:
+            run.state = "halted"
+        elif error:
+            run.state = "failed"
+        else:
+            run.state = "ended"
+        end = Event(
+            kind="run.end",
+            cell=result.cell_id if result is not None else "",
+            layer="cell",
+            outcome="info",
+            run=run.id,
+            summary=f"run {run.id} ended "
+            + (f"with exit code {run.exit_code}" if run.exit_code is not None else f"without a cell: {error}")
+            + (f" (halted: {run.halted})" if run.halted else "")
+            + (f" (stopped by {run.stopped_by})" if run.stopped_by else ""),
+            detail={
+                "state": run.state,
+                "exit_code": run.exit_code,
+                "error": error,
+                "halted": run.halted,
+                "stopped_by": run.stopped_by,
+                "duration": round(run.ended - run.created, 6),
+                "intents": run.intents,
+                "denials": run.denials,
+                "unattended_denials": run.unattended_denials,
+                "cells": list(run.cells),
+                "transcript_bytes": run.transcript_bytes,
+                "transcript_truncated": run.transcript_truncated,
+            },
+        )
+        self._write_meta(run)
+        with contextlib.suppress(StoreError):
+            await self.recorder.record_soon([end])
+        self.bus.end_output(run.id, run.info())
+        run.done.set()
+
+    def _workbench(self, run: Run, argv: list[str], policy: Policy) -> CellResult:
+        """``exec`` intents: a workbench cell in the run's workspace, from a worker
+        thread that outlives it; its events are recorded before it returns."""
+        from stockade.cell._cell import Cell
+
+        if not run.workbench_slots.acquire(timeout=0):
+            raise CellError(
+                f"{WORKBENCHES_PER_RUN} exec intents of this run are running; wait for one to end"
+            )
+        try:
+            if run.kill_requested:
+                raise CellError(f"run {run.id} is stopping")
+            audit = self._audit() if self._audit is not None else _shared_audit()
+            with Cell(policy, run_id=run.id, audit=cast("AuditReader", _CellWatch(audit, run))) as cell:
+                result = cell.run(argv)
+            self.recorder.record(result.events)
+            return result
+        finally:
+            run.workbench_slots.release()
+
+    def _answer(self, run: Run, question: str) -> str | None:
+        """``ask`` intents (a question for the operator), from a worker thread: an
+        approval whose decision's reason is the answer; ``None`` when denied or unanswered."""
+        approval = self.approvals.ask(run.id, "ask", {"question": question}, timeout=self.approval_timeout)
+        self.recorder.record([_approval_event("approval.asked", run, approval)])
+        if approval.state == "pending":
+            approval = self.approvals.wait(approval.id, self.approval_timeout + 1.0)
+            if approval.state == "pending":  # the clock stood still: close it ourselves
+                with contextlib.suppress(ApprovalError):
+                    approval = self.approvals.decide(
+                        approval.id, "deny", by="timeout", reason="no answer in time"
+                    )
+        self.recorder.record([_approval_event("approval.decided", run, approval)])
+        return approval.reason if approval.state == "approved" else None
+
+    # ------------------------------------------------------------------ stopping
+
+    async def stop(self, run: Run, *, grace: float, by: str) -> None:
+        """Ask the run's cells to end (SIGTERM), kill them after ``grace`` seconds, wait for the end."""
+        if run.done.is_set():
+            return
+        if run.state == "running":
+            run.state = "stopping"
+            run.stopped_by = by
+        if grace > 0:
+            run.signal_cells(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.done.wait(), grace)
+        run.signal_cells(signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.done.wait(), STOP_WAIT_EXTRA)
+
+    async def halt(self, run: Run, reason: str) -> None:
+        """Halt ``run``: kill its cells now, refuse every later intent. Records ``run.halted``."""
+        if run.halted:
+            return
+        run.halted = reason
+        run.state = "halted"
+        run.signal_cells(signal.SIGKILL)
+        halted = Event(
+            kind="run.halted",
+            cell="",
+            layer="broker",
+            outcome="denied",
+            run=run.id,
+            summary=f"run {run.id} halted: {reason}",
+            detail={"reason": reason, "denials": run.denials, "limit": run.tripwire.limit},
+        )
+        with contextlib.suppress(StoreError):
+            await self.recorder.record_soon([halted])
+        await self._close_approvals(run, f"the run was halted: {reason}")
+
+    def store_failed(self, exc: StoreError) -> None:
+        """The store cannot write: refuse new runs, halt the running ones (their
+        ``run.halted`` cannot be recorded; the daemon's log says why)."""
+        self.refusing = f"the event store cannot write, so no run may start: {exc}"
+        for run in self.runs.values():
+            if not run.done.is_set():
+                run.halted = f"the event store cannot write: {exc}"
+                run.state = "halted"
+                run.signal_cells(signal.SIGKILL)
+        for approval_id, waiter in list(self._waiting.items()):
+            if not waiter.done():
+                with contextlib.suppress(ApprovalError):
+                    waiter.set_result(
+                        self.approvals.decide(approval_id, "deny", by="daemon", reason=str(exc))
+                    )
+
+    async def stop_all(self, grace: float) -> None:
+        await asyncio.gather(
+            *(self.stop(r, grace=grace, by="daemon") for r in self.runs.values() if not r.done.is_set())
+        )
+        for run in self.runs.values():
+            if run.thread is not None:
+                await asyncio.to_thread(run.thread.join, STOP_WAIT_EXTRA)
+        self._workbench_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ approvals
+
+    async def _close_approvals(self, run: Run, reason: str) -> None:
+        for approval in self.approvals.drop_run(run.id, reason):
+            waiter = self._waiting.get(approval.id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(approval)
+
+    def decide(self, approval_id: object, decision: object, *, by: str, reason: str) -> Approval:
+        """``approvals.decide``: close a pending approval; its intent goes on.
+
+        Raises:
+            RequestError: ``bad_params``, ``not_found``, ``conflict``.
+        """
+        if not isinstance(approval_id, str) or decision not in ("approve", "deny"):
+            raise RequestError("bad_params", "give 'id' (a-…) and 'decision': 'approve' or 'deny'")
+        try:
+            approval = self.approvals.decide(approval_id, decision, by=by, reason=reason)
+        except ApprovalError as exc:
+            raise RequestError(exc.code, str(exc)) from exc
+        waiter = self._waiting.get(approval_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(approval)
+        return approval
+
+    def _expire(self) -> None:
+        self._expiry = None
+        for approval in self.approvals.expire(time.time()):
+            waiter = self._waiting.get(approval.id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(approval)
+        self._schedule_expiry()
+
+    def _schedule_expiry(self) -> None:
+        pending = [a.deadline for a in self.approvals.pending()]
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if pending or self._waiting:
+            deadlines = pending or [time.time() + 1.0]
+            delay = max(0.0, min(deadlines) - time.time()) + 0.001
+            self._expiry = self.loop.call_later(delay, self._expire)
+
+    # ------------------------------------------------------------------ intents
+
+    async def intent(self, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
+        """One intent from ``run``'s broker socket; the answer's ``result``.
+
+        Raises:
+            RequestError: ``denied`` (the run is halted), ``unauthorized`` (the
+                token), ``bad_params`` (the intent's arguments), ``unavailable``
+                (the store cannot write).
+        """
+        intent = params.get("intent")
+        args = params.get("args", {})
+        if not isinstance(intent, str) or not intent or len(intent) > 64 or not isinstance(args, dict):
+            raise RequestError(
+                "bad_params", "an intent needs 'intent' (a name such as fs.read) and 'args' (an object)"
+            )
+        run.intents += 1
+        if self.recorder.failure is not None:
+            raise RequestError(
+                "unavailable",
+                f"the event store cannot write, so no intent is served: {self.recorder.failure}",
+            )
+        if run.halted or run.done.is_set():
+            why = f"run {run.id} is halted ({run.halted})" if run.halted else f"run {run.id} has ended"
+            await self._record_intent(run, cell, intent, args, Decision("deny", None, why), count=False)
+            raise RequestError("denied", f"{why}; every intent is refused")
+        check = self.tokens.check(params.get("token"), run=run.id, cell="")
+        if check != TokenCheck.OK:
+            reason = f"unauthorized: the capability token is {_TOKEN_WORDS.get(check, check.value)}"
+            await self._record_intent(run, cell, intent, args, Decision("deny", None, reason))
+            raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
+        decision = run.rules.decide(intent, args)
+        if decision.verdict == "ask" and run.unattended:
+            run.unattended_denials += 1
+            decision = Decision(
+                "deny", decision.rule, f"{decision.reason}; the run is unattended, so nobody can approve"
+            )
+        await self._record_intent(run, cell, intent, args, decision)
+        if decision.verdict == "deny":
+            return _answer(decision)
+        approval: Approval | None = None
+        if decision.verdict == "ask":
+            approval = await self._ask(run, intent, args)
+            decision = Decision(
+                "allow" if approval.state == "approved" else "deny", decision.rule, _approval_reason(approval)
+            )
+            if decision.verdict == "deny":
+                await self._count_denial(run)
+                return {**_answer(decision), "approval": approval.id}
+        answer = await self._execute(run, cell, intent, args, decision)
+        return {**answer, "approval": approval.id} if approval is not None else answer
+
+    async def _record_intent(
+        self,
+        run: Run,
+        cell: str,
+        intent: str,
+        args: Mapping[str, object],
+        decision: Decision,
+        *,
+        count: bool = True,
+    ) -> None:
+        """Store the ``intent`` event (durably), then count a denial toward the tripwire."""
+        outcome: Outcome = {"allow": "allowed", "deny": "denied", "ask": "info"}[decision.verdict]  # type: ignore[assignment]
+        event = Event(
+            kind="intent",
+            cell=cell,
+            layer="broker",
+            outcome=outcome,
+            run=run.id,
+            summary=_intent_summary(intent, args, decision),
+            detail={
+                "intent": intent,
+                "args": redact(args),
+                "verdict": decision.verdict,
+                "rule": decision.rule,
+                "reason": decision.reason,
+            },
+        )
+        try:
+            await self.recorder.record_soon([event])
+        except StoreError as exc:
+            raise RequestError(
+                "unavailable", f"the event store cannot write, so the intent is refused: {exc}"
+            ) from exc
+        if decision.verdict == "deny" and count:
+            await self._count_denial(run)
+
+    async def _count_denial(self, run: Run) -> None:
+        run.denials += 1
+        if run.tripwire.record("deny") and not run.halted:
+            await self.halt(run, f"{run.tripwire.denials} denials reached the limit of {run.tripwire.limit}")
+
+    async def _ask(self, run: Run, intent: str, args: Mapping[str, object]) -> Approval:
+        approval = self.approvals.ask(run.id, intent, args, timeout=self.approval_timeout)
+        if approval.state == "pending":
+            waiter: asyncio.Future[Approval] = self.loop.create_future()
+            self._waiting[approval.id] = waiter
+        await self._record_approval("approval.asked", run, approval)
+        if approval.state != "pending":
+            await self._record_approval("approval.decided", run, approval)
+            return approval
+        self._schedule_expiry()
+        try:
+            approval = await waiter
+        finally:
+            self._waiting.pop(approval.id, None)
+        await self._record_approval("approval.decided", run, approval)
+        return approval
+
+    async def _record_approval(self, kind: str, run: Run, approval: Approval) -> None:
+        try:
+            await self.recorder.record_soon([_approval_event(kind, run, approval)])
+        except StoreError as exc:
+            raise RequestError("unavailable", f"the event store cannot write: {exc}") from exc
+
+    async def _execute(
+        self, run: Run, cell: str, intent: str, args: Mapping[str, object], decision: Decision
+    ) -> dict[str, Any]:
+        executor = run.executor
+        assert executor is not None
+        # exec and ask may take minutes: they get threads of their own, not the
+        # loop's small default pool that fs intents use.
+        pool = self._workbench_pool if intent in ("exec", "ask") else None
+        try:
+            value = await self.loop.run_in_executor(pool, executor.execute, intent, args)
+        except IntentError as exc:
+            raise RequestError(exc.code, str(exc)) from exc
+        refused = refusal(value)
+        if refused is not None:
+            # The broker's own checks (grants, hidden paths, links) refused it
+            # after the rules allowed it: a denial like any other.
+            denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
+            await self._record_intent(run, cell, intent, args, denied)
+            return {**_answer(denied), "value": value}
+        return {**_answer(decision), "value": value}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+_TOKEN_WORDS = {
+    TokenCheck.MALFORMED: "malformed",
+    TokenCheck.FORGED: "forged",
+    TokenCheck.WRONG_RUN: "another run's",
+    TokenCheck.EXPIRED: "expired",
+}
+
+
+def _approval_event(kind: str, run: Run, approval: Approval) -> Event:
+    asked = kind == "approval.asked"
+    return Event(
+        kind=kind,
+        cell="",
+        layer="broker",
+        outcome="info" if asked or approval.state == "approved" else "denied",
+        run=run.id,
+        summary=(
+            f"approval {approval.id} asked for {approval.intent} of run {run.id}"
+            if asked
+            else f"approval {approval.id} {approval.state} by {approval.by}"
+            + (f": {approval.reason}" if approval.reason else "")
+        ),
+        detail=approval.to_dict(),
+    )
+
+
+def _answer(decision: Decision) -> dict[str, Any]:
+    return {"verdict": decision.verdict, "rule": decision.rule, "reason": decision.reason, "value": None}
+
+
+def _approval_reason(approval: Approval) -> str:
+    word = {"approved": "approved", "denied": "denied", "pending": "not answered"}[approval.state]
+    return f"{word} by {approval.by or 'nobody'}" + (f": {approval.reason}" if approval.reason else "")
+
+
+def _intent_summary(intent: str, args: Mapping[str, object], decision: Decision) -> str:
+    target = args.get("path") or args.get("argv") or args.get("url") or args.get("question") or ""
+    if isinstance(target, list):
+        target = " ".join(str(a) for a in target)
+    text = f"{intent} {str(target)[:200]}".strip()
+    word = {"allow": "allowed", "deny": "denied", "ask": "asked"}[decision.verdict]
+    rule = f" by rule {decision.rule}" if decision.rule else ""
+    return f"{text} {word}{rule}"
+
+
+def _start_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    path, text = params.get("policy_path"), params.get("policy_text")
+    if (path is None) == (text is None):
+        raise RequestError("bad_params", "give exactly one of 'policy_path' and 'policy_text'")
+    if path is not None and (not isinstance(path, str) or not os.path.isabs(path)):
+        raise RequestError("bad_params", f"'policy_path' must be an absolute path, not {path!r}")
+    if text is not None and not isinstance(text, str):
+        raise RequestError("bad_params", "'policy_text' must be a string of YAML")
+    argv = params.get("argv")
+    if argv is not None and not (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+        raise RequestError("bad_params", "'argv' must be a list of strings")
+    workspace = params.get("workspace")
+    if workspace is not None and (not isinstance(workspace, str) or not os.path.isabs(workspace)):
+        raise RequestError("bad_params", f"'workspace' must be an absolute path, not {workspace!r}")
+    env = params.get("env")
+    if env is not None and not (
+        isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise RequestError("bad_params", "'env' must map names to strings")
+    for flag in ("detach", "unattended"):
+        if not isinstance(params.get(flag, False), bool):
+            raise RequestError("bad_params", f"'{flag}' must be true or false")
+    return {
+        "policy_path": path,
+        "policy_text": text,
+        "argv": argv,
+        "workspace": workspace,
+        "env": env,
+        "detach": bool(params.get("detach", False)),
+        "unattended": bool(params.get("unattended", False)),
+    }
+
+
+def _load_policy(opts: Mapping[str, Any], environ: Mapping[str, str]) -> Policy:
+    from stockade.policy import load_policy, loads_policy
+
+    try:
+        if opts["policy_path"] is not None:
+            return load_policy(opts["policy_path"], environ=environ)
+        return loads_policy(opts["policy_text"], source="<run.start>", environ=environ)
+    except PolicyError as exc:
+        raise RequestError("bad_params", str(exc)) from exc
+
+
+def _make_cell(
+    policy: Policy,
+    workspace: str | None,
+    environ: Mapping[str, str],
+    run_id: str,
+    sock_path: str,
+    token: str,
+    watch: _CellWatch,
+) -> Cell:
+    from stockade.cell._cell import Cell
+
+    return Cell(
+        policy,
+        workspace=workspace,
+        audit=cast("AuditReader", watch),
+        keep_workspace=True,
+        environ=environ,
+        run_id=run_id,
+        sockets={_paths.BROKER_IN_CELL: sock_path},
+        extra_env={"STOCKADE_BROKER": _paths.BROKER_IN_CELL, "STOCKADE_TOKEN": token, "STOCKADE_RUN": run_id},
+    )
+
+
+def _shared_audit() -> AuditReader:
+    from stockade.cell._cell import shared_audit_reader
+
+    return shared_audit_reader()
+
+
+def _remove_quietly(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["LOG_MAX", "BrokerHost", "RequestError", "Run", "RunState", "Runs"]

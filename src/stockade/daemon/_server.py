@@ -1,0 +1,918 @@
+"""The daemon's sockets: the control socket and each run's broker socket.
+
+This is the only module of the daemon that touches sockets. It reads bytes,
+feeds them to the sans-I/O ``Connection`` (``stockade.broker._protocol``),
+hands each request to ``Runs`` or answers it here, and writes what comes back.
+It runs on one asyncio loop; cells run in threads of their own (``_runs``),
+and the store is written by the recorder's thread (``_bus``).
+
+What keeps one peer from hurting the others:
+
+- a frame is at most ``max_frame`` bytes (1 MiB), so a connection buffers at
+  most one frame; a frame that breaks the framing (too large) is answered and
+  the connection closed; any other bad frame is answered and the connection
+  goes on;
+- a peer that does not read its answers is not read either (the transport's
+  flow control pauses reading while its write buffer is above the high-water
+  mark), and one connection has at most ``MAX_INFLIGHT`` requests being served;
+- a subscriber whose unread pushes pass ``subscriber_buffer`` bytes is dropped
+  with a last push saying so, and a ``subscriber.dropped`` event is recorded:
+  the stream never waits for it;
+- a run's broker socket takes at most ``MAX_BROKER_CONNECTIONS`` connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import fcntl
+import json
+import os
+import resource
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from stockade import __version__
+from stockade.broker._protocol import MAX_FRAME, Connection, ErrorCode, ProtocolViolation, Request
+from stockade.daemon import _paths
+from stockade.daemon._bus import EventBus, Recorder
+from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs
+from stockade.errors import DaemonError, ProtocolError, StockadeError, StoreError
+from stockade.record import Event
+from stockade.record._chain import StoredEvent
+
+MAX_INFLIGHT = 64
+"""Requests of one connection served at once; more wait, and reading pauses."""
+MAX_BROKER_CONNECTIONS = 256
+"""Connections one run's broker socket takes at once."""
+SUBSCRIBER_BUFFER = 4 * 1024 * 1024
+"""Bytes of pushes a subscriber may leave unread before it is dropped."""
+EXPORT_PAGE = 1000
+"""Events one ``events.export`` answer carries at most."""
+EXPORT_PAGE_BYTES = 768 * 1024
+STOP_GRACE = 10.0
+"""Seconds runs get to end when the daemon stops (SIGTERM), before they are killed."""
+_UCRED = struct.Struct("3i")
+
+
+class Daemon:
+    """One daemon: its sockets, its runs, its recorder. Lives on one asyncio loop."""
+
+    def __init__(
+        self,
+        *,
+        state: str,
+        socket_path: str | None = None,
+        approval_timeout: float = 300.0,
+        stop_grace: float = STOP_GRACE,
+        max_frame: int = MAX_FRAME,
+        subscriber_buffer: int = SUBSCRIBER_BUFFER,
+    ) -> None:
+        self.state = os.path.abspath(state)
+        self.socket_path = socket_path or _paths.socket_path(None, state=self.state)
+        self.approval_timeout = approval_timeout
+        self.stop_grace = stop_grace
+        self.max_frame = max_frame
+        self.subscriber_buffer = subscriber_buffer
+        self.started = time.time()
+        self.bus = EventBus()
+        self._peers: set[_Peer] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._stopped: asyncio.Event | None = None
+        self._stopping = False
+        self._serving = False
+        self._lock_fd = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.recorder: Recorder | None = None
+        self.runs: Runs | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Take the state directory, open the store, record ``daemon.start``, listen.
+
+        Raises:
+            DaemonError: another daemon holds the state directory or the socket,
+                or the socket cannot be made.
+            StoreError: the store cannot be opened or written.
+        """
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stopped = asyncio.Event()
+        _raise_fd_limit()
+        self._take_state_dir()
+        try:
+            _check_stale_socket(self.socket_path)
+            recorder = Recorder(
+                _paths.store_path(self.state), loop, on_stored=self._stored, on_failure=self._store_failed
+            )
+            await asyncio.to_thread(recorder.start)
+            self.recorder = recorder
+            self.runs = Runs(
+                state=self.state,
+                loop=loop,
+                recorder=recorder,
+                bus=self.bus,
+                host=self,
+                approval_timeout=self.approval_timeout,
+            )
+            self.runs.on_output_dropped = lambda run_id: self._record_drop("output", run_id)
+            events = [self._daemon_event("daemon.start", f"daemon started (pid {os.getpid()})")]
+            events.extend(self._previous_store_error())
+            events.extend(await asyncio.to_thread(self.runs.recover))
+            await asyncio.to_thread(_sweep_stale_cells)
+            await recorder.record_soon(events)
+            self._server = await loop.create_unix_server(
+                lambda: _Peer(self, None), sock=_listen(self.socket_path, os.getuid(), os.getgid())
+            )
+        except BaseException:
+            await self._release()
+            raise
+        self._serving = True
+
+    async def wait_stopped(self) -> None:
+        assert self._stopped is not None
+        await self._stopped.wait()
+
+    def request_stop(self) -> None:
+        """Stop (from the loop: a signal handler or a request). Idempotent."""
+        if self._stopping or not self._serving or self._loop is None:
+            return
+        self._stopping = True
+        self._loop.create_task(self._shutdown())
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self.runs is not None:
+            await self.runs.stop_all(self.stop_grace)
+        if self.recorder is not None and self.recorder.failure is None:
+            with contextlib.suppress(StoreError):
+                await self.recorder.record_soon([self._daemon_event("daemon.stop", "daemon stopped")])
+        await self._release()
+        assert self._stopped is not None
+        self._stopped.set()
+
+    async def _release(self) -> None:
+        for peer in list(self._peers):
+            peer.close()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+        if self.recorder is not None:
+            await asyncio.to_thread(self.recorder.close)
+        with contextlib.suppress(FileNotFoundError):
+            if self._server is not None:
+                os.unlink(self.socket_path)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _take_state_dir(self) -> None:
+        try:
+            os.makedirs(self.state, mode=0o700, exist_ok=True)
+            os.makedirs(_paths.runs_dir(self.state), mode=0o700, exist_ok=True)
+            fd = os.open(
+                os.path.join(self.state, "daemon.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+        except OSError as exc:
+            raise DaemonError(
+                f"cannot use the state directory {self.state}: {exc.strerror}; "
+                "give a writable one with --state or $STOCKADE_STATE"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DaemonError(
+                f"another daemon is using the state directory {self.state}; "
+                "stop it, or give this one another --state"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _daemon_event(self, kind: str, summary: str) -> Event:
+        return Event(
+            kind=kind,
+            cell="",
+            layer="broker",
+            outcome="info",
+            summary=summary,
+            detail={
+                "pid": os.getpid(),
+                "version": __version__,
+                "socket": self.socket_path,
+                "state": self.state,
+            },
+        )
+
+    def _previous_store_error(self) -> list[Event]:
+        path = os.path.join(self.state, "store-error.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                detail = json.load(f)
+            os.unlink(path)
+        except (OSError, ValueError):
+            return []
+        return [
+            Event(
+                kind="store.error",
+                cell="",
+                layer="broker",
+                outcome="info",
+                summary="the event store could not write while the previous daemon ran: "
+                f"{detail.get('error')}",
+                detail=detail if isinstance(detail, dict) else {},
+            )
+        ]
+
+    # ------------------------------------------------------------------ the record
+
+    def _stored(self, stored: list[StoredEvent]) -> None:
+        for sub in self.bus.publish(stored):
+            self._record_drop("events", sub.run)
+
+    def _record_drop(self, what: str, run: str | None) -> None:
+        if self.recorder is None or self.recorder.failure is not None:
+            return
+        event = Event(
+            kind="subscriber.dropped",
+            cell="",
+            layer="broker",
+            outcome="info",
+            run=run or "",
+            summary=f"a live {what} subscriber fell behind by more than {self.subscriber_buffer} bytes "
+            "and was dropped",
+            detail={"stream": what, "limit_bytes": self.subscriber_buffer},
+        )
+        waiter = self.recorder.record_soon([event])
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def _store_failed(self, exc: StoreError) -> None:
+        print(
+            f"stockade: the event store failed, so no run starts and every run halts: {exc}", file=sys.stderr
+        )
+        # Kept for the next daemon to record, since this one cannot.
+        with contextlib.suppress(OSError), open(os.path.join(self.state, "store-error.json"), "w") as f:
+            json.dump({"error": str(exc), "time": time.time(), "path": getattr(exc, "path", "")}, f)
+        if self.runs is not None:
+            self.runs.store_failed(exc)
+
+    # ------------------------------------------------------------------ broker sockets
+
+    async def open_broker(self, run: Run, path: str, uid: int, gid: int) -> Callable[[], None]:
+        """Listen on ``path`` for ``run``'s cell: 0600, owned by the cell's host uid."""
+        assert self._loop is not None
+        sock = _listen(path, uid, gid)
+        server = await self._loop.create_unix_server(lambda: _Peer(self, run), sock=sock)
+
+        def close() -> None:
+            server.close()
+            for peer in [p for p in self._peers if p.run is run]:
+                peer.close()
+
+        return close
+
+    # ------------------------------------------------------------------ requests
+
+    async def control(self, peer: _Peer, req: Request) -> dict[str, Any]:
+        """Serve one request of the control socket; its result.
+
+        Raises:
+            RequestError: what the client is told instead.
+        """
+        runs, recorder = self.runs, self.recorder
+        assert runs is not None and recorder is not None
+        p = req.params
+        method = req.method
+        if method == "status":
+            return await self._status()
+        if method == "run.start":
+            run = await runs.start(p)
+            if not run.detach:
+                peer.owned.add(run.id)
+            return run.info()
+        if method == "run.list":
+            return {"runs": runs.listing(include_past=bool(p.get("all", False)))}
+        if method == "run.stop":
+            found = runs.find(p.get("run"))
+            grace = p.get("grace", 10.0)
+            if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= 3600:
+                raise RequestError("bad_params", "'grace' must be a number of seconds from 0 to 3600")
+            if isinstance(found, Run):
+                await runs.stop(found, grace=float(grace), by=peer.who)
+                return found.info()
+            return found
+        if method == "run.logs":
+            return await self._logs(peer, p)
+        if method == "events.subscribe":
+            run_filter = p.get("run")
+            if run_filter is not None and not isinstance(run_filter, str):
+                raise RequestError("bad_params", "'run' must be a run id")
+            sub = self.bus.subscribe(peer.push_event, run=run_filter, owner=peer)
+            peer.sub_ids.append(sub.id)
+            return {"sub": sub.id, "last_seq": await asyncio.to_thread(recorder.store.last_seq)}
+        if method == "events.unsubscribe":
+            sub_id = p.get("sub")
+            if sub_id not in peer.sub_ids:
+                raise RequestError("not_found", f"no subscription {sub_id!r} on this connection")
+            self.bus.unsubscribe(sub_id)
+            return {"sub": sub_id}
+        if method == "events.export":
+            return await asyncio.to_thread(_export_page, recorder, p)
+        if method == "verify":
+            result = await asyncio.to_thread(recorder.store.verify)
+            return {
+                "ok": result.ok,
+                "checked": result.checked,
+                "first_bad_seq": result.first_bad_seq,
+                "reason": result.reason,
+                "last_hash": result.last_hash,
+            }
+        if method == "approvals.list":
+            run_filter = p.get("run")
+            return {
+                "approvals": [
+                    a.to_dict()
+                    for a in runs.approvals.pending(run_filter if isinstance(run_filter, str) else None)
+                ]
+            }
+        if method == "approvals.decide":
+            reason = p.get("reason", "")
+            by = p.get("by") or peer.who
+            if not isinstance(reason, str) or not isinstance(by, str) or len(by) > 64 or len(reason) > 4096:
+                raise RequestError("bad_params", "'reason' and 'by' must be short strings")
+            return runs.decide(p.get("id"), p.get("decision"), by=by, reason=reason).to_dict()
+        raise RequestError(
+            "unknown_method",
+            f"no method {method!r} on the control socket; the methods are status, run.start, run.list, "
+            "run.stop, run.logs, events.subscribe, events.unsubscribe, events.export, verify, "
+            "approvals.list, approvals.decide (docs/PROTOCOL.md)",
+        )
+
+    async def broker(self, peer: _Peer, req: Request) -> dict[str, Any]:
+        assert self.runs is not None and peer.run is not None
+        if req.method != "intent":
+            raise RequestError(
+                "unknown_method",
+                f"no method {req.method!r} on the broker socket; send 'intent' (docs/PROTOCOL.md)",
+            )
+        return await self.runs.intent(peer.run, req.params, cell=peer.cell)
+
+    async def _status(self) -> dict[str, Any]:
+        runs, recorder = self.runs, self.recorder
+        assert runs is not None and recorder is not None
+        store: dict[str, Any] = {"path": recorder.path, "error": str(recorder.failure or "")}
+        if recorder.failure is None:
+            try:
+                store["last_seq"] = await asyncio.to_thread(recorder.store.last_seq)
+            except StoreError as exc:
+                store["error"] = str(exc)
+        store["appended"] = recorder.appended
+        store["commits"] = recorder.commits
+        live = [r for r in runs.runs.values() if not r.done.is_set()]
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "socket": self.socket_path,
+            "state": self.state,
+            "started": self.started,
+            "uptime": round(time.time() - self.started, 3),
+            "accepting_runs": not (runs.refusing or recorder.failure),
+            "runs": {"running": len(live), "total": len(runs.runs)},
+            "approvals_pending": len(runs.approvals.pending()),
+            "connections": len(self._peers),
+            "subscribers": self.bus.subscribers,
+            "subscribers_dropped": self.bus.dropped,
+            "store": store,
+        }
+
+    async def _logs(self, peer: _Peer, p: Mapping[str, Any]) -> dict[str, Any]:
+        assert self.runs is not None
+        found = self.runs.find(p.get("run"))
+        run_id = found.id if isinstance(found, Run) else str(found["id"])
+        tail, follow = p.get("tail"), p.get("follow", False)
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise RequestError("bad_params", "'tail' must be a number of lines, 0 or more")
+        if not isinstance(follow, bool):
+            raise RequestError("bad_params", "'follow' must be true or false")
+        path = _paths.transcript_path(self.state, run_id)
+        # Read, then (in the same turn of the loop) start following from where
+        # the reading stopped: no byte is sent twice or missed.
+        data, size, cut = _tail(path, tail)
+        live = isinstance(found, Run) and not found.done.is_set()
+        result: dict[str, Any] = {
+            "run": run_id,
+            "data": data.decode("utf-8", "replace"),
+            "offset": size,
+            "truncated": cut,
+            "ended": not live,
+        }
+        if follow and live:
+            tap = self.bus.tap(run_id, size, peer.push_output, peer.push_end, owner=peer)
+            peer.sub_ids.append(tap.id)
+            result["sub"] = tap.id
+        return result
+
+    def register(self, peer: _Peer) -> bool:
+        if (
+            peer.run is not None
+            and sum(1 for p in self._peers if p.run is peer.run) >= MAX_BROKER_CONNECTIONS
+        ):
+            return False
+        self._peers.add(peer)
+        return True
+
+    def forget(self, peer: _Peer) -> None:
+        self._peers.discard(peer)
+        self.bus.drop_owner(peer)
+        if self.runs is None or self._stopping:
+            return
+        for run_id in peer.owned:
+            run = self.runs.runs.get(run_id)
+            if run is not None and not run.done.is_set():
+                # A foreground run ends with the terminal that started it.
+                asyncio.get_running_loop().create_task(self.runs.stop(run, grace=0.0, by="its client left"))
+
+
+# --------------------------------------------------------------------------- one connection
+
+
+class _Peer(asyncio.Protocol):
+    """One connection, to the control socket (``run`` is None) or to a run's broker socket.
+
+    Control requests are served concurrently (a ``run.stop`` that waits does
+    not hold up an ``approvals.decide``); a broker connection's intents are
+    served one after the other, in order, as an agent expects.
+    """
+
+    def __init__(self, daemon: Daemon, run: Run | None) -> None:
+        self.daemon = daemon
+        self.run = run
+        self.conn = Connection(max_frame=daemon.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.cell = ""
+        self.who = "operator"
+        self.owned: set[str] = set()
+        self.sub_ids: list[int] = []
+        self._backlog: deque[Request] = deque()
+        self._inflight = 0
+        self._paused_reading = False
+        self._writing_paused = False
+        self._closing = False
+        self._decoders: dict[int, codecs.IncrementalDecoder] = {}
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if not self.daemon.register(self):
+            transport.write(
+                self.conn.fail(
+                    0, "unavailable", f"this run has {MAX_BROKER_CONNECTIONS} connections open; close one"
+                )
+            )
+            transport.close()
+            self._closing = True
+            return
+        sock = transport.get_extra_info("socket")
+        pid, uid = _peer_cred(sock)
+        if self.run is None:
+            self.who = _user_name(uid)
+        elif pid > 0:
+            self.cell = _cell_of(pid)
+
+    def data_received(self, data: bytes) -> None:
+        for item in self.conn.receive(data):
+            if isinstance(item, ProtocolViolation):
+                self.write(self.conn.fail(item.id, item.code, item.message))
+            else:
+                self._backlog.append(item)
+        if self.conn.closed:
+            self.close()
+            return
+        self._pump()
+
+    def eof_received(self) -> bool | None:
+        # A peer that stops mid-frame is simply gone; nothing was half-served.
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._backlog.clear()
+        self.daemon.forget(self)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._set_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._set_reading()
+
+    # -- serving
+
+    def _pump(self) -> None:
+        limit = 1 if self.run is not None else MAX_INFLIGHT
+        while self._backlog and self._inflight < limit and not self._closing:
+            req = self._backlog.popleft()
+            self._inflight += 1
+            asyncio.get_running_loop().create_task(self._serve(req))
+        self._set_reading()
+
+    def _set_reading(self) -> None:
+        if self.transport is None or self._closing:
+            return
+        want_pause = self._writing_paused or len(self._backlog) >= MAX_INFLIGHT
+        if want_pause and not self._paused_reading:
+            self.transport.pause_reading()
+            self._paused_reading = True
+        elif not want_pause and self._paused_reading:
+            self.transport.resume_reading()
+            self._paused_reading = False
+
+    async def _serve(self, req: Request) -> None:
+        try:
+            if self.run is not None:
+                result = await self.daemon.broker(self, req)
+            else:
+                result = await self.daemon.control(self, req)
+            frame = self.conn.respond(req.id, result)
+        except RequestError as exc:
+            frame = self.conn.fail(req.id, _code(exc.code), str(exc))
+        except StoreError as exc:
+            frame = self.conn.fail(req.id, "unavailable", f"the event store cannot write: {exc}")
+        except StockadeError as exc:
+            frame = self.conn.fail(req.id, "internal", str(exc))
+        except Exception as exc:  # a bug: say so, keep serving
+            print(f"stockade: internal error serving {req.method}: {exc!r}", file=sys.stderr)
+            frame = self.conn.fail(req.id, "internal", f"the daemon failed serving {req.method}: {exc!r}")
+        self.write(frame)
+        self._inflight -= 1
+        self._pump()
+
+    def write(self, frame: bytes) -> None:
+        if self.transport is not None and not self._closing:
+            self.transport.write(frame)
+
+    def close(self) -> None:
+        if self.transport is not None and not self._closing:
+            self._closing = True
+            self.transport.close()
+
+    # -- pushes
+
+    def _room(self) -> bool:
+        return (
+            self.transport is not None
+            and not self._closing
+            and self.transport.get_write_buffer_size() <= self.daemon.subscriber_buffer
+        )
+
+    def push_event(self, sub: int, message: dict[str, Any]) -> bool:
+        """A subscription's ``send``: False (after a last push saying so) when it fell behind."""
+        if self._closing:
+            return False
+        if not self._room():
+            self._push_dropped(sub)
+            return False
+        try:
+            self.write(self.conn.push(sub, message))
+        except ProtocolError:
+            pass  # too large for a frame (it cannot be: events are smaller); skip it
+        return True
+
+    def push_output(self, sub: int, stream: int, offset: int, data: bytes) -> bool:
+        """A transcript follower's ``send``."""
+        if self._closing:
+            return False
+        if not self._room():
+            self._push_dropped(sub)
+            return False
+        decoder = self._decoders.get(sub)
+        if decoder is None:
+            decoder = self._decoders[sub] = codecs.getincrementaldecoder("utf-8")("replace")
+        text = decoder.decode(data)
+        # A chunk is at most 64 KiB of output: its push fits a frame.
+        message = {
+            "kind": "run.output",
+            "stream": "stdout" if stream == 1 else "stderr",
+            "offset": offset,
+            "data": text,
+        }
+        with contextlib.suppress(ProtocolError):
+            self.write(self.conn.push(sub, message))
+        return True
+
+    def push_end(self, sub: int, info: dict[str, Any]) -> None:
+        """A transcript follower's ``end``: the run is over."""
+        self._decoders.pop(sub, None)
+        with contextlib.suppress(ProtocolError):
+            self.write(self.conn.push(sub, {"kind": "run.ended", "run": info}))
+
+    def _push_dropped(self, sub: int) -> None:
+        # One small frame past the limit, so the client knows why the stream stopped.
+        note = {"kind": "subscription.dropped", "reason": "the client fell behind; subscribe again"}
+        with contextlib.suppress(ProtocolError):
+            self.write(self.conn.push(sub, note))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _code(code: str) -> ErrorCode:
+    from stockade.broker._protocol import ERROR_CODES
+
+    return code if code in ERROR_CODES else "internal"
+
+
+def _listen(path: str, uid: int, gid: int) -> socket.socket:
+    """A listening unix socket at ``path``, 0600, owned by ``uid``:``gid``.
+
+    A path longer than ``sun_path`` holds is bound through its directory's
+    descriptor (``/proc/self/fd/N/name``), which the kernel resolves like any path.
+
+    Raises:
+        DaemonError: the socket cannot be made there.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    dir_fd = -1
+    try:
+        target = path
+        if len(os.fsencode(path)) > _paths.MAX_SUN_PATH:
+            dir_fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            target = f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}"
+        old = os.umask(0o177)
+        try:
+            sock.bind(target)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        if (uid, gid) != (os.getuid(), os.getgid()):
+            os.chown(path, uid, gid)
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        raise DaemonError(
+            f"cannot listen on {path}: {exc.strerror}; check the directory and its permissions"
+        ) from exc
+    finally:
+        if dir_fd >= 0:
+            os.close(dir_fd)
+    return sock
+
+
+def _check_stale_socket(path: str) -> None:
+    """Remove a socket left by a daemon that died; refuse if one still answers there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise DaemonError(f"{path} exists and is not a socket; remove it or give another --socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        probe.settimeout(1.0)
+        target = path
+        if len(os.fsencode(path)) > _paths.MAX_SUN_PATH:
+            return  # cannot probe it simply; the state lock already says no daemon owns it
+        probe.connect(target)
+    except (ConnectionRefusedError, FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    except OSError:
+        return
+    finally:
+        probe.close()
+    raise DaemonError(f"a daemon is already listening on {path}; stop it, or give this one another --socket")
+
+
+def _peer_cred(sock: socket.socket | None) -> tuple[int, int]:
+    if sock is None:
+        return 0, -1
+    try:
+        pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError:
+        return 0, -1
+    return pid, uid
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _cell_of(pid: int) -> str:
+    """The cell a process belongs to, from its cgroup (``…/stockade/<cell>@<pid>``); '' if none."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        parts = path.split("/")
+        for i, part in enumerate(parts[:-1]):
+            if part == "stockade" and "@" in parts[i + 1]:
+                return parts[i + 1].rpartition("@")[0]
+    return ""
+
+
+def _tail(path: str, lines: int | None) -> tuple[bytes, int, bool]:
+    """The last ``lines`` lines (all when None) of the transcript, at most
+    ``LOG_MAX`` bytes; its size when read; whether older bytes were left out."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return b"", 0, False
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - LOG_MAX)
+        data = os.pread(fd, size - start, start)
+    finally:
+        os.close(fd)
+    cut = start > 0
+    if lines is not None:
+        parts = data.split(b"\n")
+        trailing = parts and parts[-1] == b""
+        kept = parts[:-1] if trailing else parts
+        if len(kept) > lines:
+            cut = True
+            kept = kept[len(kept) - lines :] if lines else []
+        data = b"\n".join(kept) + (b"\n" if trailing and kept else b"")
+    return data, size, cut
+
+
+def _export_page(recorder: Recorder, p: Mapping[str, Any]) -> dict[str, Any]:
+    from stockade.record._export import FORMATS, text_line
+
+    fmt = p.get("format", "jsonl")
+    since, run, after = p.get("since"), p.get("run"), p.get("after_seq", 0)
+    limit = p.get("limit", EXPORT_PAGE)
+    if fmt not in FORMATS:
+        raise RequestError("bad_params", f"'format' must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)):
+        raise RequestError("bad_params", "'since' must be seconds since the epoch")
+    if run is not None and not isinstance(run, str):
+        raise RequestError("bad_params", "'run' must be a run id")
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise RequestError("bad_params", "'after_seq' must be a whole number, 0 or more")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= EXPORT_PAGE:
+        raise RequestError("bad_params", f"'limit' must be from 1 to {EXPORT_PAGE}")
+    lines: list[str] = []
+    size = 0
+    last = after
+    more = False
+    for stored in recorder.store.query(since=since, run=run, after_seq=after, limit=limit + 1):
+        if len(lines) >= limit or size >= EXPORT_PAGE_BYTES:
+            more = True
+            break
+        line = text_line(stored) if fmt == "text" else stored.to_json()
+        lines.append(line)
+        size += len(line) + 2
+        last = stored.seq
+    if fmt == "json":
+        data = "[\n" + ",\n".join(lines) + "\n]\n" if lines else "[]\n"
+    else:
+        data = "".join(line + "\n" for line in lines)
+    return {"format": fmt, "data": data, "count": len(lines), "last_seq": last, "more": more}
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _sweep_stale_cells() -> None:
+    """Kill and remove the cgroups of cells whose daemon died (their processes
+    died with it, by their death signals; this is the second line)."""
+    try:
+        from stockade.cell._cgroup import sweep_stale
+
+        sweep_stale(kill=True)
+    except (StockadeError, OSError):
+        pass
+
+
+# --------------------------------------------------------------------------- running one
+
+
+def serve(
+    *,
+    state: str,
+    socket_path: str,
+    approval_timeout: float = 300.0,
+    ready: Callable[[Daemon], None] | None = None,
+) -> int:
+    """``stockade daemon``: serve in the foreground until SIGTERM or SIGINT; the exit code.
+
+    Raises:
+        DaemonError: the state directory or socket is taken or unusable.
+        StoreError: the store cannot be opened or written.
+    """
+
+    async def main() -> None:
+        daemon = Daemon(state=state, socket_path=socket_path, approval_timeout=approval_timeout)
+        await daemon.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, daemon.request_stop)
+        if ready is not None:
+            ready(daemon)
+        await daemon.wait_stopped()
+
+    asyncio.run(main())
+    return 0
+
+
+class DaemonThread:
+    """A daemon on a loop in a thread of this process: for ``stockade run`` on a
+    machine with no daemon running, and for tests.
+
+    The cells it starts die with this process (their death signals follow the
+    threads that started them, which live in it).
+    """
+
+    def __init__(self, *, state: str, socket_path: str | None = None, **options: Any) -> None:
+        self.daemon = Daemon(state=state, socket_path=socket_path, **options)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def socket_path(self) -> str:
+        return self.daemon.socket_path
+
+    def start(self, timeout: float = 60.0) -> DaemonThread:
+        """Start serving; return once the socket listens.
+
+        Raises:
+            DaemonError, StoreError: as ``Daemon.start``.
+        """
+        self._thread = threading.Thread(target=self._main, name="stockade-daemon", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise DaemonError(f"the in-process daemon did not start within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._run())
+        finally:
+            loop.close()
+
+    async def _run(self) -> None:
+        try:
+            await self.daemon.start()
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        await self.daemon.wait_stopped()
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the daemon's loop."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(fn)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop (runs are stopped first) and wait for the thread. Idempotent."""
+        if self._error is None:
+            self.call(self.daemon.request_stop)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> DaemonThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["MAX_BROKER_CONNECTIONS", "MAX_INFLIGHT", "SUBSCRIBER_BUFFER", "Daemon", "DaemonThread", "serve"]
