@@ -783,6 +783,11 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
         die(fd, ST_PREPARING, errno, "setresgid", NULL);
     if (syscall(SYS_setresuid, CELL_UID, CELL_UID, CELL_UID) < 0)
         die(fd, ST_PREPARING, errno, "setresuid", NULL);
+    /* prctl(2): a change of effective uid or gid clears the parent-death
+     * signal. Arm it again, or a SIGKILLed daemon would leave this cell
+     * running; and check the parent did not die in between. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die(fd, ST_PREPARING, errno, "death signal", NULL);
+    if (getppid() != s->parent) _exit(127);
     /* C2 shares C1's memory until it execs (CLONE_VM | CLONE_VFORK, as
      * posix_spawn does): no second copy of the parent's page tables, and its
      * exec drops a reference instead of tearing an address space down. C1
