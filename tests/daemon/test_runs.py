@@ -41,7 +41,12 @@ def test_intents_allowed_denied_forged_and_hostile(tmp_path: Path) -> None:
     plan = [
         {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}},
         {"op": "intent", "intent": "fs.read", "args": {"path": "/etc/hostname"}},
-        {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}, "token": "forged"},
+        {
+            "op": "intent",
+            "intent": "fs.read",
+            "args": {"path": f"{granted}/ok.txt", "password": "hunter2"},
+            "token": "forged",
+        },
         {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}, "token": "not-a-token"},
         # Garbage, then a good request on the same connection: answered, and it goes on.
         {"op": "raw", "hex": _frame_hex(b"\x00\x01garbage"), "then_valid": True, "replies": 2},
@@ -49,7 +54,8 @@ def test_intents_allowed_denied_forged_and_hostile(tmp_path: Path) -> None:
         {"op": "raw", "hex": struct.pack(">I", 64 << 20).hex() + "00" * 16},
         {"op": "partial"},
         {"op": "raw", "hex": _frame_hex(b'{"v":1,"id":3,"method":"status","params":{}}')},
-        {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt", "token": "leak"}},
+        # Allowed by the rule, but not the intent's arguments: refused before any decision.
+        {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt", "follow": True}},
     ]
     policy = agent_policy(tmp_path, plan)
     with daemon_at(tmp_path) as dt:
@@ -69,21 +75,20 @@ def test_intents_allowed_denied_forged_and_hostile(tmp_path: Path) -> None:
         assert after["ok"] is True and after["result"]["verdict"] == "deny"  # fs.list: no rule
         assert out[6][0]["error"]["code"] == "too_large"
         assert out[8][0]["error"]["code"] == "unknown_method"
-        # Allowed by the rule, then refused by the intent's strict arguments.
-        assert out[9]["error"]["code"] == "bad_params" and "token" in out[9]["error"]["message"]
+        assert out[9]["error"]["code"] == "bad_params" and "follow" in out[9]["error"]["message"]
         # Every decision is an event, in the order the agent made them.
         recorded = _intents(stored_events(wire, info["id"]))
         verdicts = [(e["detail"]["verdict"], e["detail"]["reason"].split(":")[0]) for e in recorded]
-        assert [v for v, _ in verdicts] == ["allow", "deny", "deny", "deny", "deny", "allow"]
+        assert [v for v, _ in verdicts] == ["allow", "deny", "deny", "deny", "deny"]
         assert verdicts[2][1] == verdicts[3][1] == "unauthorized"
         assert {e["run"] for e in recorded} == {info["id"]}
         assert all(e["cell"] == info["cells"][0] for e in recorded), "intents not attributed to the cell"
         # Secrets never reach the record.
-        assert recorded[-1]["detail"]["args"]["token"] == "[redacted]"
+        assert recorded[2]["detail"]["args"]["password"] == "[redacted]"
         token = dt.daemon.runs.runs[info["id"]].token  # type: ignore[union-attr]
         everything = json.dumps(stored_events(wire))
         assert token not in everything and token[-20:] not in everything
-        assert info["denials"] == 4 and info["intents"] == 6
+        assert info["denials"] == 4 and info["intents"] == 5
         assert wire.call("verify")["ok"] is True
 
 
@@ -290,3 +295,38 @@ def test_the_transcript_is_capped(tmp_path: Path) -> None:
         assert final["transcript"]["bytes"] == 1000
         size = (tmp_path / "state" / "runs" / info["id"] / "transcript.log").stat().st_size
         assert size == 1000
+
+
+def test_large_reads_exec_in_a_workbench_and_questions(tmp_path: Path) -> None:
+    granted = tmp_path / "granted"
+    granted.mkdir()
+    (granted / "big.bin").write_bytes(b"\xff" * (3 << 20))  # not UTF-8: base64, 4 MiB on the wire
+    tools = [
+        {"id": "read-granted", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}},
+        {"id": "echo", "intent": "exec", "verdict": "allow", "match": {"argv": "/bin/echo *"}},
+        {"id": "questions", "intent": "ask", "verdict": "allow"},
+    ]
+    plan = [
+        {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/big.bin"}, "brief": True},
+        {"op": "intent", "intent": "exec", "args": {"argv": ["/bin/echo", "from", "the", "workbench"]}},
+        {"op": "intent", "intent": "ask", "args": {"question": "which colour?"}},
+    ]
+    policy = agent_policy(tmp_path, plan, tools=tools)
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        info = wire.call("run.start", {"policy_path": str(policy), "detach": True})
+        asked = events.until(kind_is("approval.asked", info["id"]))[-1]["event"]["detail"]
+        assert asked["intent"] == "ask" and asked["args"]["question"] == "which colour?"
+        wire.call("approvals.decide", {"id": asked["id"], "decision": "approve", "reason": "blue"})
+        events.until(kind_is("run.end", info["id"]))
+        data = wire.call("run.logs", {"run": info["id"]})["data"]
+        out = {line["step"]: line["out"] for line in map(json.loads, data.splitlines())}
+        big = out[1]["result"]["value"]
+        assert big["size"] == 3 << 20 and big["encoding"] == "base64" and big["content"] == 4 << 20
+        ran = out[2]["result"]["value"]
+        assert ran["exit_code"] == 0 and ran["stdout"]["content"] == "from the workbench\n"
+        assert out[3]["result"]["value"]["answer"] == "blue"
+        stored = stored_events(wire, info["id"])
+        cells = {e["event"]["cell"] for e in stored if e["event"]["kind"] == "cell.start"}
+        assert ran["cell"] in cells and len(cells) == 2, "the workbench cell's events are not in the record"

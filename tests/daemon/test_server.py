@@ -201,6 +201,9 @@ AGENT = textwrap.dedent(
             main.sendall(frame({"v": 1, "id": i, "method": "intent",
                                 "params": {"token": token, "intent": step["intent"], "args": step["args"]}}))
             out = read_frame(main)
+            if step.get("brief"):  # too long to print: keep how long it was
+                value = out["result"]["value"]
+                value["content"] = len(value["content"])
         elif op == "raw":
             s = connect()
             s.sendall(bytes.fromhex(step["hex"]))
@@ -637,3 +640,77 @@ def test_cli_daemon_command_serves_until_sigterm(tmp_path: Path) -> None:
         kinds = [stored.event.kind for stored in store.query()]
         assert kinds[0] == "daemon.start" and kinds[-1] == "daemon.stop"
         assert store.verify().ok
+
+
+def test_cli_run_in_the_foreground_asks_at_the_terminal(tmp_path: Path) -> None:
+    """`stockade run` on a terminal: the agent's ask is put to the operator there."""
+    import subprocess
+
+    granted = tmp_path / "granted"
+    plan = [{"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}]
+    policy = agent_policy(tmp_path, plan, tools=[{"id": "ask-me", "intent": "fs.read", "verdict": "ask"}])
+    code = (
+        "import sys, click\n"
+        "from stockade.cli._daemon_cmds import COMMANDS\n"
+        "g = click.Group('stockade')\n"
+        "for c in COMMANDS: g.add_command(c)\n"
+        "sys.exit(g.main(args=sys.argv[1:], prog_name='stockade', standalone_mode=False))\n"
+    )
+    master, slave = os.openpty()
+    args = ["run", "-f", str(policy), "--state", str(tmp_path / "st"), "--socket", str(tmp_path / "d.sock")]
+    with subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=slave, stdout=slave, stderr=slave
+    ) as proc:
+        os.close(slave)
+        seen = b""
+        deadline = time.monotonic() + WAIT
+        answered = False
+        while True:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no prompt within {WAIT} s: {seen!r}"
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the other side is closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if not answered and b"approve?" in seen:
+                os.write(master, b"y\r")
+                answered = True
+        assert proc.wait(WAIT) == 0
+    os.close(master)
+    text = seen.decode(errors="replace")
+    assert "fs.read" in text and answered
+    assert '"verdict": "allow"' in text and "the granted file" in text
+
+
+def test_cli_approvals_approve_and_deny(tmp_path: Path) -> None:
+    granted = tmp_path / "granted"
+    ask = {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+    policy = agent_policy(
+        tmp_path, [ask, ask], tools=[{"id": "ask-me", "intent": "fs.read", "verdict": "ask"}]
+    )
+    with daemon_at(tmp_path) as dt:
+        sock = dt.socket_path
+        wire, events = Wire(sock), Wire(sock)
+        events.call("events.subscribe")
+        info = wire.call("run.start", {"policy_path": str(policy), "detach": True})
+        first = events.until(kind_is("approval.asked", info["id"]))[-1]["event"]["detail"]["id"]
+        code, out, _ = cli("approvals", "--socket", sock)
+        assert code == 0 and first in out and "fs.read" in out and "s left" in out
+        code, out, _ = cli("approvals", "--json", "--run", info["id"], "--socket", sock)
+        assert [a["id"] for a in json.loads(out)] == [first]
+        code, out, _ = cli("approve", first, "--socket", sock)
+        assert code == 0 and out == f"{first} approved\n"
+        second = events.until(kind_is("approval.asked", info["id"]))[-1]["event"]["detail"]["id"]
+        code, out, _ = cli("deny", second, "--reason", "enough reading", "--json", "--socket", sock)
+        assert code == 0 and json.loads(out)["reason"] == "enough reading"
+        code, _out, err = cli("approve", second, "--socket", sock)
+        assert code == 5 and "already denied" in err
+        events.until(kind_is("run.end", info["id"]))
+        verdicts = [
+            json.loads(x)["out"]["result"]["verdict"]
+            for x in wire.call("run.logs", {"run": info["id"]})["data"].splitlines()
+        ]
+        assert verdicts == ["allow", "deny"]

@@ -120,6 +120,16 @@ class Recorder:
             self._queue.put(_Append(events, waiter))
         return waiter
 
+    async def retry(self, events: Sequence[Event]) -> list[StoredEvent]:
+        """From the loop, after a failure: try the store again with ``events``.
+        Once they are stored, writes are accepted again.
+
+        Raises:
+            StoreError: it still cannot write (``on_failure`` is called again).
+        """
+        self.failure = None
+        return await self.record_soon(events)
+
     def record(self, events: Sequence[Event]) -> list[StoredEvent]:
         """From any thread but the loop's: store ``events`` and wait until durable.
 

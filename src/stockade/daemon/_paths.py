@@ -12,6 +12,8 @@ daemon.sock               the control socket (0600)
 runs/<id>/run.json        what the run is, and how it ended
 runs/<id>/transcript.log  the agent's stdout and stderr, capped
 runs/<id>/broker.sock     the run's broker socket, while it runs
+daemon.lock               held by the daemon using this directory
+store-error.json          a store failure not yet recorded (it is, once the store writes)
 ```
 
 Pure: nothing here touches the filesystem.
@@ -82,6 +84,11 @@ def run_meta_path(state: str, run_id: str) -> str:
     return os.path.join(run_dir(state, run_id), "run.json")
 
 
+def store_error_path(state: str) -> str:
+    """Where a daemon notes a store failure it could not record, for the record."""
+    return os.path.join(state, "store-error.json")
+
+
 def new_run_id() -> str:
     return "r-" + os.urandom(6).hex()
 
@@ -98,6 +105,7 @@ __all__ = [
     "runs_dir",
     "socket_path",
     "state_dir",
+    "store_error_path",
     "store_path",
     "transcript_path",
 ]

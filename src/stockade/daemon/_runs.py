@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hmac
 import json
 import os
 import signal
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from stockade.broker._approvals import Approval, ApprovalError, Approvals
-from stockade.broker._intents import IntentError, IntentExecutor, redact, refusal
+from stockade.broker._intents import IntentError, IntentExecutor, parse_args, redact, refusal
 from stockade.broker._rules import Decision, Rules
 from stockade.broker._tokens import TokenCheck, Tokens
 from stockade.broker._tripwire import DEFAULT_LIMIT, Tripwire
@@ -107,6 +108,8 @@ class Run:
     unattended: bool
     created: float
     token: str = field(repr=False)
+    token_expiry: float
+    """When the token stops being valid (``time.time()``), a little before ``Tokens`` says so."""
     tripwire: Tripwire
     rules: Rules
     state: RunState = "running"
@@ -359,10 +362,8 @@ class Runs:
             RequestError: ``unavailable`` (the store failed), ``bad_params`` (a
                 bad policy or parameter, a host that lacks what the policy needs).
         """
-        if self.refusing or self.recorder.failure is not None:
-            raise RequestError(
-                "unavailable", self.refusing or f"the event store cannot write: {self.recorder.failure}"
-            )
+        if self.recorder.failure is not None:
+            await self._retry_store()
         opts = _start_params(params)
         environ = opts["env"] if opts["env"] is not None else dict(os.environ)
         policy = _load_policy(opts, environ)
@@ -372,6 +373,7 @@ class Runs:
         os.mkdir(run_dir, 0o700)
         limits = policy.limits
         ttl = (limits.timeout or TOKEN_TTL_DEFAULT) + TOKEN_TTL_MARGIN
+        expiry = time.time() + ttl
         token = self.tokens.issue(run_id, "", ttl=ttl)
         sock_path = _paths.broker_socket_path(self.state_dir, run_id)
         run = Run(
@@ -384,6 +386,7 @@ class Runs:
             unattended=opts["unattended"],
             created=time.time(),
             token=token,
+            token_expiry=expiry,
             tripwire=Tripwire(limits.denials or DEFAULT_LIMIT),
             rules=Rules(policy.tools),
         )
@@ -570,7 +573,12 @@ class Runs:
     def _answer(self, run: Run, question: str) -> str | None:
         """``ask`` intents (a question for the operator), from a worker thread: an
         approval whose decision's reason is the answer; ``None`` when denied or unanswered."""
-        approval = self.approvals.ask(run.id, "ask", {"question": question}, timeout=self.approval_timeout)
+        approval = self.approvals.ask(
+            run.id, "ask", {"question": question}, timeout=self.approval_timeout, unattended=run.unattended
+        )
+        if run.unattended:
+            with run.lock:  # worker threads of several questions may be here at once
+                run.unattended_denials += 1
         self.recorder.record([_approval_event("approval.asked", run, approval)])
         if approval.state == "pending":
             approval = self.approvals.wait(approval.id, self.approval_timeout + 1.0)
@@ -621,8 +629,11 @@ class Runs:
 
     def store_failed(self, exc: StoreError) -> None:
         """The store cannot write: refuse new runs, halt the running ones (their
-        ``run.halted`` cannot be recorded; the daemon's log says why)."""
+        ``run.halted`` cannot be recorded; the daemon's log and the
+        ``store.error`` event recorded once the store writes again say why)."""
         self.refusing = f"the event store cannot write, so no run may start: {exc}"
+        with contextlib.suppress(OSError), open(_paths.store_error_path(self.state_dir), "w") as f:
+            json.dump({"error": str(exc), "time": time.time(), "path": getattr(exc, "path", "")}, f)
         for run in self.runs.values():
             if not run.done.is_set():
                 run.halted = f"the event store cannot write: {exc}"
@@ -634,6 +645,27 @@ class Runs:
                     waiter.set_result(
                         self.approvals.decide(approval_id, "deny", by="daemon", reason=str(exc))
                     )
+
+    async def _retry_store(self) -> None:
+        """Before a run starts while the store is failed: try it again, recording
+        the failure (``store.error``); refuse the run if it still cannot write.
+
+        Raises:
+            RequestError: ``unavailable``.
+        """
+        event = store_error_event(self.state_dir)
+        if event is None:
+            failure = self.recorder.failure
+            event = _store_error(str(failure), time.time(), getattr(failure, "path", ""))
+        try:
+            await self.recorder.retry([event])
+        except StoreError as exc:
+            raise RequestError(
+                "unavailable", self.refusing or f"the event store cannot write: {exc}"
+            ) from exc
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_paths.store_error_path(self.state_dir))
+        self.refusing = ""
 
     async def stop_all(self, grace: float) -> None:
         await asyncio.gather(
@@ -703,21 +735,25 @@ class Runs:
             raise RequestError(
                 "bad_params", "an intent needs 'intent' (a name such as fs.read) and 'args' (an object)"
             )
-        run.intents += 1
         if self.recorder.failure is not None:
             raise RequestError(
                 "unavailable",
                 f"the event store cannot write, so no intent is served: {self.recorder.failure}",
             )
-        if run.halted or run.done.is_set():
-            why = f"run {run.id} is halted ({run.halted})" if run.halted else f"run {run.id} has ended"
-            await self._record_intent(run, cell, intent, args, Decision("deny", None, why), count=False)
-            raise RequestError("denied", f"{why}; every intent is refused")
-        check = self.tokens.check(params.get("token"), run=run.id, cell="")
+        # The order of docs/BROKER.md: token, halted run, arguments, rules.
+        check = _check_token(self.tokens, run, params.get("token"))
         if check != TokenCheck.OK:
             reason = f"unauthorized: the capability token is {_TOKEN_WORDS.get(check, check.value)}"
             await self._record_intent(run, cell, intent, args, Decision("deny", None, reason))
             raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
+        if run.halted or run.done.is_set():
+            why = f"run {run.id} is halted ({run.halted})" if run.halted else f"run {run.id} has ended"
+            await self._record_intent(run, cell, intent, args, Decision("deny", None, why), count=False)
+            raise RequestError("denied", f"{why}; every intent is refused")
+        try:
+            parse_args(intent, args)  # malformed: neither decided, nor counted, nor recorded
+        except IntentError as exc:
+            raise RequestError(exc.code, str(exc)) from exc
         decision = run.rules.decide(intent, args)
         if decision.verdict == "ask" and run.unattended:
             run.unattended_denials += 1
@@ -748,8 +784,11 @@ class Runs:
         decision: Decision,
         *,
         count: bool = True,
+        again: bool = False,
     ) -> None:
-        """Store the ``intent`` event (durably), then count a denial toward the tripwire."""
+        """Store the ``intent`` event (durably), then count a denial toward the tripwire.
+
+        ``again``: a second event for an intent already recorded (refused while executed)."""
         outcome: Outcome = {"allow": "allowed", "deny": "denied", "ask": "info"}[decision.verdict]  # type: ignore[assignment]
         event = Event(
             kind="intent",
@@ -772,6 +811,8 @@ class Runs:
             raise RequestError(
                 "unavailable", f"the event store cannot write, so the intent is refused: {exc}"
             ) from exc
+        if not again:
+            run.intents += 1
         if decision.verdict == "deny" and count:
             await self._count_denial(run)
 
@@ -808,19 +849,31 @@ class Runs:
     ) -> dict[str, Any]:
         executor = run.executor
         assert executor is not None
-        # exec and ask may take minutes: they get threads of their own, not the
-        # loop's small default pool that fs intents use.
-        pool = self._workbench_pool if intent in ("exec", "ask") else None
-        try:
-            value = await self.loop.run_in_executor(pool, executor.execute, intent, args)
-        except IntentError as exc:
-            raise RequestError(exc.code, str(exc)) from exc
+        if intent in ("exec", "ask"):
+            # They take seconds to minutes: threads of their own.
+            try:
+                value = await self.loop.run_in_executor(self._workbench_pool, executor.execute, intent, args)
+            except IntentError as exc:
+                raise RequestError(exc.code, str(exc)) from exc
+        else:
+            value = _execute_now(run, intent, args)
+        return await self._answer_value(run, cell, intent, args, decision, value)
+
+    async def _answer_value(
+        self,
+        run: Run,
+        cell: str,
+        intent: str,
+        args: Mapping[str, object],
+        decision: Decision,
+        value: dict[str, object],
+    ) -> dict[str, Any]:
         refused = refusal(value)
         if refused is not None:
             # The broker's own checks (grants, hidden paths, links) refused it
             # after the rules allowed it: a denial like any other.
             denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
-            await self._record_intent(run, cell, intent, args, denied)
+            await self._record_intent(run, cell, intent, args, denied, again=True)
             return {**_answer(denied), "value": value}
         return {**_answer(decision), "value": value}
 
@@ -834,6 +887,32 @@ _TOKEN_WORDS = {
     TokenCheck.WRONG_RUN: "another run's",
     TokenCheck.EXPIRED: "expired",
 }
+
+
+def store_error_event(state: str) -> Event | None:
+    """The ``store.error`` for a failure a daemon noted but could not record
+    (``<state>/store-error.json``), or None."""
+    try:
+        with open(_paths.store_error_path(state), encoding="utf-8") as f:
+            noted = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(noted, dict):
+        return None
+    return _store_error(
+        str(noted.get("error", "")), float(noted.get("time") or 0), str(noted.get("path", ""))
+    )
+
+
+def _store_error(error: str, when: float, path: str) -> Event:
+    return Event(
+        kind="store.error",
+        cell="",
+        layer="broker",
+        outcome="info",
+        summary=f"the event store could not write from {time.ctime(when)} on, and runs were halted: {error}",
+        detail={"error": error, "failed_at": when, "path": path},
+    )
 
 
 def _approval_event(kind: str, run: Run, approval: Approval) -> Event:
@@ -852,6 +931,30 @@ def _approval_event(kind: str, run: Run, approval: Approval) -> Event:
         ),
         detail=approval.to_dict(),
     )
+
+
+def _execute_now(run: Run, intent: str, args: Mapping[str, object]) -> dict[str, object]:
+    """An fs intent, in the loop: bounded (16 MiB, 10,000 entries) and cheaper
+    than a hop to a thread and back, which the GIL would serialise anyway."""
+    assert run.executor is not None
+    try:
+        return run.executor.execute(intent, args)
+    except IntentError as exc:
+        raise RequestError(exc.code, str(exc)) from exc
+
+
+def _check_token(tokens: Tokens, run: Run, token: object) -> TokenCheck:
+    """``tokens.check`` for ``run``, with a fast path: the very token the run was
+    given (compared in constant time), before its expiry, is good without
+    decoding it again; anything else gets the full check and its reason."""
+    if (
+        isinstance(token, str)
+        and token.isascii()
+        and time.time() < run.token_expiry
+        and hmac.compare_digest(token.encode("ascii"), run.token.encode("ascii"))
+    ):
+        return TokenCheck.OK
+    return tokens.check(token, run=run.id, cell="")
 
 
 def _answer(decision: Decision) -> dict[str, Any]:

@@ -27,7 +27,6 @@ import asyncio
 import codecs
 import contextlib
 import fcntl
-import json
 import os
 import resource
 import signal
@@ -45,15 +44,22 @@ from stockade import __version__
 from stockade.broker._protocol import MAX_FRAME, Connection, ErrorCode, ProtocolViolation, Request
 from stockade.daemon import _paths
 from stockade.daemon._bus import EventBus, Recorder
-from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs
+from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs, store_error_event
 from stockade.errors import DaemonError, ProtocolError, StockadeError, StoreError
 from stockade.record import Event
 from stockade.record._chain import StoredEvent
 
 MAX_INFLIGHT = 64
 """Requests of one connection served at once; more wait, and reading pauses."""
-MAX_BROKER_CONNECTIONS = 256
+MAX_BROKER_CONNECTIONS = 64
 """Connections one run's broker socket takes at once."""
+BROKER_MAX_FRAME = 24 * 1024 * 1024
+"""The frame limit of a broker socket: a 16 MiB read or write is a frame of
+about 21.4 MiB (docs/BROKER.md), so the control socket's 1 MiB is too small."""
+BROKER_BUFFER_BUDGET = 64 * 1024 * 1024
+"""Bytes of unfinished frames all of one run's broker connections may hold at
+once; past it the connection that asked for more is closed. A cell cannot make
+the daemon hold more than this for it, whatever its memory limit."""
 SUBSCRIBER_BUFFER = 4 * 1024 * 1024
 """Bytes of pushes a subscriber may leave unread before it is dropped."""
 EXPORT_PAGE = 1000
@@ -218,24 +224,12 @@ class Daemon:
         )
 
     def _previous_store_error(self) -> list[Event]:
-        path = os.path.join(self.state, "store-error.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                detail = json.load(f)
-            os.unlink(path)
-        except (OSError, ValueError):
+        event = store_error_event(self.state)
+        if event is None:
             return []
-        return [
-            Event(
-                kind="store.error",
-                cell="",
-                layer="broker",
-                outcome="info",
-                summary="the event store could not write while the previous daemon ran: "
-                f"{detail.get('error')}",
-                detail=detail if isinstance(detail, dict) else {},
-            )
-        ]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_paths.store_error_path(self.state))
+        return [event]
 
     # ------------------------------------------------------------------ the record
 
@@ -263,9 +257,6 @@ class Daemon:
         print(
             f"stockade: the event store failed, so no run starts and every run halts: {exc}", file=sys.stderr
         )
-        # Kept for the next daemon to record, since this one cannot.
-        with contextlib.suppress(OSError), open(os.path.join(self.state, "store-error.json"), "w") as f:
-            json.dump({"error": str(exc), "time": time.time(), "path": getattr(exc, "path", "")}, f)
         if self.runs is not None:
             self.runs.store_failed(exc)
 
@@ -299,6 +290,8 @@ class Daemon:
         if method == "status":
             return await self._status()
         if method == "run.start":
+            if self._stopping:
+                raise RequestError("unavailable", "the daemon is stopping; start the run when it is back")
             run = await runs.start(p)
             if not run.detach:
                 peer.owned.add(run.id)
@@ -425,6 +418,10 @@ class Daemon:
             result["sub"] = tap.id
         return result
 
+    def buffered(self, run: Run) -> int:
+        """Bytes of unfinished frames held for ``run``'s broker connections."""
+        return sum(p.conn.buffered for p in self._peers if p.run is run)
+
     def register(self, peer: _Peer) -> bool:
         if (
             peer.run is not None
@@ -460,7 +457,7 @@ class _Peer(asyncio.Protocol):
     def __init__(self, daemon: Daemon, run: Run | None) -> None:
         self.daemon = daemon
         self.run = run
-        self.conn = Connection(max_frame=daemon.max_frame)
+        self.conn = Connection(max_frame=daemon.max_frame if run is None else BROKER_MAX_FRAME)
         self.transport: asyncio.Transport | None = None
         self.cell = ""
         self.who = "operator"
@@ -501,6 +498,21 @@ class _Peer(asyncio.Protocol):
             else:
                 self._backlog.append(item)
         if self.conn.closed:
+            self.close()
+            return
+        if (
+            self.run is not None
+            and self.conn.buffered
+            and self.daemon.buffered(self.run) > BROKER_BUFFER_BUDGET
+        ):
+            self.write(
+                self.conn.fail(
+                    0,
+                    "too_large",
+                    f"this run's connections hold more than {BROKER_BUFFER_BUDGET >> 20} MiB of unfinished "
+                    "frames; send one large intent at a time",
+                )
+            )
             self.close()
             return
         self._pump()

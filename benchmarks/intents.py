@@ -1,0 +1,295 @@
+"""The broker's intent round trip, as an agent pays it, and the daemon's throughput.
+
+Run as root from the repository:
+
+    .venv/bin/python benchmarks/intents.py [--requests N] [--seconds S]
+
+A daemon is started in a process of its own (``stockade.daemon._server.serve``)
+on a fresh state directory, and one run is started under it whose agent, in
+its cell, is the load generator (``/usr/bin/python3``, standard library only,
+framing by hand): the clients are where agents are, behind the broker socket
+the cell is given, on the same two cores as the daemon.
+
+- round trip: one client, ``fs.read`` of a small granted file, allowed by a
+  rule, sent one after the other; each is recorded durably (SQLite WAL,
+  ``synchronous=FULL``) before it is answered. p50 and p99 over N intents
+  after a warm-up.
+- throughput: 1, 10 and 100 client processes in the cell, each with its own
+  connection, sending the same intent in a loop for S seconds; intents
+  answered per second. The store is then checked to hold every one of them.
+
+Nothing here asserts a time; it prints the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LOAD = r"""
+import json, os, socket, struct, sys, time
+
+BROKER, TOKEN = os.environ["STOCKADE_BROKER"], os.environ["STOCKADE_TOKEN"]
+PATH = sys.argv[1]
+REQUESTS, SECONDS = int(sys.argv[2]), float(sys.argv[3])
+LEVELS = [int(x) for x in sys.argv[4].split(",")]
+
+def frame(i):
+    body = json.dumps({"v": 1, "id": i, "method": "intent",
+                       "params": {"token": TOKEN, "intent": "fs.read", "args": {"path": PATH}}}).encode()
+    return struct.pack(">I", len(body)) + body
+
+def recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+def one(s, i, request):
+    s.sendall(request)
+    n = struct.unpack(">I", recv_exact(s, 4))[0]
+    reply = recv_exact(s, n)
+    if b'"verdict":"allow"' not in reply:
+        raise SystemExit("not allowed: " + reply[:300].decode())
+
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(BROKER)
+    return s
+
+# Round trip, one client.
+s = connect()
+request = frame(1)
+for i in range(200):
+    one(s, i, request)
+times = []
+for i in range(REQUESTS):
+    t = time.perf_counter_ns()
+    one(s, i, request)
+    times.append(time.perf_counter_ns() - t)
+s.close()
+times.sort()
+print(json.dumps({"round_trip_ns": {"p50": times[len(times) // 2], "p90": times[int(len(times) * 0.9)],
+                  "p99": times[int(len(times) * 0.99)], "n": len(times)}}), flush=True)
+
+# Throughput: C processes, each its own connection, for SECONDS.
+for clients in LEVELS:
+    pipes, pids = [], []
+    start_r, start_w = os.pipe()
+    for c in range(clients):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.close(start_w)
+            s = connect()
+            os.read(start_r, 1)  # all connected first, then all start
+            done, end = 0, time.monotonic() + SECONDS
+            while time.monotonic() < end:
+                one(s, done, request)
+                done += 1
+            os.write(w, str(done).encode())
+            os._exit(0)
+        os.close(w)
+        pipes.append(r)
+        pids.append(pid)
+    t0 = time.monotonic()
+    os.write(start_w, b"x" * clients)
+    total = 0
+    for r in pipes:
+        total += int(os.read(r, 64) or b"0")
+        os.close(r)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    elapsed = time.monotonic() - t0
+    os.close(start_r)
+    os.close(start_w)
+    print(json.dumps({"throughput": {"clients": clients, "intents": total, "seconds": round(elapsed, 3),
+                      "per_second": round(total / elapsed, 1)}}), flush=True)
+"""
+
+
+def _call(sock: socket.socket, rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps({"v": 1, "id": rid, "method": method, "params": params}).encode()
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    while True:
+        msg = _read(sock)
+        if msg.get("id") == rid:
+            if not msg.get("ok"):
+                raise SystemExit(f"{method}: {msg}")
+            result: dict[str, Any] = msg["result"]
+            return result
+
+
+def _read(sock: socket.socket) -> dict[str, Any]:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            raise SystemExit("the daemon closed the connection")
+        head += chunk
+    (n,) = struct.unpack(">I", head)
+    body = b""
+    while len(body) < n:
+        body += sock.recv(n - len(body))
+    message: dict[str, Any] = json.loads(body)
+    return message
+
+
+def _fsync_floor(directory: Path, rounds: int = 500) -> tuple[float, float]:
+    """p50 and p99, in microseconds, of one durable SQLite commit (WAL,
+    synchronous=FULL, one small row) on the filesystem of ``directory``: the
+    least an intent that is recorded before it is answered can cost here."""
+    import sqlite3
+
+    path = directory / "floor.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE t (x TEXT)")
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t VALUES (?)", ("x" * 400,))
+        conn.execute("COMMIT")
+        times.append(time.perf_counter() - t)
+    conn.close()
+    times.sort()
+    return times[len(times) // 2] * 1e6, times[int(len(times) * 0.99)] * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=5000, help="round trips timed (default 5000)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per throughput level (default 5)")
+    parser.add_argument("--clients", default="1,10,100", help="throughput levels (default 1,10,100)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: cells under the daemon need it on this host")
+
+    tmp = Path(tempfile.mkdtemp(prefix="stockade-bench-", dir="/tmp"))
+    os.chmod(tmp, 0o755)
+    try:
+        granted = tmp / "granted"
+        granted.mkdir()
+        (granted / "small.txt").write_text("a small granted file\n")
+        ws = tmp / "ws"
+        ws.mkdir()
+        policy = tmp / "bench.json"
+        policy.write_text(
+            json.dumps(
+                {
+                    "name": "bench",
+                    "workspace": str(ws),
+                    "command": [
+                        "/usr/bin/python3",
+                        "-c",
+                        LOAD,
+                        f"{granted}/small.txt",
+                        str(args.requests),
+                        str(args.seconds),
+                        args.clients,
+                    ],
+                    "filesystem": {"read": [str(granted)]},
+                    "tools": [
+                        {
+                            "id": "small",
+                            "intent": "fs.read",
+                            "verdict": "allow",
+                            "match": {"path": f"{granted}/*"},
+                        }
+                    ],
+                    "limits": {"timeout": "30m", "pids": 1024, "memory": "4G"},
+                }
+            )
+        )
+        state, sock_path = tmp / "state", tmp / "d.sock"
+        code = (
+            "import sys\nfrom stockade.daemon._server import serve\n"
+            "serve(state=sys.argv[1], socket_path=sys.argv[2], ready=lambda d: print('ready', flush=True))\n"
+        )
+        daemon = subprocess.Popen(
+            [sys.executable, "-c", code, str(state), str(sock_path)], stdout=subprocess.PIPE, cwd=ROOT
+        )
+        try:
+            assert daemon.stdout is not None
+            ready, _, _ = select.select([daemon.stdout], [], [], 60)
+            if not ready or daemon.stdout.readline() != b"ready\n":
+                raise SystemExit("the daemon did not start")
+            control = socket.socket(socket.AF_UNIX)
+            control.connect(str(sock_path))
+            events = socket.socket(socket.AF_UNIX)
+            events.connect(str(sock_path))
+            _call(events, 1, "events.subscribe", {"run": None})
+            before = _call(control, 1, "status", {})["store"]
+            started = time.monotonic()
+            run = _call(control, 2, "run.start", {"policy_path": str(policy), "detach": True})
+            while True:
+                msg = _read(events)
+                event = msg.get("event", {}).get("event", {})
+                if event.get("kind") == "run.end" and event.get("run") == run["id"]:
+                    break
+            took = time.monotonic() - started
+            after = _call(control, 3, "status", {})["store"]
+            logs = _call(control, 4, "run.logs", {"run": run["id"]})["data"]
+            info = next(r for r in _call(control, 5, "run.list", {})["runs"] if r["id"] == run["id"])
+            verified = _call(
+                control,
+                6,
+                "verify",
+                {},
+            )
+            control.close()
+            events.close()
+        finally:
+            daemon.terminate()
+            daemon.wait(60)
+        results = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+        if info["exit_code"] != 0 or not results:
+            raise SystemExit(
+                f"the load generator failed ({info['state']}, exit {info['exit_code']}):\n{logs[-2000:]}"
+            )
+        rt = next(r["round_trip_ns"] for r in results if "round_trip_ns" in r)
+        print(f"intent round trip (fs.read allowed, recorded durably), one client, n={rt['n']}:")
+        p50, p90, p99 = (rt[k] / 1000 for k in ("p50", "p90", "p99"))
+        print(f"  p50 {p50:.0f} us   p90 {p90:.0f} us   p99 {p99:.0f} us")
+        floor50, floor99 = _fsync_floor(tmp)
+        print(f"  (one durable SQLite commit on this disk alone: p50 {floor50:.0f} us, p99 {floor99:.0f} us)")
+        print("throughput (allowed intents answered per second, each recorded durably first):")
+        for r in results:
+            if "throughput" in r:
+                t = r["throughput"]
+                rate, done, secs = t["per_second"], t["intents"], t["seconds"]
+                print(f"  {t['clients']:>3} clients  {rate:>9.0f} /s   ({done} in {secs} s)")
+        stored = after["last_seq"] - before["last_seq"]
+        commits = after["commits"] - before["commits"]
+        print(
+            f"record: {info['intents']} intent events of this run, {stored} events stored in "
+            f"{commits} transactions ({stored / max(commits, 1):.1f} per commit); "
+            f"chain {'intact' if verified['ok'] else 'BROKEN'}; whole run {took:.1f} s"
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
