@@ -24,6 +24,7 @@ from tests.daemon.test_server import (
     close_wires,  # noqa: F401  (the fixture that closes every Wire)
     daemon_at,
     kind_is,
+    release,
     stored_events,
     workspace,
 )
@@ -242,8 +243,7 @@ def test_a_store_that_stops_writing_halts_runs_and_refuses_new_ones(tmp_path: Pa
             raise StoreError("database or disk is full: /tmp/x/events.db", path="/tmp/x/events.db")
 
         store.append = full  # type: ignore[method-assign]
-        with open(fifo, "w") as f:
-            f.write("go")
+        release(fifo)
         ended = None
         while ended is None:
             push = follow.push()["event"]

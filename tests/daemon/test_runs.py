@@ -20,8 +20,10 @@ from tests.daemon.test_server import (
     close_wires,  # noqa: F401  (the fixture that closes every Wire)
     daemon_at,
     kind_is,
+    release,
     run_to_end,
     stored_events,
+    wait_output,
     workspace,
 )
 
@@ -126,8 +128,8 @@ def test_another_runs_token_is_refused_and_recorded(tmp_path: Path) -> None:
         assert (
             recorded[0]["detail"]["verdict"] == "deny" and "another run's" in recorded[0]["detail"]["reason"]
         )
-        with open(fifo, "w") as f:
-            f.write("go")
+        wait_output(dt.socket_path, first["id"], "blocking")
+        release(fifo)
         events.until(kind_is("run.end", first["id"]))
 
 
@@ -265,8 +267,8 @@ def test_the_broker_socket_is_the_cells_own(tmp_path: Path) -> None:
         assert stat.S_IMODE(st.st_mode) == 0o600
         assert (st.st_uid, st.st_gid) == _cell_identity(str(ws))
         assert stat.S_IMODE(os.stat(sock.parent).st_mode) == 0o700
-        with open(fifo, "w") as f:
-            f.write("go")
+        wait_output(dt.socket_path, info["id"], "blocking")
+        release(fifo)
         events.until(kind_is("run.end", info["id"]))
         assert not sock.exists(), "the broker socket outlived its run"
         meta = json.loads((sock.parent / "run.json").read_text())
@@ -330,3 +332,59 @@ def test_large_reads_exec_in_a_workbench_and_questions(tmp_path: Path) -> None:
         stored = stored_events(wire, info["id"])
         cells = {e["event"]["cell"] for e in stored if e["event"]["kind"] == "cell.start"}
         assert ran["cell"] in cells and len(cells) == 2, "the workbench cell's events are not in the record"
+
+
+def test_a_cell_cannot_make_the_daemon_hold_much_for_it(tmp_path: Path) -> None:
+    from stockade.daemon._server import BROKER_BUFFER_BUDGET, MAX_BROKER_CONNECTIONS
+
+    granted = tmp_path / "granted"
+    read = {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+    plan = [
+        # Four unfinished 20 MiB frames, 17 MiB sent of each: past the run's budget.
+        {"op": "hog", "conns": 4, "claim": 20 << 20, "send": 17 << 20},
+        {"op": "many", "conns": MAX_BROKER_CONNECTIONS + 1},
+        read,
+    ]
+    policy = agent_policy(tmp_path, plan)
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        info, lines = run_to_end(wire, events, policy)
+        assert info["exit_code"] == 0
+        out = {line["step"]: line["out"] for line in lines}
+        hogged = out[1][-1]
+        assert hogged["error"]["code"] == "too_large"
+        assert f"{BROKER_BUFFER_BUDGET >> 20} MiB" in hogged["error"]["message"]
+        assert out[2]["error"]["code"] == "unavailable" and "connections open" in out[2]["error"]["message"]
+        assert out[3]["result"]["verdict"] == "allow", "the daemon stopped serving the run"
+        assert wire.call("status")["pid"] == os.getpid()
+
+
+def test_runs_started_at_once_each_get_their_own_cell_socket_and_token(tmp_path: Path) -> None:
+    granted = tmp_path / "granted"
+    read = {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+    policies = [
+        agent_policy(tmp_path, [read, read], name=f"a{i}", ws=workspace(tmp_path, f"ws{i}")) for i in range(6)
+    ]
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        # Pipelined: the daemon starts them concurrently, launching cells while
+        # it makes the next runs' broker sockets.
+        for i, policy in enumerate(policies, 1):
+            wire.send(
+                {
+                    "v": 1,
+                    "id": i,
+                    "method": "run.start",
+                    "params": {"policy_path": str(policy), "detach": True},
+                }
+            )
+        started = [wire.read() for _ in policies]
+        ids = {reply["result"]["id"] for reply in started if reply and reply["ok"]}
+        assert len(ids) == len(policies), started
+        ended: set[str] = set()
+        while ended != ids:
+            ended.add(events.until(lambda e: e["event"]["kind"] == "run.end")[-1]["event"]["run"])
+        for run in wire.call("run.list")["runs"]:
+            assert run["exit_code"] == 0 and run["intents"] == 2 and run["denials"] == 0, run

@@ -134,6 +134,28 @@ class Wire:
         self.sock.close()
 
 
+def release(fifo: Path) -> None:
+    """Let an agent blocked on ``fifo`` (the ``block`` step) go on. Never waits:
+    with nobody reading the fifo, this fails (ENXIO) instead of hanging."""
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, b"go")
+    finally:
+        os.close(fd)
+
+
+def wait_output(path: str, run: str, text: str) -> str:
+    """Follow ``run``'s transcript until ``text`` appears in it; the transcript so far."""
+    follow = Wire(path)
+    seen = follow.call("run.logs", {"run": run, "follow": True})["data"]
+    while text not in seen:
+        push = follow.push()["event"]
+        assert push["kind"] == "run.output", f"the run ended before {text!r} appeared: {seen!r}"
+        seen += push["data"]
+    follow.close()
+    return seen
+
+
 def kind_is(kind: str, run: str | None = None) -> Callable[[dict[str, Any]], bool]:
     def pred(stored: dict[str, Any]) -> bool:
         event = stored.get("event", stored)
@@ -212,14 +234,37 @@ AGENT = textwrap.dedent(
                                  "params": {"token": TOKEN, "intent": "fs.list", "args": {"path": "/"}}}))
             out = [read_frame(s) for _ in range(step.get("replies", 1))]
             s.close()
+        elif op == "hog":  # several connections, each holding a large unfinished frame
+            socks, out = [], []
+            for _ in range(step["conns"]):
+                s = connect()
+                socks.append(s)
+                try:
+                    s.sendall(struct.pack(">I", step["claim"]) + b"x" * step["send"])
+                except OSError as e:
+                    out.append(type(e).__name__)
+            out.append(read_frame(socks[-1]))
+            for s in socks:
+                s.close()
+        elif op == "many":  # more connections than a run may hold
+            socks = [connect() for _ in range(step["conns"])]
+            out = read_frame(socks[-1])
+            for s in socks:
+                s.close()
         elif op == "partial":
             s = connect()
             s.sendall(frame({"v": 1, "id": 1, "method": "intent", "params": {}})[:7])
             s.close()
             out = "sent half a frame"
-        elif op == "block":
+        elif op == "block":  # until the test writes to the fifo (see release())
+            import select as sel
+            fd = os.open(step["fifo"], os.O_RDONLY | os.O_NONBLOCK)  # a reader now, before saying so
             print(json.dumps({"step": i, "op": op, "out": "blocking"}), flush=True)
-            open(step["fifo"]).read()
+            poller = sel.poll()
+            poller.register(fd, sel.POLLIN)
+            poller.poll()
+            os.read(fd, 64)
+            os.close(fd)
             out = "released"
         elif op == "spawn":
             import subprocess

@@ -632,7 +632,11 @@ class Runs:
         ``run.halted`` cannot be recorded; the daemon's log and the
         ``store.error`` event recorded once the store writes again say why)."""
         self.refusing = f"the event store cannot write, so no run may start: {exc}"
-        with contextlib.suppress(OSError), open(_paths.store_error_path(self.state_dir), "w") as f:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        with (
+            contextlib.suppress(OSError),
+            open(os.open(_paths.store_error_path(self.state_dir), flags, 0o600), "w") as f,
+        ):
             json.dump({"error": str(exc), "time": time.time(), "path": getattr(exc, "path", "")}, f)
         for run in self.runs.values():
             if not run.done.is_set():

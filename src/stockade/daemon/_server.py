@@ -666,11 +666,11 @@ def _listen(path: str, uid: int, gid: int) -> socket.socket:
         if len(os.fsencode(path)) > _paths.MAX_SUN_PATH:
             dir_fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             target = f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}"
-        old = os.umask(0o177)
-        try:
-            sock.bind(target)
-        finally:
-            os.umask(old)
+        # Not the umask: it is the whole process's, and a cell launched by
+        # another thread meanwhile would build its view with it. A socket
+        # bound but not yet listening refuses every connection, so it is made
+        # 0600 (and given to its owner) before anyone can use it.
+        sock.bind(target)
         os.chmod(path, 0o600)
         if (uid, gid) != (os.getuid(), os.getgid()):
             os.chown(path, uid, gid)
@@ -841,6 +841,11 @@ def serve(
         DaemonError: the state directory or socket is taken or unusable.
         StoreError: the store cannot be opened or written.
     """
+
+    # The cells' views (the directories above a workspace, /tmp…) are made
+    # with this process's umask: an operator's 077 would make them untraversable
+    # for the agent. The daemon's own files get their modes explicitly.
+    os.umask(0o022)
 
     async def main() -> None:
         daemon = Daemon(state=state, socket_path=socket_path, approval_timeout=approval_timeout)
