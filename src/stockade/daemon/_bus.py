@@ -1,4 +1,4 @@
-"""The daemon's record and its live stream.
+"""The daemon's record and its live stream, and the events the daemon writes.
 
 ``Recorder`` is the one writer of the event store: a thread that owns the
 store and appends, in one transaction, every batch of events that arrived
@@ -13,7 +13,8 @@ later write with the same error: the daemon never runs anything unrecorded.
 the message, and one that cannot (its bounded queue is full) is dropped and
 reported to the caller, so one slow reader never stalls the others.
 
-Neither class touches a socket.
+The ``*_event`` functions build the daemon's own events (docs/DAEMON.md,
+"Events of the daemon"). Nothing here touches a socket.
 """
 
 from __future__ import annotations
@@ -22,16 +23,26 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import json
+import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stockade import __version__
+from stockade.daemon import _paths
 from stockade.errors import StoreError
-from stockade.record import Event
+from stockade.record import Event, Outcome
 from stockade.record._chain import StoredEvent
 from stockade.record._store import EventStore, open_store
+
+if TYPE_CHECKING:
+    from stockade.broker._approvals import Approval
+    from stockade.broker._rules import Decision
+    from stockade.daemon._runs import Run
 
 MAX_BATCH = 1024
 """Events written in one transaction at most; more wait for the next."""
@@ -379,4 +390,235 @@ class EventBus:
             tap.end(tap.id, info)
 
 
-__all__ = ["MAX_BATCH", "EventBus", "OutputTap", "Recorder", "Subscription"]
+# --------------------------------------------------------------------------- the daemon's events
+
+
+def daemon_event(kind: str, summary: str, *, socket: str, state: str) -> Event:
+    """``daemon.start`` or ``daemon.stop``."""
+    detail = {"pid": os.getpid(), "version": __version__, "socket": socket, "state": state}
+    return Event(kind=kind, cell="", layer="broker", outcome="info", summary=summary, detail=detail)
+
+
+def run_start_event(run: Run) -> Event:
+    return Event(
+        kind="run.start",
+        cell="",
+        layer="cell",
+        outcome="info",
+        run=run.id,
+        summary=f"run {run.id} started for policy {run.name!r}: {' '.join(run.argv)[:200]}",
+        detail={
+            "name": run.name,
+            "policy": run.policy.source,
+            "argv": list(run.argv),
+            "workspace": run.workspace,
+            "detach": run.detach,
+            "unattended": run.unattended,
+            "denial_limit": run.tripwire.limit,
+        },
+    )
+
+
+def run_end_event(run: Run, cell: str) -> Event:
+    """``run.end`` of a run whose ``state``, ``exit_code`` and ``error`` are final."""
+    how = f"with exit code {run.exit_code}" if run.exit_code is not None else f"without a cell: {run.error}"
+    return Event(
+        kind="run.end",
+        cell=cell,
+        layer="cell",
+        outcome="info",
+        run=run.id,
+        summary=f"run {run.id} ended {how}"
+        + (f" (halted: {run.halted})" if run.halted else "")
+        + (f" (stopped by {run.stopped_by})" if run.stopped_by else ""),
+        detail={
+            "state": run.state,
+            "exit_code": run.exit_code,
+            "error": run.error,
+            "halted": run.halted,
+            "stopped_by": run.stopped_by,
+            "duration": round((run.ended or time.time()) - run.created, 6),
+            "intents": run.intents,
+            "denials": run.denials,
+            "unattended_denials": run.unattended_denials,
+            "cells": list(run.cells),
+            "transcript_bytes": run.transcript_bytes,
+            "transcript_truncated": run.transcript_truncated,
+        },
+    )
+
+
+def run_lost_event(run_id: str, reason: str) -> Event:
+    """``run.end`` of a run an earlier daemon did not see end."""
+    return Event(
+        kind="run.end",
+        cell="",
+        layer="cell",
+        outcome="info",
+        run=run_id,
+        summary=f"run {run_id} was lost: its daemon ended before it (killed?)",
+        detail={"exit_code": None, "state": "lost", "reason": reason},
+    )
+
+
+def run_halted_event(run: Run, reason: str) -> Event:
+    return Event(
+        kind="run.halted",
+        cell="",
+        layer="broker",
+        outcome="denied",
+        run=run.id,
+        summary=f"run {run.id} halted: {reason}",
+        detail={"reason": reason, "denials": run.denials, "limit": run.tripwire.limit},
+    )
+
+
+_OUTCOMES: dict[str, Outcome] = {"allow": "allowed", "deny": "denied", "ask": "info"}
+_WORDS = {"allow": "allowed", "deny": "denied", "ask": "asked"}
+
+
+def intent_event(run: Run, cell: str, intent: str, args: Mapping[str, object], decision: Decision) -> Event:
+    """One broker decision; ``args`` already redacted."""
+    target = args.get("path") or args.get("argv") or args.get("url") or args.get("question") or ""
+    if isinstance(target, list):
+        target = " ".join(str(a) for a in target)
+    rule = f" by rule {decision.rule}" if decision.rule else ""
+    return Event(
+        kind="intent",
+        cell=cell,
+        layer="broker",
+        outcome=_OUTCOMES[decision.verdict],
+        run=run.id,
+        summary=f"{intent} {str(target)[:200]}".strip() + f" {_WORDS[decision.verdict]}{rule}",
+        detail={
+            "intent": intent,
+            "args": dict(args),
+            "verdict": decision.verdict,
+            "rule": decision.rule,
+            "reason": decision.reason,
+        },
+    )
+
+
+def approval_event(kind: str, run: Run, approval: Approval) -> Event:
+    """``approval.asked`` or ``approval.decided``."""
+    asked = kind == "approval.asked"
+    return Event(
+        kind=kind,
+        cell="",
+        layer="broker",
+        outcome="info" if asked or approval.state == "approved" else "denied",
+        run=run.id,
+        summary=(
+            f"approval {approval.id} asked for {approval.intent} of run {run.id}"
+            if asked
+            else f"approval {approval.id} {approval.state} by {approval.by}"
+            + (f": {approval.reason}" if approval.reason else "")
+        ),
+        detail=approval.to_dict(),
+    )
+
+
+def store_error_event(error: str, when: float, path: str) -> Event:
+    return Event(
+        kind="store.error",
+        cell="",
+        layer="broker",
+        outcome="info",
+        summary=f"the event store could not write from {time.ctime(when)} on, and runs were halted: {error}",
+        detail={"error": error, "failed_at": when, "path": path},
+    )
+
+
+def noted_store_error(state: str) -> Event | None:
+    """The ``store.error`` for a failure a daemon noted but could not record
+    (``<state>/store-error.json``), or None."""
+    try:
+        with open(_paths.store_error_path(state), encoding="utf-8") as f:
+            noted = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(noted, dict):
+        return None
+    error, path = str(noted.get("error", "")), str(noted.get("path", ""))
+    return store_error_event(error, float(noted.get("time") or 0), path)
+
+
+def dropped_event(stream: str, run: str | None, limit: int) -> Event:
+    return Event(
+        kind="subscriber.dropped",
+        cell="",
+        layer="broker",
+        outcome="info",
+        run=run or "",
+        summary=f"a live {stream} subscriber fell behind by more than {limit} bytes and was dropped",
+        detail={"stream": stream, "limit_bytes": limit},
+    )
+
+
+# --------------------------------------------------------------------------- export pages
+
+
+EXPORT_PAGE = 1000
+"""Events one ``events.export`` answer carries at most."""
+EXPORT_PAGE_BYTES = 768 * 1024
+
+
+def export_page(store: EventStore, params: Mapping[str, Any]) -> dict[str, Any]:
+    """One page of ``events.export``, rendered (docs/DAEMON.md).
+
+    Raises:
+        ValueError: a bad parameter, said in one sentence.
+    """
+    from stockade.record._export import FORMATS, text_line
+
+    fmt = params.get("format", "jsonl")
+    since, run, after = params.get("since"), params.get("run"), params.get("after_seq", 0)
+    limit = params.get("limit", EXPORT_PAGE)
+    if fmt not in FORMATS:
+        raise ValueError(f"'format' must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)):
+        raise ValueError("'since' must be seconds since the epoch")
+    if run is not None and not isinstance(run, str):
+        raise ValueError("'run' must be a run id")
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValueError("'after_seq' must be a whole number, 0 or more")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= EXPORT_PAGE:
+        raise ValueError(f"'limit' must be from 1 to {EXPORT_PAGE}")
+    lines: list[str] = []
+    size = 0
+    last = after
+    more = False
+    for stored in store.query(since=since, run=run, after_seq=after, limit=limit + 1):
+        if len(lines) >= limit or size >= EXPORT_PAGE_BYTES:
+            more = True
+            break
+        line = text_line(stored) if fmt == "text" else stored.to_json()
+        lines.append(line)
+        size += len(line) + 2
+        last = stored.seq
+    if fmt == "json":
+        data = "[\n" + ",\n".join(lines) + "\n]\n" if lines else "[]\n"
+    else:
+        data = "".join(line + "\n" for line in lines)
+    return {"format": fmt, "data": data, "count": len(lines), "last_seq": last, "more": more}
+
+
+__all__ = [
+    "MAX_BATCH",
+    "EventBus",
+    "OutputTap",
+    "Recorder",
+    "Subscription",
+    "approval_event",
+    "daemon_event",
+    "dropped_event",
+    "export_page",
+    "intent_event",
+    "noted_store_error",
+    "run_end_event",
+    "run_halted_event",
+    "run_lost_event",
+    "run_start_event",
+    "store_error_event",
+]

@@ -45,10 +45,21 @@ from stockade.broker._tokens import TokenCheck, Tokens
 from stockade.broker._tripwire import DEFAULT_LIMIT, Tripwire
 from stockade.cell._plan import _cell_identity
 from stockade.daemon import _paths
-from stockade.daemon._bus import EventBus, Recorder
+from stockade.daemon._bus import (
+    EventBus,
+    Recorder,
+    approval_event,
+    intent_event,
+    noted_store_error,
+    run_end_event,
+    run_halted_event,
+    run_lost_event,
+    run_start_event,
+    store_error_event,
+)
 from stockade.errors import CellError, PolicyError, StockadeError, StoreError
 from stockade.policy import Policy
-from stockade.record import Event, Outcome
+from stockade.record import Event
 
 if TYPE_CHECKING:
     from stockade.cell._cell import Cell, CellResult
@@ -323,17 +334,7 @@ class Runs:
         for meta in found:
             if meta.get("ended") is None:
                 meta.update(state="lost", ended=time.time(), error="the daemon ended before the run did")
-                events.append(
-                    Event(
-                        kind="run.end",
-                        cell="",
-                        layer="cell",
-                        outcome="info",
-                        run=str(meta["id"]),
-                        summary=f"run {meta['id']} was lost: its daemon ended before it (killed?)",
-                        detail={"exit_code": None, "state": "lost", "reason": meta["error"]},
-                    )
-                )
+                events.append(run_lost_event(str(meta["id"]), meta["error"]))
                 self._write_meta_dict(meta)
         found.sort(key=lambda m: float(m.get("created") or 0))
         self.past = {str(m["id"]): m for m in found[-PAST_RUNS_KEPT:]}
@@ -406,7 +407,7 @@ class Runs:
             )
             uid, gid = _cell_identity(cell.workspace)
             run.close_broker = await self.host.open_broker(run, sock_path, uid, gid)
-            await self.recorder.record_soon([self._start_event(run)])
+            await self.recorder.record_soon([run_start_event(run)])
         except BaseException as exc:
             if run.close_broker is not None:
                 run.close_broker()
@@ -428,25 +429,6 @@ class Runs:
         run.thread = thread
         thread.start()
         return run
-
-    def _start_event(self, run: Run) -> Event:
-        return Event(
-            kind="run.start",
-            cell="",
-            layer="cell",
-            outcome="info",
-            run=run.id,
-            summary=f"run {run.id} started for policy {run.name!r}: {' '.join(run.argv)[:200]}",
-            detail={
-                "name": run.name,
-                "policy": run.policy.source,
-                "argv": list(run.argv),
-                "workspace": run.workspace,
-                "detach": run.detach,
-                "unattended": run.unattended,
-                "denial_limit": run.tripwire.limit,
-            },
-        )
 
     # ------------------------------------------------------------- the run's thread
 
@@ -519,31 +501,7 @@ class Runs:
             run.state = "failed"
         else:
             run.state = "ended"
-        end = Event(
-            kind="run.end",
-            cell=result.cell_id if result is not None else "",
-            layer="cell",
-            outcome="info",
-            run=run.id,
-            summary=f"run {run.id} ended "
-            + (f"with exit code {run.exit_code}" if run.exit_code is not None else f"without a cell: {error}")
-            + (f" (halted: {run.halted})" if run.halted else "")
-            + (f" (stopped by {run.stopped_by})" if run.stopped_by else ""),
-            detail={
-                "state": run.state,
-                "exit_code": run.exit_code,
-                "error": error,
-                "halted": run.halted,
-                "stopped_by": run.stopped_by,
-                "duration": round(run.ended - run.created, 6),
-                "intents": run.intents,
-                "denials": run.denials,
-                "unattended_denials": run.unattended_denials,
-                "cells": list(run.cells),
-                "transcript_bytes": run.transcript_bytes,
-                "transcript_truncated": run.transcript_truncated,
-            },
-        )
+        end = run_end_event(run, result.cell_id if result is not None else "")
         self._write_meta(run)
         with contextlib.suppress(StoreError):
             await self.recorder.record_soon([end])
@@ -579,7 +537,7 @@ class Runs:
         if run.unattended:
             with run.lock:  # worker threads of several questions may be here at once
                 run.unattended_denials += 1
-        self.recorder.record([_approval_event("approval.asked", run, approval)])
+        self.recorder.record([approval_event("approval.asked", run, approval)])
         if approval.state == "pending":
             approval = self.approvals.wait(approval.id, self.approval_timeout + 1.0)
             if approval.state == "pending":  # the clock stood still: close it ourselves
@@ -587,7 +545,7 @@ class Runs:
                     approval = self.approvals.decide(
                         approval.id, "deny", by="timeout", reason="no answer in time"
                     )
-        self.recorder.record([_approval_event("approval.decided", run, approval)])
+        self.recorder.record([approval_event("approval.decided", run, approval)])
         return approval.reason if approval.state == "approved" else None
 
     # ------------------------------------------------------------------ stopping
@@ -614,15 +572,7 @@ class Runs:
         run.halted = reason
         run.state = "halted"
         run.signal_cells(signal.SIGKILL)
-        halted = Event(
-            kind="run.halted",
-            cell="",
-            layer="broker",
-            outcome="denied",
-            run=run.id,
-            summary=f"run {run.id} halted: {reason}",
-            detail={"reason": reason, "denials": run.denials, "limit": run.tripwire.limit},
-        )
+        halted = run_halted_event(run, reason)
         with contextlib.suppress(StoreError):
             await self.recorder.record_soon([halted])
         await self._close_approvals(run, f"the run was halted: {reason}")
@@ -657,10 +607,10 @@ class Runs:
         Raises:
             RequestError: ``unavailable``.
         """
-        event = store_error_event(self.state_dir)
+        event = noted_store_error(self.state_dir)
         if event is None:
             failure = self.recorder.failure
-            event = _store_error(str(failure), time.time(), getattr(failure, "path", ""))
+            event = store_error_event(str(failure), time.time(), getattr(failure, "path", ""))
         try:
             await self.recorder.retry([event])
         except StoreError as exc:
@@ -793,22 +743,7 @@ class Runs:
         """Store the ``intent`` event (durably), then count a denial toward the tripwire.
 
         ``again``: a second event for an intent already recorded (refused while executed)."""
-        outcome: Outcome = {"allow": "allowed", "deny": "denied", "ask": "info"}[decision.verdict]  # type: ignore[assignment]
-        event = Event(
-            kind="intent",
-            cell=cell,
-            layer="broker",
-            outcome=outcome,
-            run=run.id,
-            summary=_intent_summary(intent, args, decision),
-            detail={
-                "intent": intent,
-                "args": redact(args),
-                "verdict": decision.verdict,
-                "rule": decision.rule,
-                "reason": decision.reason,
-            },
-        )
+        event = intent_event(run, cell, intent, redact(args), decision)
         try:
             await self.recorder.record_soon([event])
         except StoreError as exc:
@@ -844,7 +779,7 @@ class Runs:
 
     async def _record_approval(self, kind: str, run: Run, approval: Approval) -> None:
         try:
-            await self.recorder.record_soon([_approval_event(kind, run, approval)])
+            await self.recorder.record_soon([approval_event(kind, run, approval)])
         except StoreError as exc:
             raise RequestError("unavailable", f"the event store cannot write: {exc}") from exc
 
@@ -893,50 +828,6 @@ _TOKEN_WORDS = {
 }
 
 
-def store_error_event(state: str) -> Event | None:
-    """The ``store.error`` for a failure a daemon noted but could not record
-    (``<state>/store-error.json``), or None."""
-    try:
-        with open(_paths.store_error_path(state), encoding="utf-8") as f:
-            noted = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(noted, dict):
-        return None
-    return _store_error(
-        str(noted.get("error", "")), float(noted.get("time") or 0), str(noted.get("path", ""))
-    )
-
-
-def _store_error(error: str, when: float, path: str) -> Event:
-    return Event(
-        kind="store.error",
-        cell="",
-        layer="broker",
-        outcome="info",
-        summary=f"the event store could not write from {time.ctime(when)} on, and runs were halted: {error}",
-        detail={"error": error, "failed_at": when, "path": path},
-    )
-
-
-def _approval_event(kind: str, run: Run, approval: Approval) -> Event:
-    asked = kind == "approval.asked"
-    return Event(
-        kind=kind,
-        cell="",
-        layer="broker",
-        outcome="info" if asked or approval.state == "approved" else "denied",
-        run=run.id,
-        summary=(
-            f"approval {approval.id} asked for {approval.intent} of run {run.id}"
-            if asked
-            else f"approval {approval.id} {approval.state} by {approval.by}"
-            + (f": {approval.reason}" if approval.reason else "")
-        ),
-        detail=approval.to_dict(),
-    )
-
-
 def _execute_now(run: Run, intent: str, args: Mapping[str, object]) -> dict[str, object]:
     """An fs intent, in the loop: bounded (16 MiB, 10,000 entries) and cheaper
     than a hop to a thread and back, which the GIL would serialise anyway."""
@@ -968,16 +859,6 @@ def _answer(decision: Decision) -> dict[str, Any]:
 def _approval_reason(approval: Approval) -> str:
     word = {"approved": "approved", "denied": "denied", "pending": "not answered"}[approval.state]
     return f"{word} by {approval.by or 'nobody'}" + (f": {approval.reason}" if approval.reason else "")
-
-
-def _intent_summary(intent: str, args: Mapping[str, object], decision: Decision) -> str:
-    target = args.get("path") or args.get("argv") or args.get("url") or args.get("question") or ""
-    if isinstance(target, list):
-        target = " ".join(str(a) for a in target)
-    text = f"{intent} {str(target)[:200]}".strip()
-    word = {"allow": "allowed", "deny": "denied", "ask": "asked"}[decision.verdict]
-    rule = f" by rule {decision.rule}" if decision.rule else ""
-    return f"{text} {word}{rule}"
 
 
 def _start_params(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,8 +43,15 @@ from typing import Any
 from stockade import __version__
 from stockade.broker._protocol import MAX_FRAME, Connection, ErrorCode, ProtocolViolation, Request
 from stockade.daemon import _paths
-from stockade.daemon._bus import EventBus, Recorder
-from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs, store_error_event
+from stockade.daemon._bus import (
+    EventBus,
+    Recorder,
+    daemon_event,
+    dropped_event,
+    export_page,
+    noted_store_error,
+)
+from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs
 from stockade.errors import DaemonError, ProtocolError, StockadeError, StoreError
 from stockade.record import Event
 from stockade.record._chain import StoredEvent
@@ -62,9 +69,6 @@ once; past it the connection that asked for more is closed. A cell cannot make
 the daemon hold more than this for it, whatever its memory limit."""
 SUBSCRIBER_BUFFER = 4 * 1024 * 1024
 """Bytes of pushes a subscriber may leave unread before it is dropped."""
-EXPORT_PAGE = 1000
-"""Events one ``events.export`` answer carries at most."""
-EXPORT_PAGE_BYTES = 768 * 1024
 STOP_GRACE = 10.0
 """Seconds runs get to end when the daemon stops (SIGTERM), before they are killed."""
 _UCRED = struct.Struct("3i")
@@ -209,22 +213,10 @@ class Daemon:
         self._lock_fd = fd
 
     def _daemon_event(self, kind: str, summary: str) -> Event:
-        return Event(
-            kind=kind,
-            cell="",
-            layer="broker",
-            outcome="info",
-            summary=summary,
-            detail={
-                "pid": os.getpid(),
-                "version": __version__,
-                "socket": self.socket_path,
-                "state": self.state,
-            },
-        )
+        return daemon_event(kind, summary, socket=self.socket_path, state=self.state)
 
     def _previous_store_error(self) -> list[Event]:
-        event = store_error_event(self.state)
+        event = noted_store_error(self.state)
         if event is None:
             return []
         with contextlib.suppress(FileNotFoundError):
@@ -240,16 +232,7 @@ class Daemon:
     def _record_drop(self, what: str, run: str | None) -> None:
         if self.recorder is None or self.recorder.failure is not None:
             return
-        event = Event(
-            kind="subscriber.dropped",
-            cell="",
-            layer="broker",
-            outcome="info",
-            run=run or "",
-            summary=f"a live {what} subscriber fell behind by more than {self.subscriber_buffer} bytes "
-            "and was dropped",
-            detail={"stream": what, "limit_bytes": self.subscriber_buffer},
-        )
+        event = dropped_event(what, run, self.subscriber_buffer)
         waiter = self.recorder.record_soon([event])
         waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
 
@@ -323,7 +306,10 @@ class Daemon:
             self.bus.unsubscribe(sub_id)
             return {"sub": sub_id}
         if method == "events.export":
-            return await asyncio.to_thread(_export_page, recorder, p)
+            try:
+                return await asyncio.to_thread(export_page, recorder.store, p)
+            except ValueError as exc:
+                raise RequestError("bad_params", str(exc)) from exc
         if method == "verify":
             result = await asyncio.to_thread(recorder.store.verify)
             return {
@@ -770,41 +756,6 @@ def _tail(path: str, lines: int | None) -> tuple[bytes, int, bool]:
             kept = kept[len(kept) - lines :] if lines else []
         data = b"\n".join(kept) + (b"\n" if trailing and kept else b"")
     return data, size, cut
-
-
-def _export_page(recorder: Recorder, p: Mapping[str, Any]) -> dict[str, Any]:
-    from stockade.record._export import FORMATS, text_line
-
-    fmt = p.get("format", "jsonl")
-    since, run, after = p.get("since"), p.get("run"), p.get("after_seq", 0)
-    limit = p.get("limit", EXPORT_PAGE)
-    if fmt not in FORMATS:
-        raise RequestError("bad_params", f"'format' must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)):
-        raise RequestError("bad_params", "'since' must be seconds since the epoch")
-    if run is not None and not isinstance(run, str):
-        raise RequestError("bad_params", "'run' must be a run id")
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise RequestError("bad_params", "'after_seq' must be a whole number, 0 or more")
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= EXPORT_PAGE:
-        raise RequestError("bad_params", f"'limit' must be from 1 to {EXPORT_PAGE}")
-    lines: list[str] = []
-    size = 0
-    last = after
-    more = False
-    for stored in recorder.store.query(since=since, run=run, after_seq=after, limit=limit + 1):
-        if len(lines) >= limit or size >= EXPORT_PAGE_BYTES:
-            more = True
-            break
-        line = text_line(stored) if fmt == "text" else stored.to_json()
-        lines.append(line)
-        size += len(line) + 2
-        last = stored.seq
-    if fmt == "json":
-        data = "[\n" + ",\n".join(lines) + "\n]\n" if lines else "[]\n"
-    else:
-        data = "".join(line + "\n" for line in lines)
-    return {"format": fmt, "data": data, "count": len(lines), "last_seq": last, "more": more}
 
 
 def _raise_fd_limit() -> None:
