@@ -277,3 +277,14 @@ def test_a_host_socket_and_variables_can_be_handed_to_the_cell(tmp_path: Path) -
     assert result.stdout == b"pong\n"
     assert got == [b"ping r-test"]
     assert {e.run for e in result.events} == {"r-test"}
+
+
+def test_the_callers_umask_does_not_reach_the_view(tmp_path: Path) -> None:
+    previous = os.umask(0o077)
+    try:
+        with Cell(workspace=tmp_path) as cell:
+            result = cell.run(["/bin/sh", "-c", "umask; cat /etc/hostname; echo x > f && cat f"])
+    finally:
+        os.umask(previous)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == b"0022\nstockade\nx\n"

@@ -657,6 +657,10 @@ static int cell_init(void *arg) {
     put_int(&l, a->pid);
     put_char(&l, '\n');
     if (write_all(fd, l.buf, l.len) < 0) _exit(127);
+    /* The view's directories and files must not depend on the caller's umask
+     * (under 077 the agent could not read its own view); the command gets
+     * the usual 022. */
+    umask(022);
     build_view(fd, s);
     if (sethostname("stockade", 8) < 0) die(fd, ST_HOSTNAME, errno, "sethostname", NULL);
     loopback_up(fd);

@@ -36,11 +36,11 @@ def cli() -> None:
 def _register() -> None:
     # Each command lives in its own module; importing them here keeps the
     # list of commands in one place.
+    from stockade.cli._daemon_cmds import COMMANDS as DAEMON_COMMANDS
     from stockade.cli._demo import demo
     from stockade.cli._doctor import doctor
     from stockade.cli._exec_cmd import exec_help
     from stockade.cli._policy_cmds import schema, validate
-    from stockade.cli._daemon_cmds import COMMANDS as DAEMON_COMMANDS
     from stockade.cli._record_cmds import export_cmd, verify
 
     for command in (demo, doctor, exec_help, export_cmd, schema, validate, verify, *DAEMON_COMMANDS):
