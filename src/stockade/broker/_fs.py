@@ -129,6 +129,9 @@ def openat2(dirfd: int, path: str, flags: int, *, mode: int = 0, resolve: int = 
 # ----------------------------------------------------------------- path matching
 
 
+_HIDDEN_CACHE_MAX = 4096
+
+
 def _parts(path: str) -> list[str]:
     return [p for p in path.split("/") if p]
 
@@ -216,6 +219,7 @@ class FileAccess:
         if home and home != "/":
             roots.append(os.path.realpath(home))
         self._hidden_roots = tuple(_parts(r) for r in dict.fromkeys(roots))
+        self._hidden_cache: dict[tuple[tuple[str, ...], tuple[str, ...]], str | None] = {}
         protect: list[str] = [e for e in fs.protect if e.startswith("/")]
         self._protect_relative = tuple(e for e in fs.protect if not e.startswith("/"))
         if policy.source:
@@ -422,6 +426,18 @@ class FileAccess:
         return False
 
     def _hidden(self, parts: Sequence[str], grant: _Grant) -> str | None:
+        # The answer depends only on the policy, fixed for the run: cached, as
+        # it was two thirds of an fs intent's time (bounded; cleared when full).
+        key = (tuple(parts), tuple(grant.root))
+        cache = self._hidden_cache
+        if key in cache:
+            return cache[key]
+        if len(cache) >= _HIDDEN_CACHE_MAX:
+            cache.clear()
+        reason = cache[key] = self._hidden_uncached(parts, grant)
+        return reason
+
+    def _hidden_uncached(self, parts: Sequence[str], grant: _Grant) -> str | None:
         for entry in self._deny:
             if _covers(entry, parts) is not None:
                 return f"hidden by the policy (filesystem.deny or a secret: {_show(entry)})"
