@@ -570,10 +570,4 @@ def _limit_event(cell_id: str, layer: Literal["cell", "cgroup", "timeout"], summ
     return Event(kind="cell.limit", cell=cell_id, layer=layer, outcome="denied", summary=summary, detail={})
 
 
-def run_in_cell(argv: list[str], policy: Policy | None = None, **kwargs: object) -> CellResult:
-    """Shorthand: ``with Cell(policy) as cell: cell.run(argv)``."""
-    with Cell(policy) as cell:
-        return cell.run(argv, **kwargs)  # type: ignore[arg-type]
-
-
-__all__ = ["Cell", "CellResult", "run_in_cell", "shared_audit_reader"]
+__all__ = ["Cell", "CellResult", "shared_audit_reader"]

@@ -630,10 +630,3 @@ def _environment(
             env[name] = value
     env.update(dict(policy.env.set))
     return tuple(sorted(env.items()))
-
-
-def is_directory(path: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(path).st_mode)
-    except OSError:
-        return False
