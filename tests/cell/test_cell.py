@@ -33,13 +33,6 @@ def test_exit_code_and_output_are_passed_through(tmp_path: Path) -> None:
     assert result.events[-1].detail["exit_code"] == 7
 
 
-def test_a_signal_becomes_128_plus_its_number(tmp_path: Path) -> None:
-    with Cell(workspace=tmp_path) as cell:
-        result = cell.run(["/bin/sh", "-c", "kill -TERM $$; sleep 5"])
-    # The shell is the cell's pid 1 and ignores SIGTERM, so it kills itself with KILL next.
-    assert result.exit_code in (128 + 15, 0) or result.exit_code == 128 + 9
-
-
 def test_command_not_found_is_127_and_says_so(tmp_path: Path) -> None:
     with Cell(workspace=tmp_path) as cell:
         result = cell.run(["no-such-command-anywhere"])
@@ -110,6 +103,8 @@ def test_environment_crosses_only_when_named(tmp_path: Path) -> None:
 
 
 def test_timeout_kills_the_cell_and_is_an_event(tmp_path: Path) -> None:
+    # Also the test that a signal ending the cell's pid 1 is reported as
+    # 128+N: a signal sent from inside cannot end a namespace's init.
     with Cell(workspace=tmp_path) as cell:
         result = cell.run(["/bin/sh", "-c", "sleep 30 & sleep 30"], timeout=0.5)
     assert result.timed_out
