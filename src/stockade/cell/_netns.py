@@ -1,0 +1,85 @@
+"""Sockets made inside another network namespace (a cell's), from outside it.
+
+A socket belongs to the network namespace its creator was in when it was made,
+for its whole life. So the daemon makes the gateway's listening sockets inside
+a cell by moving one of its threads into the cell's namespace (``setns``, which
+for a network namespace changes only the calling thread), making and binding
+the sockets, and moving back. The cell's programs then reach them on their own
+loopback while the code serving them runs outside the cell.
+
+Python 3.11 has no ``os.setns`` (3.12 does), hence ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from stockade.errors import CellError
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@contextmanager
+def inside(netns_fd: int) -> Iterator[None]:
+    """Run the body with the calling thread in the network namespace ``netns_fd``.
+
+    Raises:
+        OSError: the thread could not enter the namespace.
+    """
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(netns_fd)
+        try:
+            yield
+        finally:
+            # Failing to return would leave this thread (and every socket it
+            # makes later) in the cell's namespace: never carry on after that.
+            try:
+                _setns(home)
+            except OSError as exc:  # pragma: no cover - the kernel refused to go back
+                os.write(2, f"stockade: cannot leave a cell's network namespace: {exc}\n".encode())
+                os._exit(70)
+    finally:
+        os.close(home)
+
+
+def listen_in(
+    netns_fd: int, addresses: Sequence[tuple[str, int]], *, backlog: int = 512
+) -> list[socket.socket]:
+    """Listening TCP sockets bound to ``addresses`` inside the namespace ``netns_fd``.
+
+    Raises:
+        CellError: a socket could not be made or bound there.
+    """
+    made: list[socket.socket] = []
+    try:
+        with inside(netns_fd):
+            for host, port in addresses:
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+                made.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                sock.listen(backlog)
+                sock.setblocking(False)
+    except OSError as exc:
+        for sock in made:
+            sock.close()
+        raise CellError(
+            f"could not open the gateway's sockets in the cell's network namespace: {exc}"
+        ) from exc
+    return made
+
+
+__all__ = ["inside", "listen_in"]
