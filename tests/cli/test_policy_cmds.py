@@ -61,9 +61,9 @@ def test_validate_summarises_what_the_policy_grants(policy_file: Path) -> None:
     assert "/etc /opt/papers\n" in out
     assert "  programs     /usr/bin/python3\n" in out
     assert "memory 1 GiB, processes 512, cpu 0.5 cores, timeout 1h30m, output 64 MiB" in out
-    assert "  network      loopback only, ports 8000\n" in out
-    assert "api.openai.com:443, *.arxiv.org:8443 (enforced by the gateway, which is coming" in out
-    assert "web: http.fetch → ask (enforced by the broker, which is coming)" in out
+    assert "  network      loopback and the gateway, ports 8000\n" in out
+    assert "api.openai.com:443, *.arxiv.org:8443 through the gateway; everything else refused" in out
+    assert "web: http.fetch → ask (the broker; no match is a deny)" in out
     assert "openai at https://api.openai.com/v1 model gpt-4o-mini" in out
     assert "OPENAI_API_KEY" in out and "sk-very-secret" not in out
     assert "warning:" not in out

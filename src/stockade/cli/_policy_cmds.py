@@ -22,8 +22,6 @@ from stockade.policy._model import Policy
 
 EXIT_POLICY = 3
 _LOCATED = re.compile(r"^(.*:\d+:\d+): (.*)$", re.DOTALL)
-_COMING_GATEWAY = "enforced by the gateway, which is coming; until then the cell has no network"
-_COMING_BROKER = "enforced by the broker, which is coming"
 
 
 @click.command("validate")
@@ -178,21 +176,26 @@ def summary(policy: Policy, *, fmt: str, file: str, show_env: bool = False) -> s
     loopback = policy.network.loopback_ports
     row(
         "network",
-        "loopback only" + (f", ports {' '.join(str(p) for p in loopback)}" if loopback else " (no ports)"),
+        "loopback and the gateway" + (f", ports {' '.join(str(p) for p in loopback)}" if loopback else ""),
     )
     if policy.network.allow:
         hosts = ", ".join(_host(rule) for rule in policy.network.allow)
-        row("egress", f"{hosts} ({_COMING_GATEWAY})")
+        row("egress", f"{hosts} through the gateway; everything else refused")
+    else:
+        row("egress", "none: the gateway refuses every host")
+    if policy.secrets:
+        row(
+            "secrets",
+            ", ".join(f"{s.name} (for {' '.join(s.hosts)})" for s in policy.secrets)
+            + "; the cell holds placeholders",
+        )
     if policy.tools:
         rules = ", ".join(f"{r.id}: {r.intent} → {r.verdict}" for r in policy.tools)
-        row("tools", f"{rules} ({_COMING_BROKER})")
+        row("tools", f"{rules} (the broker; no match is a deny)")
     if policy.llm:
         llm = policy.llm
         model = f" model {llm.model}" if llm.model else ""
-        row(
-            "llm",
-            f"{llm.provider} at {llm.base_url}{model} (enforced by the gateway, which is coming)",
-        )
+        row("llm", f"{llm.provider} at {llm.base_url}{model}, through the cell's LLM endpoint")
     return "\n".join(lines)
 
 

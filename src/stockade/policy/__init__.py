@@ -16,6 +16,7 @@ from stockade.policy._model import (
     Mode,
     NetworkPolicy,
     Policy,
+    SecretPolicy,
     ToolRule,
     Verdict,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Mode",
     "NetworkPolicy",
     "Policy",
+    "SecretPolicy",
     "ToolRule",
     "Verdict",
     "default_policy",

@@ -41,6 +41,7 @@ from stockade.policy._model import (
     LlmPolicy,
     NetworkPolicy,
     Policy,
+    SecretPolicy,
     ToolRule,
 )
 from stockade.policy._schema import (
@@ -750,6 +751,8 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
                     )
                 )
 
+    problems.extend(_secret_problems(model))
+
     fs = model.filesystem
     system = fs.base == "system"
     read = _unique([*(SYSTEM_READ if system else ()), *fs.read])
@@ -884,6 +887,7 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
                 for rule in model.network.allow
             ),
             loopback_ports=_unique(model.network.loopback_ports),
+            fetch_plain_http=model.network.fetch_plain_http,
         ),
         tools=tuple(
             ToolRule(
@@ -895,8 +899,44 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
             for rule in model.tools
         ),
         llm=llm,
+        secrets=tuple(
+            SecretPolicy(name=secret.name, env=secret.env, file=secret.file, hosts=_unique(secret.hosts))
+            for secret in model.secrets
+        ),
         source=source,
     )
+
+
+def _secret_problems(model: PolicyFile) -> list[Problem]:
+    """A secret needs one source, a name of its own, and must never enter the cell."""
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for index, secret in enumerate(model.secrets):
+        where = ("secrets", index)
+        if (secret.env is None) == (secret.file is None):
+            problems.append(
+                Problem(where, "needs exactly one source: 'env' (the daemon's variable) or 'file'")
+            )
+        if secret.name in seen:
+            problems.append(Problem((*where, "name"), f"{show(secret.name)} is named twice in secrets"))
+        seen.add(secret.name)
+        if secret.name in model.env.set_ or secret.name in model.env.pass_:
+            problems.append(
+                Problem(
+                    (*where, "name"),
+                    f"{show(secret.name)} is also in env; the secret's placeholder fills that variable, "
+                    "so remove it from env",
+                )
+            )
+        if secret.env is not None and secret.env in model.env.pass_:
+            problems.append(
+                Problem(
+                    (*where, "env"),
+                    f"{show(secret.env)} holds a secret's value and is also in env.pass, which would copy "
+                    "it into the cell; remove it from env.pass",
+                )
+            )
+    return problems
 
 
 def _unique(items: Any) -> tuple[Any, ...]:

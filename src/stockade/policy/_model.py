@@ -97,6 +97,26 @@ class NetworkPolicy:
     loopback_ports: tuple[int, ...] = ()
     """TCP ports on the cell's own loopback that programs in it may bind and
     connect to (a test server, say). The cell has no other network."""
+    fetch_plain_http: bool = False
+    """Whether the broker's ``http.fetch`` may fetch ``http://`` URLs (HTTPS only by default)."""
+
+
+@dataclass(frozen=True)
+class SecretPolicy:
+    """One secret the daemon holds and the gateway adds on the way out.
+
+    Inside the cell the variable ``name`` holds a placeholder; the gateway
+    replaces it with the value only in requests to ``hosts``.
+    """
+
+    name: str
+    """The variable the cell sees (holding a placeholder)."""
+    env: str | None = None
+    """The daemon's environment variable holding the value."""
+    file: str | None = None
+    """Or a file (absolute path) on the daemon's host holding it."""
+    hosts: tuple[str, ...] = ()
+    """Host patterns (the grammar of ``network.allow``) the value may go to."""
 
 
 @dataclass(frozen=True)
@@ -140,5 +160,6 @@ class Policy:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     tools: tuple[ToolRule, ...] = ()
     llm: LlmPolicy | None = None
+    secrets: tuple[SecretPolicy, ...] = ()
     source: str | None = None
     """The file this policy came from, for messages; ``None`` when built in code."""

@@ -304,6 +304,13 @@ def check_dir(value: str) -> str:
     return check_path(value)
 
 
+def _abs_file(value: str) -> str:
+    """An absolute file path, not a glob."""
+    if is_glob(value):
+        raise ValueError(f"{show(value)} is a glob; name one file")
+    return check_path(value)
+
+
 def _program(value: str) -> str:
     if is_glob(value):
         raise ValueError(
@@ -514,6 +521,7 @@ PID_MAX_LIMIT = 4 * 1024 * 1024
 PathPattern = Annotated[str, AfterValidator(_checked(check_path))]
 ProtectPattern = Annotated[str, AfterValidator(_checked(_relative_ok))]
 AbsDir = Annotated[str, AfterValidator(_checked(check_dir))]
+AbsFile = Annotated[str, AfterValidator(_checked(_abs_file))]
 Program = Annotated[str, AfterValidator(_checked(_program))]
 WorkspaceDir = Annotated[str, AfterValidator(_checked(_workspace))]
 Name = Annotated[str, AfterValidator(_checked(check_name))]
@@ -764,11 +772,25 @@ HostEntry = Annotated[HostRuleSection, BeforeValidator(_host_entry), _ShortHostF
 class NetworkSection(_Section):
     allow: list[HostEntry] = Field(
         default_factory=list,
-        description="Hosts the gateway lets through (coming with the gateway).",
+        description="Hosts the gateway lets through; everything else is refused.",
     )
     loopback_ports: list[Port] = Field(
         default_factory=list,
         description="TCP ports programs in the cell may bind and connect to on its own loopback.",
+    )
+    fetch_plain_http: bool = Field(
+        False, description="Whether the broker's http.fetch may fetch http:// URLs (HTTPS only by default)."
+    )
+
+
+class SecretSection(_Section):
+    name: EnvName = Field(description="The variable the cell sees; it holds a placeholder, never the value.")
+    env: EnvName | None = Field(None, description="The daemon's environment variable holding the value.")
+    file: AbsFile | None = Field(None, description="Or a file on the daemon's host holding the value.")
+    hosts: list[HostPattern] = Field(
+        min_length=1,
+        description="Hosts the value may be sent to (the grammar of network.allow); the gateway "
+        "puts it in place of the placeholder only in requests to these.",
     )
 
 
@@ -813,9 +835,12 @@ class PolicyFile(_Section):
     limits: LimitsSection = Field(default_factory=lambda: LimitsSection())
     network: NetworkSection = Field(default_factory=lambda: NetworkSection())
     tools: list[ToolRuleSection] = Field(
-        default_factory=list, description="Broker rules (coming with the broker)."
+        default_factory=list, description="Broker rules: per intent, first match wins, no match is a deny."
     )
-    llm: LlmSection | None = Field(None, description="The LLM endpoint (coming with the gateway).")
+    llm: LlmSection | None = Field(None, description="Where the cell's LLM endpoint forwards.")
+    secrets: list[SecretSection] = Field(
+        default_factory=list, description="Secrets the gateway adds on the way out, only toward their hosts."
+    )
     schema_: str | None = Field(None, alias="$schema", description="Ignored; for editors.")
 
 
