@@ -833,7 +833,7 @@ class PolicyFile(_Section):
     exec_: ExecSection = Field(default_factory=lambda: ExecSection(), alias="exec")
     env: EnvSection = Field(default_factory=lambda: EnvSection.model_validate({}))
     limits: LimitsSection = Field(default_factory=lambda: LimitsSection())
-    network: NetworkSection = Field(default_factory=lambda: NetworkSection())
+    network: NetworkSection = Field(default_factory=lambda: NetworkSection.model_validate({}))
     tools: list[ToolRuleSection] = Field(
         default_factory=list, description="Broker rules: per intent, first match wins, no match is a deny."
     )
