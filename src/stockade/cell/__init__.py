@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stockade.cell._cell import Cell, CellResult
+    from stockade.cell._cell import Cell, CellNetwork, CellResult
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Cell", "CellResult"):
+    if name in ("Cell", "CellNetwork", "CellResult"):
         from stockade.cell import _cell
 
         return getattr(_cell, name)
     raise AttributeError(f"module 'stockade.cell' has no attribute {name!r}")
 
 
-__all__ = ["Cell", "CellResult"]
+__all__ = ["Cell", "CellNetwork", "CellResult"]

@@ -11,7 +11,7 @@ import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from stockade.cell import _host
 from stockade.cell._cgroup import CellCgroup
@@ -32,6 +32,29 @@ PLAN_REUSE_SECONDS = 2.0
 
 OutputSink = Callable[[int, bytes], None]
 """Called with (1 or 2, chunk) as the command writes to stdout or stderr."""
+
+
+class CellNetwork(Protocol):
+    """The gateway's side of a cell (``stockade.gateway.Gateway``): what the
+    cell's programs reach on its loopback, served from outside the cell."""
+
+    def env(self) -> Mapping[str, str]:
+        """Variables the cell gets (proxy, LLM endpoint, CA bundle, placeholders)."""
+        ...
+
+    def files(self) -> Mapping[str, bytes]:
+        """Read-only files the cell gets, by path inside it (the CA bundle)."""
+        ...
+
+    def attach(self, cell_id: str, netns_fd: int) -> Callable[[], None]:
+        """Start serving inside the cell's network namespace ``netns_fd``;
+        returns what stops it. Called in the thread running the cell, before
+        the command runs; the detach is called in that thread after it ended.
+
+        Raises:
+            CellError: the gateway could not start there (the cell is not run).
+        """
+        ...
 
 
 @dataclass(frozen=True)
@@ -102,6 +125,8 @@ class Cell:
         run_id: str = "",
         sockets: Mapping[str, str] | None = None,
         extra_env: Mapping[str, str] | None = None,
+        files: Mapping[str, bytes] | None = None,
+        network: CellNetwork | None = None,
     ) -> None:
         """
         Args:
@@ -117,6 +142,10 @@ class Cell:
                 {path in the cell: path on the host} (the broker's socket).
             extra_env: variables set in the cell beyond the policy's (the
                 broker's address and the run's capability token).
+            files: read-only files shown in the cell, {path in the cell:
+                content} (the agent SDK); see ``plan_cell`` for where they may go.
+            network: the gateway serving this cell's loopback; without it
+                nothing answers there and the cell has no way out at all.
 
         Raises:
             HostError: the host lacks a layer the policy needs.
@@ -132,7 +161,11 @@ class Cell:
         self._audit_choice = audit
         self.run_id = run_id
         self._sockets = tuple(sorted((sockets or {}).items()))
-        self._extra_env = dict(extra_env or {})
+        self._network = network
+        self._extra_env = {**(network.env() if network is not None else {}), **dict(extra_env or {})}
+        self._files = tuple(
+            sorted({**dict(files or {}), **(network.files() if network is not None else {})}.items())
+        )
         self._prepared: tuple[float, CellPlan, object, tuple[tuple[bytes, bool], ...]] | None = None
         self._placeholders: list[str] = []
         """Protected paths this Cell created empty; kept between its runs (the
@@ -178,6 +211,7 @@ class Cell:
         start = time.monotonic()
         events.append(_start_event(cell_id, policy, command, plan))
         launched = None
+        detach: list[Callable[[], None]] = []
         try:
             spec = LaunchSpec(
                 argv=command,
@@ -191,6 +225,7 @@ class Cell:
                 stderr=err_w,
                 cap_last=_cap_last(),
                 idmap_userns=_idmaps(plan),
+                on_namespaces=self._attacher(cell_id, detach) if self._network is not None else None,
             )
             launched = launch(spec)
             os.close(out_w)
@@ -214,6 +249,8 @@ class Cell:
             cgroup.destroy()
             raise
         finally:
+            for stop in detach:
+                stop()
             for fd in (out_r, err_r, out_w, err_w, null_fd):
                 if fd >= 0:
                     try:
@@ -285,6 +322,23 @@ class Cell:
             workspace=self.workspace,
         )
 
+    def _attacher(self, cell_id: str, detach: list[Callable[[], None]]) -> Callable[[int], None]:
+        """The launch hook that starts the gateway in the new cell's network namespace."""
+        network = self._network
+        assert network is not None
+
+        def attach(pid: int) -> None:
+            try:
+                fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise CellError(f"cannot reach the cell's network namespace: {exc}") from exc
+            try:
+                detach.append(network.attach(cell_id, fd))
+            finally:
+                os.close(fd)
+
+        return attach
+
     def _ensure_placeholders(self, plan: CellPlan) -> None:
         # A cheap lstat each run: the host may have removed one since, and a
         # missing placeholder would leave its protected name uncovered.
@@ -337,7 +391,13 @@ class Cell:
         now = time.monotonic()
         if self._prepared is not None and now - self._prepared[0] < PLAN_REUSE_SECONDS:
             return self._prepared[1], self._prepared[2], self._prepared[3]
-        plan = plan_cell(self.policy, workspace=self.workspace, environ=self._environ, sockets=self._sockets)
+        plan = plan_cell(
+            self.policy,
+            workspace=self.workspace,
+            environ=self._environ,
+            sockets=self._sockets,
+            files=self._files,
+        )
         if self._extra_env:
             plan = dataclasses.replace(plan, env=tuple(sorted({**dict(plan.env), **self._extra_env}.items())))
         landlock, seccomp = prepare_layers(self.policy, plan)
@@ -570,4 +630,4 @@ def _limit_event(cell_id: str, layer: Literal["cell", "cgroup", "timeout"], summ
     return Event(kind="cell.limit", cell=cell_id, layer=layer, outcome="denied", summary=summary, detail={})
 
 
-__all__ = ["Cell", "CellResult", "shared_audit_reader"]
+__all__ = ["Cell", "CellNetwork", "CellResult", "shared_audit_reader"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,10 @@ class LaunchSpec:
     keep_fds: tuple[int, ...] = ()
     idmap_userns: tuple[tuple[int, int, int], ...] = ()
     """(owner uid, owner gid, user namespace fd) for each idmapped grant."""
+    on_namespaces: Callable[[int], None] | None = None
+    """Called with C1's pid once the cell's namespaces exist and before the
+    command runs (the gateway opens its sockets in the cell's network
+    namespace then); an exception aborts the launch."""
 
 
 @dataclass(frozen=True)
@@ -263,6 +268,8 @@ def _parent_side(spec: LaunchSpec, pid: int, status_r: int, go_w: int) -> Launch
                 os.close(fd)
         except (OSError, ValueError):
             session = None
+    if spec.on_namespaces is not None:
+        spec.on_namespaces(pid)
     os.write(go_w, b"G")
     line = _read_line(status_r, buffer)
     if line is None or not line.startswith(b"P"):

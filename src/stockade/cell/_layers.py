@@ -18,8 +18,10 @@ from stockade.cell._plan import CellPlan, MountOp
 from stockade.policy import Policy
 
 GATEWAY_PORT = 3128
-"""The TCP port on the cell's loopback where the gateway will answer (a later
-layer); the only port a default cell may connect to."""
+"""The TCP port on the cell's loopback where the gateway's proxy answers."""
+LLM_PORT = 3129
+"""The TCP port on the cell's loopback where the LLM endpoint answers. With
+``GATEWAY_PORT`` the only ports a default cell may connect to."""
 
 _DEVICE_RIGHTS = (
     _landlock.ACCESS_FS_READ_FILE
@@ -45,7 +47,7 @@ def prepare_layers(
         write=grants.write,
         write_exec=grants.write_exec,
         exec_files=_landlock.exec_closure(grants.exec_files) if grants.exec_files else (),
-        connect_tcp=(GATEWAY_PORT, *loopback),
+        connect_tcp=(GATEWAY_PORT, LLM_PORT, *loopback),
         bind_tcp=loopback,
     )
     prepared = _landlock.prepare(rules, _landlock.landlock_abi())

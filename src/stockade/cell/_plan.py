@@ -192,6 +192,7 @@ def plan_cell(
     environ: dict[str, str] | os._Environ[str],
     extra_hidden: tuple[str, ...] = (),
     sockets: tuple[tuple[str, str], ...] = (),
+    files: tuple[tuple[str, bytes], ...] = (),
 ) -> CellPlan:
     """Compute the plan of one cell for ``policy`` with ``workspace``.
 
@@ -289,6 +290,19 @@ def plan_cell(
     # path of its own; Landlock has no right that concerns connecting to one.
     for inside, host in sockets:
         entries.append((inside, MountOp("bind", inside, src=host, writable=True)))
+    # Files the caller shows read-only (the run's CA bundle, the agent SDK).
+    # One inside a bind of the host replaces a file the host has there; where
+    # the host has none it is left out, since making the mount point would
+    # create a file on the host. Never inside a writable grant.
+    shown_files: list[str] = []
+    for inside, content in files:
+        bound = [g for g in granted if _is_under(inside, g)]
+        if any(g not in read_dirs for g in bound):
+            continue
+        if bound and not os.path.isfile(inside):
+            continue
+        shown_files.append(inside)
+        entries.append((inside, MountOp("file", inside, data=content)))
     # Parents before children (a stable sort keeps a path's own ops in order),
     # so that a deeper mount (a secret under /etc, the workspace under /tmp)
     # lands on top of a shallower one.
@@ -297,7 +311,7 @@ def plan_cell(
     for link, target in sorted(symlinks.items()):
         ops.append(MountOp("symlink", link, src=target))
 
-    grants = _grants(policy, read_dirs, write_dirs, workspace, hidden)
+    grants = _grants(policy, read_dirs, write_dirs, workspace, hidden, shown_files)
     workdir = policy.workdir or workspace
     return CellPlan(
         mounts=tuple(ops),
@@ -537,7 +551,12 @@ def _read_only_inside_writable(read_dirs: list[str], write_dirs: list[str], work
 
 
 def _grants(
-    policy: Policy, read_dirs: list[str], write_dirs: list[str], workspace: str, hidden: list[str]
+    policy: Policy,
+    read_dirs: list[str],
+    write_dirs: list[str],
+    workspace: str,
+    hidden: list[str],
+    shown_files: list[str],
 ) -> Grants:
     """Landlock grants that match the view, with holes where paths are hidden.
 
@@ -581,16 +600,23 @@ def _grants(
         read.append("/sys")
     devices = (*(f"/dev/{name}" for name in SYSTEM_DEVICES), "/dev/pts", "/dev/ptmx")
     write.append("/dev/shm")
+    # Shown files are read-only; their directories may be listed (Python's
+    # importer lists a directory before it finds a module in it).
+    for path in shown_files:
+        parent = os.path.dirname(path)
+        if not any(_is_under(parent, d) for d in read_dirs) and parent not in list_dirs:
+            list_dirs.append(parent)
+    fixed = ("/etc/passwd", "/etc/group", "/etc/hostname", *shown_files)
     if any_exec:
         return Grants(
             read_exec=tuple(read),
             write_exec=tuple(write),
             list_dirs=tuple(list_dirs),
             devices=devices,
-            read=("/etc/passwd", "/etc/group", "/etc/hostname"),
+            read=fixed,
         )
     return Grants(
-        read=(*read, "/etc/passwd", "/etc/group", "/etc/hostname"),
+        read=(*read, *fixed),
         write=tuple(write),
         exec_files=tuple(policy.exec.allow),
         list_dirs=tuple(list_dirs),
