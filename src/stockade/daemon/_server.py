@@ -52,6 +52,7 @@ from stockade.daemon._bus import (
     noted_store_error,
 )
 from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs
+from stockade.daemon._tools import record_tool_call
 from stockade.errors import DaemonError, ProtocolError, StockadeError, StoreError
 from stockade.record import Event
 from stockade.record._chain import StoredEvent
@@ -342,6 +343,8 @@ class Daemon:
 
     async def broker(self, peer: _Peer, req: Request) -> dict[str, Any]:
         assert self.runs is not None and peer.run is not None
+        if req.method == "tool.record":
+            return await record_tool_call(self.runs, peer.run, req.params, cell=peer.cell)
         if req.method != "intent":
             raise RequestError(
                 "unknown_method",
