@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 EVENT_VERSION = 1
 
-Layer = Literal["cell", "landlock", "seccomp", "mount", "netns", "cgroup", "timeout", "broker", "gateway"]
+Layer = Literal[
+    "cell", "landlock", "seccomp", "mount", "netns", "cgroup", "timeout", "broker", "gateway", "llm"
+]
 """Which layer decided: the kernel ones (landlock, seccomp, mount = the
 filesystem view, netns = the network namespace, cgroup = resource limits,
 timeout = the wall clock) and the mediation ones (broker, gateway)."""
