@@ -46,9 +46,9 @@ from stockade.policy._model import NetworkPolicy, Policy
 if TYPE_CHECKING:
     from stockade.cell._cell import CellResult
 
-INTENTS = ("fs.read", "fs.write", "fs.list", "exec", "ask")
+INTENTS = ("fs.read", "fs.write", "fs.list", "exec", "ask", "http.fetch")
 """The intents this broker executes."""
-COMING = ("http.fetch", "llm.chat", "agent.spawn", "agent.send", "agent.recv")
+COMING = ("llm.chat", "agent.spawn", "agent.send", "agent.recv")
 """Intents a policy may already name, executed by a later version."""
 
 MAX_PATH = 4096
@@ -166,13 +166,58 @@ class AskArgs(_Args):
     question: Annotated[str, Field(min_length=1, max_length=MAX_QUESTION)]
 
 
-IntentArgs = FsReadArgs | FsWriteArgs | FsListArgs | ExecArgs | AskArgs
+MAX_URL = 8192
+MAX_FETCH_BODY = 1 << 20
+_HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$"
+
+
+def _header_values(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > 64:
+        raise ValueError("at most 64 headers; send fewer")
+    for name, text in value.items():
+        if len(text) > 8192 or any(c in text for c in "\r\n\x00"):
+            raise ValueError(f"the value of header {name!r} is too long or holds a line break or NUL; fix it")
+    return value
+
+
+class FetchArgs(_Args):
+    """``http.fetch``: the broker fetches a URL under ``network.allow``."""
+
+    url: Annotated[str, Field(min_length=1, max_length=MAX_URL), AfterValidator(_no_nul)]
+    method: Literal["GET", "HEAD", "POST"] = "GET"
+    headers: Annotated[
+        dict[Annotated[str, Field(pattern=_HEADER_NAME)], str], AfterValidator(_header_values)
+    ] = Field(default_factory=dict)
+    body: Annotated[str, Field(max_length=MAX_FETCH_BODY * 4 // 3 + 4)] = ""
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    """How ``body`` holds the bytes to send: as text, or base64."""
+
+    def data(self) -> bytes:
+        """The body's bytes.
+
+        Raises:
+            IntentError: ``body`` is not valid base64 (with ``encoding: base64``).
+        """
+        if self.encoding == "utf-8":
+            return self.body.encode("utf-8", "surrogatepass")
+        try:
+            return base64.b64decode(self.body, validate=True)
+        except (binascii.Error, ValueError):
+            raise IntentError(
+                "http.fetch: 'body' is not valid base64; encode the bytes with standard base64, "
+                "or send text with encoding 'utf-8'",
+                field="body",
+            ) from None
+
+
+IntentArgs = FsReadArgs | FsWriteArgs | FsListArgs | ExecArgs | AskArgs | FetchArgs
 _MODELS: dict[str, type[_Args]] = {
     "fs.read": FsReadArgs,
     "fs.write": FsWriteArgs,
     "fs.list": FsListArgs,
     "exec": ExecArgs,
     "ask": AskArgs,
+    "http.fetch": FetchArgs,
 }
 
 
@@ -421,6 +466,9 @@ class IntentExecutor:
             return failure(exc.code, exc.message)
         if isinstance(parsed, ExecArgs):
             return self._exec(parsed)
+        if isinstance(parsed, FetchArgs):
+            # Network I/O on the daemon's loop: the daemon executes it (daemon/_network).
+            raise IntentError("http.fetch is executed by the daemon's gateway, not here", code="bad_request")
         assert isinstance(parsed, AskArgs)
         return self._ask(parsed)
 

@@ -93,7 +93,28 @@ def _ago(when: float | None) -> str:
     metavar="SECONDS",
     help="How long an intent waits for the operator before it is denied.",
 )
-def daemon(state: str | None, socket_path: str | None, approval_timeout: float) -> int:
+@click.option(
+    "--dns",
+    metavar="HOST:PORT",
+    envvar="STOCKADE_DNS",
+    default=None,
+    help="The DNS server the gateway asks for names (default: the system resolver).",
+)
+@click.option(
+    "--upstream-ca",
+    metavar="FILE",
+    envvar="STOCKADE_UPSTREAM_CA",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Extra CA certificates the gateway trusts for upstream servers.",
+)
+def daemon(
+    state: str | None,
+    socket_path: str | None,
+    approval_timeout: float,
+    dns: str | None,
+    upstream_ca: str | None,
+) -> int:
     """Run the daemon in the foreground until SIGTERM or Ctrl-C.
 
     It listens on a unix socket (mode 0600), keeps the event store in the
@@ -101,6 +122,7 @@ def daemon(state: str | None, socket_path: str | None, approval_timeout: float) 
     SIGTERM it stops every run and records that it stopped.
     """
     from stockade.daemon._server import serve
+    from stockade.gateway._options import GatewayOptions
 
     state_dir, sock = _where(state, socket_path)
 
@@ -108,7 +130,13 @@ def daemon(state: str | None, socket_path: str | None, approval_timeout: float) 
         click.echo(f"stockade: daemon listening on {sock} (state {state_dir}, pid {os.getpid()})", err=True)
 
     try:
-        return serve(state=state_dir, socket_path=sock, approval_timeout=approval_timeout, ready=ready)
+        return serve(
+            state=state_dir,
+            socket_path=sock,
+            approval_timeout=approval_timeout,
+            ready=ready,
+            gateway=GatewayOptions(dns=dns, upstream_ca=upstream_ca),
+        )
     except DaemonError as exc:
         # The daemon itself cannot start: a daemon error, not "unreachable".
         click.echo(f"stockade: {exc}", err=True)

@@ -57,12 +57,14 @@ from stockade.daemon._bus import (
     run_start_event,
     store_error_event,
 )
+from stockade.daemon._network import RunHooks, fetch_decision, fetch_value, make_gateway
 from stockade.errors import CellError, PolicyError, StockadeError, StoreError
 from stockade.policy import Policy
 from stockade.record import Event
 
 if TYPE_CHECKING:
     from stockade.cell._cell import Cell, CellResult
+    from stockade.gateway import Gateway, GatewayOptions
     from stockade.record._audit import AuditReader
 
 RunState = Literal["running", "stopping", "halted", "ended", "failed", "lost"]
@@ -132,6 +134,8 @@ class Run:
     """Why the run was halted (tripwire, store failure); empty otherwise."""
     stopped_by: str = ""
     intents: int = 0
+    requests: int = 0
+    """Requests through the gateway (proxy and http.fetch hops), recorded."""
     denials: int = 0
     unattended_denials: int = 0
     transcript_bytes: int = 0
@@ -139,6 +143,8 @@ class Run:
     cells: list[str] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     close_broker: Callable[[], None] | None = None
+    gateway: Gateway | None = None
+    hooks: RunHooks | None = None
     thread: threading.Thread | None = None
     # Shared with the cell's threads, under ``lock``:
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -171,6 +177,7 @@ class Run:
             "halted": self.halted,
             "stopped_by": self.stopped_by,
             "intents": self.intents,
+            "requests": self.requests,
             "denials": self.denials,
             "denial_limit": self.tripwire.limit,
             "unattended_denials": self.unattended_denials,
@@ -252,8 +259,10 @@ class Runs:
         approvals: Approvals | None = None,
         approval_timeout: float = 300.0,
         audit: Callable[[], AuditReader] | None = None,
+        gateway: GatewayOptions | None = None,
     ) -> None:
         self.state_dir = state
+        self.gateway_options = gateway if gateway is not None else _gateway_options()
         self.loop = loop
         self.recorder = recorder
         self.bus = bus
@@ -394,8 +403,19 @@ class Runs:
         cell: Cell | None = None
         try:
             watch = _CellWatch(self._audit() if self._audit is not None else _shared_audit(), run)
+            run.hooks = RunHooks(run, self.recorder, self._count_denial)
+            # The daemon's own environment holds the secrets and the LLM key,
+            # never the run's caller's: a run cannot choose what it is given.
+            run.gateway = await asyncio.to_thread(
+                make_gateway,
+                run,
+                hooks=run.hooks,
+                loop=self.loop,
+                environ=os.environ,
+                options=self.gateway_options,
+            )
             cell = await asyncio.to_thread(
-                _make_cell, policy, opts["workspace"], environ, run_id, sock_path, token, watch
+                _make_cell, policy, opts["workspace"], environ, run_id, sock_path, token, watch, run.gateway
             )
             run.workspace = cell.workspace
             run.executor = IntentExecutor(
@@ -413,6 +433,8 @@ class Runs:
                 run.close_broker()
             if cell is not None:
                 cell.close()
+            if run.gateway is not None:
+                await run.gateway.close()
             _remove_quietly(run_dir)
             if isinstance(exc, StoreError):
                 raise RequestError("unavailable", str(exc)) from exc
@@ -492,6 +514,8 @@ class Runs:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(_paths.broker_socket_path(self.state_dir, run.id))
         await self._close_approvals(run, "the run ended")
+        if run.gateway is not None:
+            await run.gateway.close()
         run.ended = time.time()
         run.exit_code = result.exit_code if result is not None else None
         run.error = error
@@ -708,7 +732,10 @@ class Runs:
             parse_args(intent, args)  # malformed: neither decided, nor counted, nor recorded
         except IntentError as exc:
             raise RequestError(exc.code, str(exc)) from exc
-        decision = run.rules.decide(intent, args)
+        if intent == "http.fetch":
+            decision = fetch_decision(run.gateway, args)
+        else:
+            decision = run.rules.decide(intent, args)
         if decision.verdict == "ask" and run.unattended:
             run.unattended_denials += 1
             decision = Decision(
@@ -788,7 +815,10 @@ class Runs:
     ) -> dict[str, Any]:
         executor = run.executor
         assert executor is not None
-        if intent in ("exec", "ask"):
+        if intent == "http.fetch":
+            assert run.gateway is not None and run.hooks is not None  # decided allow: it has one
+            value = await fetch_value(run.gateway, run, cell, args, run.hooks)
+        elif intent in ("exec", "ask"):
             # They take seconds to minutes: threads of their own.
             try:
                 value = await self.loop.run_in_executor(self._workbench_pool, executor.execute, intent, args)
@@ -913,9 +943,14 @@ def _make_cell(
     sock_path: str,
     token: str,
     watch: _CellWatch,
+    gateway: Gateway | None,
 ) -> Cell:
     from stockade.cell._cell import Cell
 
+    env = {"STOCKADE_BROKER": _paths.BROKER_IN_CELL, "STOCKADE_TOKEN": token, "STOCKADE_RUN": run_id}
+    files = _agent_sdk()
+    if files and "PYTHONPATH" not in dict(policy.env.set):
+        env["PYTHONPATH"] = _paths.SDK_DIR_IN_CELL
     return Cell(
         policy,
         workspace=workspace,
@@ -924,8 +959,32 @@ def _make_cell(
         environ=environ,
         run_id=run_id,
         sockets={_paths.BROKER_IN_CELL: sock_path},
-        extra_env={"STOCKADE_BROKER": _paths.BROKER_IN_CELL, "STOCKADE_TOKEN": token, "STOCKADE_RUN": run_id},
+        extra_env=env,
+        files=files,
+        network=gateway,
     )
+
+
+_SDK: dict[str, bytes] | None = None
+
+
+def _agent_sdk() -> dict[str, bytes]:
+    """The agent SDK (one standard-library module) as the cell sees it, read once."""
+    global _SDK
+    if _SDK is None:
+        path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "sdk", "stockade_agent.py")
+        try:
+            with open(path, "rb") as f:
+                _SDK = {f"{_paths.SDK_DIR_IN_CELL}/stockade_agent.py": f.read()}
+        except FileNotFoundError:
+            _SDK = {}
+    return _SDK
+
+
+def _gateway_options() -> GatewayOptions:
+    from stockade.gateway import GatewayOptions
+
+    return GatewayOptions.from_env(os.environ)
 
 
 def _shared_audit() -> AuditReader:

@@ -54,6 +54,7 @@ from stockade.daemon._bus import (
 from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs
 from stockade.daemon._tools import record_tool_call
 from stockade.errors import DaemonError, ProtocolError, StockadeError, StoreError
+from stockade.gateway._options import GatewayOptions
 from stockade.record import Event
 from stockade.record._chain import StoredEvent
 
@@ -87,8 +88,10 @@ class Daemon:
         stop_grace: float = STOP_GRACE,
         max_frame: int = MAX_FRAME,
         subscriber_buffer: int = SUBSCRIBER_BUFFER,
+        gateway: GatewayOptions | None = None,
     ) -> None:
         self.state = os.path.abspath(state)
+        self.gateway = gateway
         self.socket_path = socket_path or _paths.socket_path(None, state=self.state)
         self.approval_timeout = approval_timeout
         self.stop_grace = stop_grace
@@ -135,6 +138,7 @@ class Daemon:
                 bus=self.bus,
                 host=self,
                 approval_timeout=self.approval_timeout,
+                gateway=self.gateway,
             )
             self.runs.on_output_dropped = lambda run_id: self._record_drop("output", run_id)
             events = [self._daemon_event("daemon.start", f"daemon started (pid {os.getpid()})")]
@@ -788,6 +792,7 @@ def serve(
     socket_path: str,
     approval_timeout: float = 300.0,
     ready: Callable[[Daemon], None] | None = None,
+    gateway: GatewayOptions | None = None,
 ) -> int:
     """``stockade daemon``: serve in the foreground until SIGTERM or SIGINT; the exit code.
 
@@ -802,7 +807,9 @@ def serve(
     os.umask(0o022)
 
     async def main() -> None:
-        daemon = Daemon(state=state, socket_path=socket_path, approval_timeout=approval_timeout)
+        daemon = Daemon(
+            state=state, socket_path=socket_path, approval_timeout=approval_timeout, gateway=gateway
+        )
         await daemon.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

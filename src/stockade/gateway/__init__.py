@@ -14,15 +14,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stockade.gateway._gateway import Gateway, GatewayOptions
+    from stockade.gateway._gateway import Gateway
+    from stockade.gateway._options import GatewayOptions
 
 
 def __getattr__(name: str) -> Any:
     # The gateway pulls in h11, cryptography and starlette: only when a run needs it.
-    if name in ("Gateway", "GatewayOptions"):
-        from stockade.gateway import _gateway
+    if name == "GatewayOptions":
+        from stockade.gateway._options import GatewayOptions
 
-        return getattr(_gateway, name)
+        return GatewayOptions
+    if name == "Gateway":
+        from stockade.gateway._gateway import Gateway
+
+        return Gateway
     raise AttributeError(f"module 'stockade.gateway' has no attribute {name!r}")
 
 

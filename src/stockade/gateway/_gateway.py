@@ -14,13 +14,13 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from stockade.cell._layers import GATEWAY_PORT, LLM_PORT
 from stockade.cell._netns import listen_in
 from stockade.errors import CellError
 from stockade.gateway._ca import RunCA
 from stockade.gateway._egress import Egress
+from stockade.gateway._options import GatewayOptions
 from stockade.gateway._proxy import GatewayHooks, Proxy
 from stockade.gateway._resolve import Resolver, make_resolver
 from stockade.gateway._secrets import Secrets
@@ -39,20 +39,6 @@ so that programs that ignore the variables (and read the file) trust it too."""
 ATTACH_TIMEOUT = 10.0
 
 
-@dataclass(frozen=True)
-class GatewayOptions:
-    """The daemon's settings for every run's gateway."""
-
-    dns: str | None = None
-    """``HOST:PORT`` of the DNS server the gateway asks; None: the system resolver."""
-    upstream_ca: str | None = None
-    """A file of extra CAs trusted for upstream servers (tests, a corporate CA)."""
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> GatewayOptions:
-        return cls(dns=environ.get("STOCKADE_DNS") or None, upstream_ca=environ.get("STOCKADE_UPSTREAM_CA") or None)
-
-
 class Gateway:
     """The proxy and the LLM endpoint of one run; single use (one run, its cells).
 
@@ -69,7 +55,7 @@ class Gateway:
         hooks: GatewayHooks,
         loop: asyncio.AbstractEventLoop,
         environ: Mapping[str, str],
-        options: GatewayOptions = GatewayOptions(),
+        options: GatewayOptions | None = None,
         resolver: Resolver | None = None,
     ) -> None:
         from stockade.llm import LlmEndpoint
@@ -80,14 +66,14 @@ class Gateway:
         self.secrets = Secrets.load(policy.secrets, environ)
         self.egress = Egress(
             policy.network,
-            resolver=resolver or make_resolver(options.dns),
+            resolver=resolver or make_resolver(options.dns if options else None),
             inspect_hosts=self.secrets.for_host,
         )
         # The CA exists only where a request must be seen to be judged: a rule
         # on methods or paths, or a secret to put in place of its placeholder.
         inspects = bool(policy.secrets) or any(rule.methods or rule.paths for rule in policy.network.allow)
         self.ca = RunCA.create(run_id) if inspects else None
-        self.upstream_tls: ssl.SSLContext = upstream_tls_context(options.upstream_ca)
+        self.upstream_tls: ssl.SSLContext = upstream_tls_context(options.upstream_ca if options else None)
         self.proxy = Proxy(
             run_id=run_id,
             egress=self.egress,
@@ -112,7 +98,13 @@ class Gateway:
         env["OPENAI_BASE_URL"] = LLM_URL
         env["OPENAI_API_KEY"] = self._token
         if self.ca is not None:
-            for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO"):
+            for name in (
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE",
+                "PIP_CERT",
+                "GIT_SSL_CAINFO",
+            ):
                 env[name] = CA_BUNDLE_IN_CELL
             env["NODE_EXTRA_CA_CERTS"] = RUN_CA_IN_CELL
         env.update(self.secrets.env())
