@@ -1,0 +1,442 @@
+"""``http.fetch``: the daemon fetches a URL for the agent, under ``network.allow``.
+
+Each hop (the URL, then every redirect) is decided by ``Egress.decide`` and
+destination-checked by ``Egress.destination`` on its own, then fetched over a
+connection that ``open_upstream`` made to exactly the checked address. A
+redirect from an allowed host to ``http://169.254.169.254/``, to a host the
+policy does not name, or to a name that resolves somewhere private is refused
+like a first request would be.
+
+HTTP/1.1 itself is httpcore's (h11 underneath): an ``AsyncHTTP11Connection``
+runs over a stream adapted from ``open_upstream``'s. That connection takes a
+stream that is already connected, so no connection pool or network backend
+(which would resolve the name again, or could reuse a connection made for
+another address) stands between the check and the socket. Redirects are
+followed here, not by a client library, because each one needs the checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import quote, urljoin, urlsplit
+
+import httpcore
+
+from stockade.gateway._egress import Egress, EgressRefused
+from stockade.gateway._upstream import UpstreamError, open_upstream
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# Hop-by-hop and framing headers are the fetcher's to set, not the agent's.
+_DROPPED = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+# Credentials meant for one origin do not follow a redirect to another.
+_ORIGIN_BOUND = frozenset({"authorization", "cookie"})
+_UNSAFE_IN_URL = frozenset(" \\\t\r\n\x00\x7f")
+
+
+@dataclass(frozen=True, slots=True)
+class FetchLimits:
+    """Bounds of one fetch: body bytes kept, seconds in all, redirects followed."""
+
+    max_bytes: int = 10 * 1024 * 1024
+    timeout: float = 30.0
+    max_redirects: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class FetchHop:
+    """One request of a fetch (the first, or a redirect): one ``http.request`` event."""
+
+    method: str
+    url: str
+    host: str
+    port: int
+    address: str | None
+    """The address connected to; ``None`` when refused before connecting."""
+    status: int | None
+    """The response's status; ``None`` when there was none (refused, failed)."""
+    verdict: Literal["allow", "deny"]
+    rule: str | None
+    reason: str
+    bytes_up: int = 0
+    bytes_down: int = 0
+    duration: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """The final response of a fetch; ``hops`` holds every request made on the way."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    url: str
+    hops: tuple[FetchHop, ...]
+    truncated: bool
+    """The body was longer than ``FetchLimits.max_bytes`` and was cut there."""
+
+
+class FetchError(Exception):
+    """A fetch ended without a response; ``hops`` holds what happened before (the last one included)."""
+
+    def __init__(self, reason: str, *, hops: tuple[FetchHop, ...] = ()) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.hops = hops
+
+
+class FetchRefused(FetchError):
+    """``network.allow`` or the address check refused a hop: a denial, counted as one."""
+
+    def __init__(self, reason: str, *, rule: str | None = None, hops: tuple[FetchHop, ...] = ()) -> None:
+        super().__init__(reason, hops=hops)
+        self.rule = rule
+
+
+class FetchFailed(FetchError):
+    """Allowed, but it did not work: a bad URL, an unreachable server, a bad certificate, a timeout."""
+
+
+class _Stream(httpcore.AsyncNetworkStream):
+    """``open_upstream``'s streams as httpcore wants them, counting the bytes each way."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.up = 0
+        self.down = 0
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            data = await self._reader.read(max_bytes)
+        except (OSError, ssl.SSLError) as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+        self.down += len(data)
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        try:
+            self._writer.write(buffer)
+            await self._writer.drain()
+        except (OSError, ssl.SSLError) as exc:
+            raise httpcore.WriteError(str(exc)) from exc
+        self.up += len(buffer)
+
+    async def aclose(self) -> None:
+        # One request per connection, so nothing is left to say: abort rather
+        # than wait for a TLS close_notify a server may never send.
+        self._writer.transport.abort()
+
+    async def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise RuntimeError("TLS is set up by open_upstream before HTTP starts")
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":
+            return False
+        return self._writer.get_extra_info(info)
+
+
+@dataclass(slots=True)
+class _Target:
+    scheme: str
+    host: str
+    port: int
+    target: str
+    url: str
+
+
+@dataclass(slots=True)
+class _Run:
+    """What one fetch carries from hop to hop."""
+
+    egress: Egress
+    tls: ssl.SSLContext
+    limits: FetchLimits
+    plain_http: bool
+    started: float = field(default_factory=time.monotonic)
+    hops: list[FetchHop] = field(default_factory=list)
+
+    def remaining(self) -> float:
+        return max(0.001, self.limits.timeout - (time.monotonic() - self.started))
+
+
+def _parse(url: str, plain_http: bool) -> _Target:
+    """The parts of ``url`` to decide, connect and ask with.
+
+    Raises:
+        FetchRefused: a scheme other than https (or http with ``plain_http``).
+        FetchFailed: the URL is malformed.
+    """
+    if any(c in _UNSAFE_IN_URL for c in url):
+        raise FetchFailed(f"the URL {url!r} holds spaces, backslashes or control characters; encode them")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise FetchFailed(
+            f"the URL {url!r} is malformed ({exc}); give a URL such as 'https://example.com/'"
+        ) from exc
+    scheme = parts.scheme.lower()
+    if scheme == "http" and not plain_http:
+        raise FetchRefused(
+            f"{url} is plain HTTP, which http.fetch refuses; use https:// "
+            "(or set network.fetch_plain_http: true in the policy)"
+        )
+    if scheme not in ("http", "https"):
+        raise FetchRefused(f"{url!r} is not an http(s) URL; http.fetch fetches https:// URLs only")
+    if "@" in parts.netloc:
+        raise FetchFailed(
+            f"the URL {url!r} carries credentials; remove them and send an Authorization header"
+        )
+    host = parts.hostname or ""
+    if not host:
+        raise FetchFailed(f"the URL {url!r} names no host; give a URL such as 'https://example.com/'")
+    # Keep existing escapes, encode what may not appear raw in a request line.
+    path = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
+    query = quote(parts.query, safe="/%:@!$&'()*+,;=-._~?")
+    target = path + (f"?{query}" if parts.query else "")
+    default = 443 if scheme == "https" else 80
+    return _Target(scheme, host, port or default, target, url.split("#", 1)[0])
+
+
+def _host_header(host: str, port: int, scheme: str) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port == (443 if scheme == "https" else 80) else f"{shown}:{port}"
+
+
+def _request_headers(
+    headers: Mapping[str, str], host: str, body: bytes, method: str, same_origin: bool
+) -> list[tuple[bytes, bytes]]:
+    out: list[tuple[bytes, bytes]] = [(b"Host", host.encode("ascii"))]
+    named: set[str] = set()
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in _DROPPED or (not same_origin and lower in _ORIGIN_BOUND):
+            continue
+        named.add(lower)
+        out.append((name.encode("latin-1"), value.encode("latin-1")))
+    if body or method in ("POST", "PUT", "PATCH"):
+        out.append((b"Content-Length", str(len(body)).encode()))
+    if "user-agent" not in named:
+        out.append((b"User-Agent", b"stockade-fetch"))
+    out.append((b"Connection", b"close"))
+    return out
+
+
+async def _hop(
+    run: _Run,
+    where: _Target,
+    method: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    follow: frozenset[int],
+) -> tuple[int, list[tuple[str, str]], bytes, bool]:
+    """One request, decided, checked and made; its ``FetchHop`` appended to ``run.hops``.
+
+    The body of a redirect that will be followed (a status in ``follow``, with
+    a ``Location``) is not read: it is never returned.
+
+    Raises:
+        FetchRefused, FetchFailed: as ``fetch``.
+    """
+    started = time.monotonic()
+
+    def record(
+        verdict: Literal["allow", "deny"],
+        rule: str | None,
+        reason: str,
+        address: str | None = None,
+        status: int | None = None,
+        stream: _Stream | None = None,
+    ) -> tuple[FetchHop, ...]:
+        run.hops.append(
+            FetchHop(
+                method=method,
+                url=where.url,
+                host=where.host,
+                port=where.port,
+                address=address,
+                status=status,
+                verdict=verdict,
+                rule=rule,
+                reason=reason,
+                bytes_up=stream.up if stream else 0,
+                bytes_down=stream.down if stream else 0,
+                duration=time.monotonic() - started,
+            )
+        )
+        return tuple(run.hops)
+
+    decision = run.egress.decide(where.host, where.port, method=method, path=where.target)
+    if decision.verdict == "deny":
+        raise FetchRefused(
+            decision.reason, rule=decision.rule, hops=record("deny", decision.rule, decision.reason)
+        )
+    try:
+        dest = await run.egress.destination(where.host, where.port)
+    except EgressRefused as exc:
+        raise FetchRefused(
+            exc.reason, rule=decision.rule, hops=record("deny", decision.rule, exc.reason)
+        ) from exc
+    address = str(dest.address)
+    tls = run.tls if where.scheme == "https" else None
+    stream: _Stream | None = None
+    try:
+        reader, writer = await open_upstream(dest, tls=tls, timeout=run.remaining())
+        stream = _Stream(reader, writer)
+        scheme = where.scheme.encode()
+        origin = httpcore.Origin(scheme, dest.host.encode("ascii"), dest.port)
+        connection = httpcore.AsyncHTTP11Connection(origin, stream)
+        request = httpcore.Request(
+            method,
+            httpcore.URL(scheme=scheme, host=dest.host, port=dest.port, target=where.target),
+            headers=headers,
+            content=body,
+        )
+        try:
+            response = await connection.handle_async_request(request)
+            status = response.status
+            answer = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers]
+            kept, truncated = bytearray(), False
+            if not (status in follow and _location(answer) is not None):
+                async for chunk in response.aiter_stream():
+                    room = run.limits.max_bytes - len(kept)
+                    if len(chunk) > room:
+                        kept += chunk[:room]
+                        truncated = True
+                        break
+                    kept += chunk
+        finally:
+            await connection.aclose()
+    except UpstreamError as exc:
+        reason = f"{decision.reason}; {exc}"
+        raise FetchFailed(
+            str(exc), hops=record("allow", decision.rule, reason, address, None, stream)
+        ) from exc
+    except (httpcore.ProtocolError, httpcore.NetworkError, httpcore.TimeoutException, OSError) as exc:
+        problem = f"{where.url}: the server's answer broke off or was not HTTP ({type(exc).__name__}: {exc})"
+        reason = f"{decision.reason}; {problem}"
+        raise FetchFailed(
+            problem, hops=record("allow", decision.rule, reason, address, None, stream)
+        ) from exc
+    except asyncio.CancelledError:
+        record(
+            "allow",
+            decision.rule,
+            f"{decision.reason}; cut off at the fetch's time limit",
+            address,
+            None,
+            stream,
+        )
+        raise
+    record("allow", decision.rule, decision.reason, address, status, stream)
+    return status, answer, bytes(kept), truncated
+
+
+def _refused_hop(method: str, url: str, reason: str) -> FetchHop:
+    """The hop of a URL refused before it was parsed far enough to decide (its scheme)."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port or 0
+    except ValueError:
+        host, port = "", 0
+    return FetchHop(method, url, host, port, None, None, "deny", None, reason)
+
+
+def _location(headers: list[tuple[str, str]]) -> str | None:
+    for name, value in headers:
+        if name.lower() == "location":
+            return value.strip()
+    return None
+
+
+async def fetch(
+    egress: Egress,
+    url: str,
+    *,
+    method: str = "GET",
+    headers: Mapping[str, str] = {},  # read only, never mutated
+    body: bytes = b"",
+    plain_http: bool = False,
+    limits: FetchLimits = FetchLimits(),  # frozen: one shared default is safe
+    tls: ssl.SSLContext,
+) -> FetchResult:
+    """Fetch ``url`` for the agent: every hop decided, checked and recorded.
+
+    https only unless ``plain_http``. Redirects are followed for GET and HEAD
+    (a 303 also after any other method, turning it into a GET without body);
+    a redirect to another origin drops ``Authorization`` and ``Cookie``. A body
+    longer than ``limits.max_bytes`` is cut there (``truncated``).
+
+    Raises:
+        FetchRefused: a hop was refused by ``network.allow``, by the address
+            check or for its scheme (a denial: count it).
+        FetchFailed: the URL is malformed, a server could not be reached or
+            did not speak HTTP, a certificate did not verify, too many
+            redirects, or the time limit passed.
+    """
+    run = _Run(egress, tls, limits, plain_http)
+    method = method.upper()
+    current = url
+    origin: tuple[str, str, int] | None = None
+    try:
+        async with asyncio.timeout(limits.timeout):
+            for _ in range(limits.max_redirects + 1):
+                try:
+                    where = _parse(current, plain_http)
+                except FetchRefused as exc:
+                    run.hops.append(_refused_hop(method, current, exc.reason))
+                    exc.hops = tuple(run.hops)
+                    raise
+                except FetchError as exc:
+                    exc.hops = tuple(run.hops)
+                    raise
+                here = (where.scheme, where.host, where.port)
+                same_origin = origin is None or origin == here
+                origin = origin or here
+                sent = _request_headers(
+                    headers, _host_header(where.host, where.port, where.scheme), body, method, same_origin
+                )
+                # GET and HEAD follow every redirect, other methods only a 303.
+                follow = _REDIRECTS if method in ("GET", "HEAD") else frozenset({303})
+                status, answer, data, truncated = await _hop(run, where, method, sent, body, follow)
+                location = _location(answer)
+                if status not in follow or location is None:
+                    return FetchResult(status, answer, data, where.url, tuple(run.hops), truncated)
+                if status == 303 and method != "HEAD":
+                    method, body = "GET", b""
+                current = urljoin(where.url, location)
+    except TimeoutError as exc:
+        raise FetchFailed(
+            f"fetching {url} did not finish within {limits.timeout:g} s; ask for less, or a faster server",
+            hops=tuple(run.hops),
+        ) from exc
+    raise FetchFailed(
+        f"fetching {url} was redirected more than {limits.max_redirects} times (the last time to "
+        f"{current}); fetch the final URL directly",
+        hops=tuple(run.hops),
+    )
+
+
+__all__ = ["FetchError", "FetchFailed", "FetchHop", "FetchLimits", "FetchRefused", "FetchResult", "fetch"]

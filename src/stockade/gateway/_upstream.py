@@ -1,0 +1,113 @@
+"""Connections to the servers the agent reaches: to the checked address, with TLS verified.
+
+``open_upstream`` takes a ``Destination`` (from ``Egress.destination``) and
+connects to its address, never to its name: the socket is made and connected
+here by address, so no resolver runs between the check and the connection. TLS
+is then spoken with the name the client asked for (SNI and the certificate
+check), so a server that cannot prove it is that name is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+
+from stockade.gateway._egress import Destination
+
+
+class UpstreamError(OSError):
+    """The upstream server could not be reached, or its TLS certificate did not verify.
+
+    An ``OSError``, as a failed connection is; ``verify`` is true for a
+    certificate that did not verify (the answer is still a 502, but the record
+    says why).
+    """
+
+    def __init__(self, message: str, *, verify: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.verify = verify
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _where(dest: Destination) -> str:
+    address = f"[{dest.address}]" if dest.address.version == 6 else str(dest.address)
+    shown = f"{address}:{dest.port}"
+    return shown if dest.host == str(dest.address) else f"{shown} ({dest.host})"
+
+
+async def open_upstream(
+    dest: Destination, *, tls: ssl.SSLContext | None, timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to ``dest.address`` (and speak TLS for ``dest.host`` when ``tls`` is given).
+
+    ``timeout`` bounds the connection and the TLS handshake together.
+
+    Raises:
+        UpstreamError: the connection failed or timed out, or the server's
+            certificate did not verify for ``dest.host``.
+    """
+    family = socket.AF_INET6 if dest.address.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            # By address, on a socket made here: asyncio.open_connection(host=…)
+            # would go through getaddrinfo, and that is a second lookup.
+            await loop.sock_connect(sock, (str(dest.address), dest.port))
+            return await asyncio.open_connection(
+                sock=sock, ssl=tls, server_hostname=dest.host if tls is not None else None
+            )
+    except ssl.SSLCertVerificationError as exc:
+        sock.close()
+        raise UpstreamError(
+            f"the TLS certificate of {_where(dest)} did not verify: {exc.verify_message}; "
+            f"the server is not who it claims to be, or it needs a CA the gateway does not trust",
+            verify=True,
+        ) from exc
+    except ssl.SSLError as exc:
+        sock.close()
+        raise UpstreamError(
+            f"the TLS handshake with {_where(dest)} failed ({exc.reason or exc}); "
+            "check that the port speaks TLS"
+        ) from exc
+    except TimeoutError as exc:
+        sock.close()
+        raise UpstreamError(
+            f"{_where(dest)} did not accept a connection within {timeout:g} s; the server may be down"
+        ) from exc
+    except OSError as exc:
+        sock.close()
+        raise UpstreamError(
+            f"could not connect to {_where(dest)}: {exc.strerror or exc}; the server may be down"
+        ) from exc
+
+
+def upstream_tls_context(extra_ca: str | None = None) -> ssl.SSLContext:
+    """A client context trusting the system's roots and ``extra_ca`` (a PEM file).
+
+    ``extra_ca`` is the daemon's ``--upstream-ca`` (``STOCKADE_UPSTREAM_CA``):
+    a private CA of the operator's, or a test's throwaway one.
+
+    Raises:
+        ValueError: ``extra_ca`` cannot be read or holds no certificate.
+    """
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if extra_ca is not None:
+        try:
+            context.load_verify_locations(cafile=extra_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"the upstream CA file {extra_ca!r} could not be loaded ({exc}); "
+                "give a readable PEM file of CA certificates"
+            ) from exc
+    return context
+
+
+__all__ = ["UpstreamError", "open_upstream", "upstream_tls_context"]
