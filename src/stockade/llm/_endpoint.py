@@ -1,0 +1,491 @@
+"""The cell's OpenAI-compatible LLM endpoint: the run's token in, the operator's key out.
+
+The agent in a cell calls ``http://127.0.0.1:3129/v1`` with its run token as
+API key. The endpoint checks the token, the run's budgets and the body, puts
+the policy's model in place of the requested one, forwards to the policy's
+upstream with the operator's key (which never enters the cell), and records
+one ``llm.call`` event per call (docs/LLM.md, docs/EVENTS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import socket
+import time
+from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from stockade.errors import PolicyError, StoreError
+from stockade.llm._anthropic import AnthropicUpstream
+from stockade.llm._serve import AppServer
+from stockade.llm._upstreams import (
+    UPSTREAM_TIMEOUT,
+    ChatRequest,
+    Collected,
+    OpenAIUpstream,
+    Upstream,
+    UpstreamError,
+    cut,
+)
+from stockade.policy import LlmPolicy
+from stockade.record import Event
+
+log = logging.getLogger("stockade.llm")
+
+MAX_BODY = 4 * 1024 * 1024
+"""Bytes of a request body; a conversation larger than this is not a chat."""
+
+
+class GatewayHooks(Protocol):
+    """What the daemon gives the endpoint: the same protocol as
+    ``stockade.gateway._proxy.GatewayHooks`` (structural, so one object serves
+    both), declared here so that the LLM package does not import the proxy."""
+
+    async def record(self, events: Sequence[Event]) -> None: ...
+    async def denied(self) -> None: ...
+    def halted(self) -> str | None: ...
+
+
+def _error(status: int, type: str, message: str, code: str | None = None) -> JSONResponse:
+    """An OpenAI error body: clients read ``error.message``."""
+    return JSONResponse(
+        {"error": {"message": message, "type": type, "code": code or type}}, status_code=status
+    )
+
+
+def _field(loc: Sequence[int | str]) -> str:
+    # pydantic puts union members' labels ("str", "list[...]") in the path;
+    # they are not fields the agent wrote.
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif "[" in part or part in ("str", "int", "float", "bool", "none", "dict", "function-after"):
+            continue
+        else:
+            path += f".{part}" if path else part
+    return path or "body"
+
+
+def _estimate(text_chars: int) -> int:
+    # Four characters a token: the usual rule of thumb for English text,
+    # used only when the upstream reported no usage at all.
+    return math.ceil(text_chars / 4)
+
+
+@dataclass
+class _Call:
+    """One call in progress: what the event will say."""
+
+    cell: str
+    started: float
+    request: ChatRequest | None = None
+    model: str | None = None
+    stream: bool = False
+
+
+class LlmEndpoint:
+    """The LLM endpoint of one run, served on one socket per cell.
+
+    The budgets (``llm.max_requests``, ``llm.max_tokens``) are the run's: every
+    cell of the run draws from them. A call in flight when the token budget
+    runs out finishes; the next is refused.
+    """
+
+    def __init__(
+        self,
+        llm: LlmPolicy,
+        *,
+        run_id: str,
+        token: str,
+        hooks: GatewayHooks,
+        environ: Mapping[str, str],
+    ) -> None:
+        key: str | None = None
+        if llm.api_key_env is not None:
+            key = environ.get(llm.api_key_env) or None
+            if key is None:
+                raise PolicyError(
+                    f"llm.api_key_env names {llm.api_key_env}, which is not set (or empty) in the daemon's "
+                    "environment; set it where the daemon starts, or remove llm.api_key_env for a local model"
+                )
+        self.llm = llm
+        self.run_id = run_id
+        self._token = token.encode()
+        self._secrets = [s for s in (key, token) if s]
+        self._hooks = hooks
+        self._client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, follow_redirects=False, trust_env=False)
+        upstream_class = AnthropicUpstream if llm.provider == "anthropic" else OpenAIUpstream
+        self._upstream: Upstream = upstream_class(llm.base_url, key, self._client)
+        self._servers: list[AppServer] = []
+        self._pending: set[asyncio.Task[None]] = set()
+        self.requests_used = 0
+        self.tokens_used = 0
+
+    # ------------------------------------------------------------------ serving
+
+    def app(self, cell_id: str) -> Starlette:
+        """The ASGI app for one cell (its events carry ``cell_id``)."""
+
+        async def models(request: Request) -> Response:
+            return await self._models(request)
+
+        async def chat(request: Request) -> Response:
+            return await self._chat(request, cell_id)
+
+        async def http_error(request: Request, exc: Exception) -> Response:
+            status = exc.status_code if isinstance(exc, HTTPException) else 500
+            detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+            path = request.url.path
+            return _error(status, "invalid_request_error", f"{request.method} {path}: {detail}", "not_found")
+
+        return Starlette(
+            routes=[
+                Route("/v1/models", models, methods=["GET"]),
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+            ],
+            exception_handlers={HTTPException: http_error},
+        )
+
+    async def serve(self, sock: socket.socket, cell_id: str) -> None:
+        """Serve ``cell_id``'s endpoint on ``sock`` (listening already); return once serving."""
+        server = AppServer(self.app(cell_id), sock)
+        await server.start()
+        self._servers.append(server)
+
+    async def close(self) -> None:
+        """Stop every cell's server, let the last events be recorded, close the upstream client."""
+        servers, self._servers = self._servers, []
+        await asyncio.gather(*(server.close() for server in servers))
+        await self.flush()
+        await self._client.aclose()
+
+    async def flush(self) -> None:
+        """Wait until every finished call's event has been handed to ``hooks.record``."""
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+
+    # ------------------------------------------------------------------ checks
+
+    def _authorized(self, request: Request) -> bool:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(given.strip().encode(), self._token)
+
+    def _over_budget(self) -> str | None:
+        llm = self.llm
+        if llm.max_requests is not None and self.requests_used >= llm.max_requests:
+            return (
+                f"the run's budget of {llm.max_requests} LLM requests is spent; "
+                "raise llm.max_requests in the policy to allow more"
+            )
+        if llm.max_tokens is not None and self.tokens_used >= llm.max_tokens:
+            return (
+                f"the run's budget of {llm.max_tokens} LLM tokens is spent ({self.tokens_used} used); "
+                "raise llm.max_tokens in the policy to allow more"
+            )
+        return None
+
+    async def _read_body(self, request: Request) -> bytes | None:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY:
+            return None
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > MAX_BODY:
+                return None
+        return bytes(body)
+
+    # ------------------------------------------------------------------ events
+
+    def _scrub(self, value: Any) -> Any:
+        """``value`` with the key and the run token replaced wherever they appear
+        (an upstream may echo a key in an error; an agent may paste its token)."""
+        if isinstance(value, str):
+            for secret in self._secrets:
+                value = value.replace(secret, "[redacted]")
+            return value
+        if isinstance(value, dict):
+            return {k: self._scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._scrub(v) for v in value]
+        return value
+
+    def _event(
+        self,
+        call: _Call,
+        *,
+        status: int,
+        verdict: str,
+        reason: str | None,
+        collected: Collected | None = None,
+        usage_source: str | None = None,
+    ) -> Event:
+        messages = []
+        if call.request is not None:
+            for message in call.request.messages:
+                messages.append(
+                    {
+                        "role": message.role,
+                        "content": cut(message.text()),
+                        "tool_calls": [
+                            {"id": c.id, "name": c.function.name, "arguments": cut(c.function.arguments)}
+                            for c in message.tool_calls or ()
+                        ],
+                    }
+                )
+        usage = collected.usage if collected is not None else None
+        latency = round(time.monotonic() - call.started, 3)
+        llm = self.llm
+        detail: dict[str, Any] = {
+            "provider": llm.provider,
+            "model": call.model,
+            "requested_model": call.request.model if call.request is not None else None,
+            "stream": call.stream,
+            "messages": messages,
+            "response": collected.detail() if collected is not None else None,
+            "usage": usage,
+            "usage_source": usage_source,
+            "latency": latency,
+            "status": status,
+            "verdict": verdict,
+            "reason": reason,
+            "budget": {
+                "requests": self.requests_used,
+                "max_requests": llm.max_requests,
+                "tokens": self.tokens_used,
+                "max_tokens": llm.max_tokens,
+            },
+        }
+        if verdict == "deny":
+            summary = f"LLM call refused ({status}): {reason}"
+        elif status >= 300:
+            summary = f"LLM call to {call.model} ({llm.provider}) failed ({status}): {reason}"
+        else:
+            tokens = usage["total_tokens"] if usage else 0
+            estimated = " (estimated)" if usage_source == "estimated" else ""
+            summary = (
+                f"LLM call to {call.model} ({llm.provider}) allowed: {status}, "
+                f"{tokens:,} tokens{estimated}, {latency:.1f} s"
+            )
+        return Event(
+            kind="llm.call",
+            cell=call.cell,
+            layer="llm",
+            outcome="denied" if verdict == "deny" else "allowed",
+            detail=self._scrub(detail),
+            summary=self._scrub(summary),
+            run=self.run_id,
+        )
+
+    async def _refuse(
+        self, call: _Call, status: int, type: str, message: str, *, attack: bool = False
+    ) -> Response:
+        """Record a refusal (awaited: before the agent learns of it), then answer it."""
+        event = self._event(call, status=status, verdict="deny", reason=message)
+        try:
+            await self._hooks.record([event])
+            if attack:
+                await self._hooks.denied()
+        except StoreError as exc:
+            return _error(503, "store_error", f"stockade cannot record this call, so it is refused: {exc}")
+        return _error(status, type, message)
+
+    async def _failed(self, call: _Call, exc: UpstreamError) -> Response:
+        """Record an upstream failure (or a refusal the agent can fix), then answer it."""
+        message = self._scrub(exc.message)
+        event = self._event(call, status=exc.status, verdict="allow", reason=message)
+        try:
+            await self._hooks.record([event])
+        except StoreError as store:
+            log.error("stockade could not record an LLM call of run %s: %s", self.run_id, store)
+        return _error(exc.status, exc.type, message)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        # Allowed calls are recorded after the answer went out, in a task of
+        # their own so that a client that hangs up mid-stream (which cancels
+        # the response) cannot cancel the recording with it.
+        async def run() -> None:
+            await work
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _record_later(self, event: Event) -> None:
+        try:
+            await self._hooks.record([event])
+        except StoreError as exc:
+            log.error("stockade could not record an LLM call of run %s: %s", self.run_id, exc)
+
+    def _finish(self, call: _Call, collected: Collected, status: int, reason: str | None) -> None:
+        """Count the call's tokens toward the budget and record it (later)."""
+        usage_source = "upstream"
+        if collected.usage is None:
+            usage_source = "estimated"
+            prompt_chars = sum(len(m["content"] or "") for m in _prompt_texts(call.request))
+            answer_chars = len(collected.text()) + sum(
+                len(c["arguments"]) for c in collected.tool_calls.values()
+            )
+            prompt, completion = _estimate(prompt_chars), _estimate(answer_chars)
+            collected.usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+        self.tokens_used += collected.usage["total_tokens"]
+        event = self._event(
+            call,
+            status=status,
+            verdict="allow",
+            reason=reason,
+            collected=collected,
+            usage_source=usage_source,
+        )
+        self._spawn(self._record_later(event))
+
+    # ------------------------------------------------------------------ routes
+
+    async def _models(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return _error(401, "invalid_api_key", "the Authorization header does not carry this run's token")
+        if (halted := self._hooks.halted()) is not None:
+            return _error(403, "run_halted", f"the run is halted: {halted}")
+        if self.llm.model is not None:
+            names = [self.llm.model]
+        else:
+            try:
+                names = await self._upstream.models()
+            except UpstreamError as exc:
+                return _error(exc.status, exc.type, self._scrub(exc.message))
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": self.llm.provider} for name in names
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _chat(self, request: Request, cell_id: str) -> Response:
+        call = _Call(cell=cell_id, started=time.monotonic())
+        if not self._authorized(request):
+            return await self._refuse(
+                call,
+                401,
+                "invalid_api_key",
+                "the Authorization header does not carry this run's token; "
+                "send 'Authorization: Bearer $OPENAI_API_KEY' as set in the cell",
+                attack=True,
+            )
+        if (halted := self._hooks.halted()) is not None:
+            return await self._refuse(
+                call, 403, "run_halted", f"the run is halted, every call is refused: {halted}"
+            )
+        raw = await self._read_body(request)
+        if raw is None:
+            return await self._refuse(
+                call,
+                413,
+                "invalid_request_error",
+                f"the request body is larger than {MAX_BODY} bytes; send less",
+            )
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return await self._refuse(call, 400, "invalid_request_error", "the request body is not JSON")
+        if not isinstance(body, dict):
+            return await self._refuse(
+                call, 400, "invalid_request_error", "the request body is not a JSON object"
+            )
+        try:
+            chat = ChatRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = _field(first["loc"])
+            return await self._refuse(
+                call,
+                400,
+                "invalid_request_error",
+                f"{field}: {first['msg']}; fix this field of the request body",
+            )
+        call.request, call.stream = chat, chat.stream
+        call.model = self.llm.model or chat.model
+        if call.model is None:
+            return await self._refuse(
+                call,
+                400,
+                "invalid_request_error",
+                "model is missing; name the model to use in the request body",
+            )
+        if (over := self._over_budget()) is not None:
+            # Exhaustion is not an attack: recorded, not counted as a denial.
+            return await self._refuse(call, 429, "budget_exceeded", over)
+        self.requests_used += 1
+        forwarded = {**body, "model": call.model}
+        if chat.stream:
+            return await self._stream(call, chat, forwarded)
+        try:
+            answer = await self._upstream.complete(chat, forwarded)
+        except UpstreamError as exc:
+            return await self._failed(call, exc)
+        collected = Collected()
+        collected.add_response(answer)
+        self._finish(call, collected, 200, None)
+        return JSONResponse(answer)
+
+    async def _stream(self, call: _Call, chat: ChatRequest, body: dict[str, Any]) -> Response:
+        try:
+            chunks = await self._upstream.stream(chat, body)
+        except UpstreamError as exc:
+            return await self._failed(call, exc)
+        collected = Collected()
+
+        async def events() -> AsyncGenerator[str, None]:
+            status, reason = 200, None
+            try:
+                async for chunk in chunks:
+                    collected.add_chunk(chunk)
+                    if not chat.wants_usage:
+                        # The usage was asked for the budget, not by the agent:
+                        # keep the stream as the agent asked for it.
+                        if not chunk.get("choices"):
+                            continue
+                        chunk.pop("usage", None)
+                    yield f"data: {json.dumps(chunk)}\n\n"
+            except UpstreamError as exc:
+                status, reason = 502, self._scrub(exc.message)
+                error = {"message": reason, "type": exc.type, "code": exc.type}
+                yield f"data: {json.dumps({'error': error})}\n\n"
+            except BaseException:
+                status, reason = 499, "the agent closed the connection before the stream ended"
+                raise
+            finally:
+                self._finish(call, collected, status, reason)
+                self._spawn(chunks.aclose())
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+
+
+def _prompt_texts(request: ChatRequest | None) -> list[dict[str, str]]:
+    if request is None:
+        return []
+    texts = []
+    for message in request.messages:
+        arguments = "".join(c.function.arguments for c in message.tool_calls or ())
+        texts.append({"content": message.text() + arguments})
+    return texts
