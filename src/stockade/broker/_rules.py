@@ -216,6 +216,10 @@ class Rules:
                 return Decision(rule.verdict, rule.id, _reason(rule, intent))
         return Decision("deny", None, _suggestion(intent, args))
 
+    def has_intent(self, intent: str) -> bool:
+        """Whether any rule is about ``intent``."""
+        return any(rule.intent == intent for rule in self._rules)
+
     def __len__(self) -> int:
         return len(self._rules)
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._intents import FetchArgs, blob, failure
-from stockade.broker._rules import Decision
+from stockade.broker._rules import Decision, Rules
 from stockade.record import Event
 
 if TYPE_CHECKING:
@@ -79,8 +79,10 @@ def make_gateway(
 # ----------------------------------------------------------------- http.fetch
 
 
-def fetch_decision(gateway: Gateway | None, args: Mapping[str, Any]) -> Decision:
-    """``http.fetch`` is decided by ``network.allow``, as the proxy decides a request."""
+def fetch_decision(gateway: Gateway | None, rules: Rules, args: Mapping[str, Any]) -> Decision:
+    """``http.fetch`` must pass ``network.allow``, as the proxy's requests do; and
+    where the policy has ``tools`` rules for ``http.fetch`` the first that matches
+    decides too (so that a fetch can need approval), no match being a deny."""
     if gateway is None:
         return Decision("deny", None, "this run has no gateway, so nothing can be fetched")
     url = str(args.get("url", ""))
@@ -94,7 +96,9 @@ def fetch_decision(gateway: Gateway | None, args: Mapping[str, Any]) -> Decision
     decided = gateway.egress.decide(
         parts.hostname, port, method=str(args.get("method", "GET")), path=parts.path or "/"
     )
-    return Decision(decided.verdict, decided.rule, decided.reason)
+    if decided.verdict == "deny" or not rules.has_intent("http.fetch"):
+        return Decision(decided.verdict, decided.rule, decided.reason)
+    return rules.decide("http.fetch", args)
 
 
 async def fetch_value(

@@ -733,7 +733,7 @@ class Runs:
         except IntentError as exc:
             raise RequestError(exc.code, str(exc)) from exc
         if intent == "http.fetch":
-            decision = fetch_decision(run.gateway, args)
+            decision = fetch_decision(run.gateway, run.rules, args)
         else:
             decision = run.rules.decide(intent, args)
         if decision.verdict == "ask" and run.unattended:
