@@ -40,10 +40,11 @@ def _register() -> None:
     from stockade.cli._demo import demo
     from stockade.cli._doctor import doctor
     from stockade.cli._exec_cmd import exec_help
+    from stockade.cli._mock_cmd import mock_llm
     from stockade.cli._policy_cmds import schema, validate
     from stockade.cli._record_cmds import export_cmd, verify
 
-    for command in (demo, doctor, exec_help, export_cmd, schema, validate, verify, *DAEMON_COMMANDS):
+    for command in (demo, doctor, exec_help, export_cmd, mock_llm, schema, validate, verify, *DAEMON_COMMANDS):
         cli.add_command(command)
 
 
