@@ -44,7 +44,17 @@ def _register() -> None:
     from stockade.cli._policy_cmds import schema, validate
     from stockade.cli._record_cmds import export_cmd, verify
 
-    for command in (demo, doctor, exec_help, export_cmd, mock_llm, schema, validate, verify, *DAEMON_COMMANDS):
+    for command in (
+        demo,
+        doctor,
+        exec_help,
+        export_cmd,
+        mock_llm,
+        schema,
+        validate,
+        verify,
+        *DAEMON_COMMANDS,
+    ):
         cli.add_command(command)
 
 
