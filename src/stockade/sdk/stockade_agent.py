@@ -80,6 +80,7 @@ ERROR_MAX = 1000
 """Characters of a failed tool's error kept in its event."""
 
 _LENGTH = struct.Struct(">I")
+_SUN_PATH_MAX = 107
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 """A peer gone while sending is EPIPE, not SIGPIPE (a program embedding Python may not ignore it)."""
 _F = TypeVar("_F", bound="Callable[..., Any]")  # a string: collections.abc.Callable[...] fails on 3.8
@@ -232,14 +233,16 @@ class ExecResult:
 @dataclass(frozen=True)
 class FetchResponse:
     """The answer to ``fetch``: ``headers`` as (name, value) pairs in order
-    (a name may repeat), ``url`` the final URL, ``truncated`` when the body was
-    cut at the broker's limit."""
+    (a name may repeat), ``url`` the final URL (after redirects, ``hops`` of
+    them in all), ``truncated`` when the body was cut at the broker's limit."""
 
     status: int
     headers: list[tuple[str, str]]
     body: bytes
     url: str
     truncated: bool = False
+    hops: int = 0
+    duration: float = 0.0
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), or ``None``."""
@@ -493,7 +496,10 @@ class Broker:
             if not (isinstance(item, (list, tuple)) and len(item) == 2):
                 raise _protocol("http.fetch", "a header is not a [name, value] pair")
             pairs.append((str(item[0]), str(item[1])))
-        raw_body = value.get("body")
+        # The body as fs.read carries a file (``content`` and ``encoding`` in the
+        # value), or under ``body``: as a string (with the value's
+        # ``encoding``) or as an object of its own, as exec's stdout.
+        raw_body = value.get("body", value if "content" in value else None)
         if isinstance(raw_body, dict):
             data = _unblob(raw_body, "http.fetch")
         elif isinstance(raw_body, str):
@@ -506,6 +512,8 @@ class Broker:
             body=data,
             url=str(value.get("url") or url),
             truncated=bool(value.get("truncated", False)),
+            hops=int(value.get("hops") or 0),
+            duration=float(value.get("duration") or 0.0),
         )
 
     def intent(self, name: str, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -598,14 +606,15 @@ class Broker:
         Raises:
             Unauthorized, RunHalted, Unreachable, BrokerError.
         """
-        params = {"token": self._token, **params}
+        # Encoded before anything is sent: a request that cannot be is refused
+        # whole, and the same bytes go out again on a fresh connection.
+        encoded = _encode_params(method, {"token": self._token, **params})
         with self._lock:
             sock = self._ensure()
             self._next_id = self._next_id + 1 if self._next_id < MAX_ID else 1
             request_id = self._next_id
-            frame = _encode({"v": PROTOCOL_VERSION, "id": request_id, "method": method, "params": params})
             try:
-                sock.sendall(frame, _NOSIGNAL)
+                sock.sendall(_frame(request_id, method, encoded), _NOSIGNAL)
             except OSError:
                 # Broken before the request went out (the daemon restarted,
                 # or closed an idle connection): nothing was done; once more
@@ -613,9 +622,8 @@ class Broker:
                 self._drop()
                 sock = self._ensure()
                 self._next_id = request_id = 1
-                frame = _encode({"v": PROTOCOL_VERSION, "id": 1, "method": method, "params": params})
                 try:
-                    sock.sendall(frame, _NOSIGNAL)
+                    sock.sendall(_frame(request_id, method, encoded), _NOSIGNAL)
                 except OSError as exc:
                     self._drop()
                     raise Unreachable(
@@ -643,7 +651,7 @@ class Broker:
             return self._sock
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(self.path)
+            _connect(sock, self.path)
         except OSError as exc:
             sock.close()
             raise Unreachable(
@@ -872,27 +880,53 @@ def _new_call_id() -> str:
     return "tc-" + os.urandom(8).hex()
 
 
-def _encode(message: dict[str, Any]) -> bytes:
+def _encode_params(method: str, params: dict[str, Any]) -> bytes:
+    """``params`` as the JSON a frame carries (UTF-8, no NaN, no lone surrogate).
+
+    Raises:
+        BrokerError: ``bad_params`` (not JSON-able), ``too_large`` (over the frame limit).
+    """
     try:
-        body = json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        body = json.dumps(params, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise BrokerError(
             "bad_params",
-            "a string in the request is not valid Unicode (a lone surrogate, as os.fsdecode makes of "
-            "bytes that are not UTF-8); send such bytes as bytes, or fix the string",
+            f"a string in the {method} request is not valid Unicode (a lone surrogate, as os.fsdecode "
+            "makes of bytes that are not UTF-8); send such bytes as bytes, or fix the string",
         ) from exc
     except (TypeError, ValueError) as exc:
         raise BrokerError(
             "bad_params",
-            f"the request cannot be sent as JSON ({exc}); pass strings, numbers, lists and dicts",
+            f"the {method} request cannot be sent as JSON ({exc}); pass strings, numbers, lists and dicts",
         ) from exc
-    if len(body) > MAX_FRAME:
+    if len(body) > MAX_FRAME - 100:
         raise BrokerError(
             "too_large",
-            f"the request is {len(body)} bytes, over the broker's limit of {MAX_FRAME}; "
+            f"the {method} request is {len(body)} bytes, over the broker's limit of {MAX_FRAME}; "
             "write a large file in parts with mode='append'",
         )
+    return body
+
+
+def _frame(request_id: int, method: str, params: bytes) -> bytes:
+    """One request frame around already encoded ``params`` (docs/PROTOCOL.md)."""
+    head = f'{{"v":{PROTOCOL_VERSION},"id":{request_id},"method":{json.dumps(method)},"params":'
+    body = head.encode("ascii") + params + b"}"
     return _LENGTH.pack(len(body)) + body
+
+
+def _connect(sock: socket.socket, path: str) -> None:
+    """Connect to ``path``; one longer than a socket address holds (107 bytes,
+    as a run's socket under a deep state directory on the host) is reached
+    through its directory's descriptor, as the daemon binds it."""
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        sock.connect(path)
+        return
+    directory = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.connect(f"/proc/self/fd/{directory}/{os.path.basename(path)}")
+    finally:
+        os.close(directory)
 
 
 def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
