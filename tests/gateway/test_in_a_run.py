@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,9 @@ from typing import Any
 import pytest
 
 from stockade.gateway import GatewayOptions
+from stockade.llm._mock import MockLlm
+from stockade.llm._scripts import solver
+from stockade.llm._serve import AppServer
 from tests._netns import TestNetns
 from tests.daemon.test_server import Wire, close_wires, daemon_at, kind_is, stored_events  # noqa: F401
 from tests.gateway._dns import TestDns
@@ -58,6 +62,7 @@ class World:
             self.web.routes, tls=self.pki.server_context(["docs.example.com", "api.example.com"])
         )
         self.canaries = Canary()
+        self.llm: AppServer | None = None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
@@ -71,6 +76,19 @@ class World:
         await self.tls_web.listen(PUBLIC, 443)
         await self.canaries.listen(INTERNAL, 80)
         await self.canaries.listen(METADATA, 80)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        sock.setblocking(False)
+        self.mock = MockLlm(solver)
+        self.llm = AppServer(self.mock.app(), sock)
+        await self.llm.start()
+
+    @property
+    def llm_url(self) -> str:
+        assert self.llm is not None
+        host, port = self.llm.address
+        return f"http://{host}:{port}/v1"
 
     def stop(self) -> None:
         async def stop() -> None:
@@ -78,6 +96,8 @@ class World:
             await self.tls_web.close()
             await self.canaries.close()
             await self.dns.close()
+            if self.llm is not None:
+                await self.llm.close()
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -251,3 +271,47 @@ def test_http_fetch_follows_redirects_only_to_allowed_places(
     intents = [e for e in events if e["kind"] == "intent" and e["detail"]["intent"] == "http.fetch"]
     assert any(e["outcome"] == "denied" for e in intents)
     assert info["requests"] >= 2
+
+
+LLM_AGENT = """
+import json, os, urllib.request, urllib.error
+def chat(key):
+    body = json.dumps({"model": "any", "messages": [{"role": "user", "content": "hello"}]}).encode()
+    headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
+    url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+    req = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+status, answer = chat(os.environ["OPENAI_API_KEY"])
+print(json.dumps({"status": status, "model": answer.get("model"), "choices": len(answer.get("choices", []))}))
+status, answer = chat("sk-guessed")
+print(json.dumps({"status": status, "error": answer.get("error", {}).get("type")}))
+"""
+
+
+def test_the_llm_endpoint_in_the_cell_forwards_with_the_daemons_key(
+    world: tuple[World, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w, dt = world
+    monkeypatch.setenv("STOCKADE_TEST_LLM_KEY", "sk-daemon-only-key")
+    agent = tmp_path / "llm_agent.py"
+    agent.write_text(LLM_AGENT)
+    policy = {
+        "filesystem": {"read": [str(agent)]},
+        "llm": {"base_url": w.llm_url, "model": "mock-model", "api_key_env": "STOCKADE_TEST_LLM_KEY"},
+    }
+    _info, out, events = _run(dt, tmp_path, "llm", f"{PY} {agent}", **policy)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert lines[0] == {"status": 200, "model": "mock-model", "choices": 1}, out
+    assert lines[1]["status"] == 401, out
+    calls = [e for e in events if e["kind"] == "llm.call"]
+    assert calls and calls[0]["outcome"] == "allowed" and calls[0]["detail"]["model"] == "mock-model"
+    assert "sk-daemon-only-key" not in json.dumps(events)
+    assert "sk-daemon-only-key" not in out
+    # Only the allowed call went upstream, with the daemon's key and the policy's model.
+    (seen,) = list(w.mock.seen)
+    assert seen.headers["authorization"] == "Bearer sk-daemon-only-key"
+    assert seen.body["model"] == "mock-model"
