@@ -83,6 +83,7 @@ async def running(
     key_env: str | None = KEY_ENV,
     max_requests: int | None = None,
     max_tokens: int | None = None,
+    hooks: Hooks | None = None,
 ) -> AsyncIterator[Setup]:
     """A mock upstream, an endpoint in front of it, and a client with the run's token."""
     mock = MockLlm(script, stream_usage=stream_usage)
@@ -101,7 +102,7 @@ async def running(
         max_requests=max_requests,
         max_tokens=max_tokens,
     )
-    hooks = Hooks()
+    hooks = hooks or Hooks()
     endpoint = LlmEndpoint(llm, run_id="r-000000000001", token=TOKEN, hooks=hooks, environ={KEY_ENV: KEY})
     sock = listening()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
