@@ -1,0 +1,247 @@
+"""``stockade scenario``: run, stop, check and list groups of agents (docs/SCENARIOS.md).
+
+Thin, like the daemon's commands it sits beside (``_daemon_cmds``, whose
+``--state``/``--socket`` options and paths it shares): it loads the scenario
+file (exit 3 when it is wrong), runs it with ``stockade.scenario``'s runner
+and shows the progress. With no daemon running, ``scenario run`` starts one
+in this process for the scenario, as ``stockade run`` does for one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from stockade.cli._daemon_cmds import _JSON, _place, _where
+from stockade.errors import DaemonError, PolicyError
+
+EXIT_POLICY = 3
+_TAIL_LINES = 5
+
+
+@contextlib.contextmanager
+def daemon_running(state_dir: str, socket_path: str) -> Iterator[bool]:
+    """A daemon at ``socket_path`` for the duration: the one running, else one
+    started in this process (stopped on exit, its runs with it). Yields whether
+    it was started here.
+
+    Raises:
+        DaemonError, StoreError: an in-process daemon could not start.
+    """
+    from stockade.daemon._client import Client
+    from stockade.daemon._server import DaemonThread
+
+    try:
+        with Client(socket_path, timeout=10.0) as probe:
+            probe.call("status")
+    except DaemonError:
+        local = DaemonThread(state=state_dir, socket_path=socket_path).start()
+        try:
+            yield True
+        finally:
+            local.stop()
+        return
+    yield False
+
+
+def _unit_json(unit: Any) -> dict[str, Any]:
+    return {
+        "agent": unit.agent,
+        "name": unit.name,
+        "replica": unit.replica,
+        "state": unit.state,
+        "run": unit.run_id or None,
+        "runs": list(unit.runs),
+        "exit_code": unit.exit_code,
+        "restarts": unit.restarts,
+        "denials": unit.denials,
+        "note": unit.note,
+    }
+
+
+@click.group("scenario")
+def scenario() -> None:
+    """Groups of agents: started in order, fanned out, restarted, stopped as one.
+
+    A scenario file lists agents, each with its policy, what it depends on and
+    when it starts (docs/SCENARIOS.md).
+    """
+
+
+@scenario.command("run")
+@click.argument("file", metavar="FILE")
+@click.option("--name", default=None, help="This instance's name (default: the scenario's).")
+@click.option(
+    "--unattended", is_flag=True, help="Nobody answers: what would need approval is denied and counted."
+)
+@click.option("--plain", is_flag=True, help="Print a line per change, not a live table.")
+@_JSON
+@_place
+def run(
+    file: str,
+    name: str | None,
+    unattended: bool,
+    plain: bool,
+    as_json: bool,
+    state: str | None,
+    socket_path: str | None,
+) -> int:
+    """Run the scenario FILE under the daemon, showing each agent's progress.
+
+    Exits 0 when every agent that ran succeeded, 1 when one failed (after its
+    restarts), 3 when the file is wrong, 130 when the scenario was stopped.
+    Approvals are answered with `stockade approvals` / `stockade approve`.
+    """
+    from stockade.policy._schema import check_name
+    from stockade.scenario import load_scenario
+    from stockade.scenario._progress import Progress
+    from stockade.scenario._runner import ScenarioRunner
+
+    loaded = load_scenario(file)  # a bad file is exit 3 here, before any daemon is involved
+    if name is not None:
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--name") from None
+    state_dir, sock = _where(state, socket_path)
+    live = not (plain or as_json) and sys.stdout.isatty()
+    with daemon_running(state_dir, sock), Progress(f"scenario {name or loaded.name}", live=live) as progress:
+        runner = ScenarioRunner(
+            loaded,
+            socket_path=sock,
+            state_dir=state_dir,
+            name=name,
+            unattended=unattended,
+            on_change=None if as_json else progress.update,
+        )
+        code = runner.run()
+        failed = [u for u in runner.scheduler.units.values() if u.state == "failed" and u.run_id]
+        tails = {u.name: _tail(sock, u.run_id) for u in failed}
+    if as_json:
+        units = [_unit_json(u) for u in runner.scheduler.units.values()]
+        click.echo(json.dumps({"name": runner.group.name, "exit_code": code, "agents": units}, indent=2))
+        return code
+    for unit_name, text in tails.items():
+        if text.strip():
+            click.echo(f"--- {unit_name}: the last lines of its output", err=True)
+            click.echo(text.rstrip("\n"), err=True)
+    return code
+
+
+def _tail(sock: str, run_id: str) -> str:
+    from stockade.daemon._client import Client
+    from stockade.errors import StockadeError
+
+    try:
+        with Client(sock, timeout=10.0) as client:
+            return str(client.call("run.logs", run=run_id, tail=_TAIL_LINES).get("data", ""))
+    except StockadeError:
+        return ""
+
+
+@scenario.command("stop")
+@click.argument("name", metavar="NAME")
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 3600),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long each agent gets after SIGTERM before its cell is killed.",
+)
+@_JSON
+@_place
+def stop(name: str, grace: float, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """Stop the scenario NAME: nothing more starts, and every run it started is stopped."""
+    from stockade.scenario._runner import stop_group
+
+    state_dir, sock = _where(state, socket_path)
+    stopped = stop_group(state_dir, name, sock, grace=grace)
+    if as_json:
+        click.echo(json.dumps({"name": name, "runs": stopped}, indent=2))
+        return 0
+    for info in stopped:
+        code = info.get("exit_code")
+        click.echo(f"{info['id']} {info['state']}" + ("" if code is None else f" (exit code {code})"))
+    click.echo(f"scenario {name} stopped ({len(stopped)} run(s))")
+    return 0
+
+
+@scenario.command("validate")
+@click.argument("file", metavar="FILE")
+@_JSON
+@click.pass_context
+def validate(ctx: click.Context, file: str, as_json: bool) -> None:
+    """Check the scenario FILE and each agent's policy; say what would run, in what order.
+
+    Exits 0 when it is valid, 3 when it is not (every problem with its file:line:col).
+    """
+    from stockade.cli._policy_cmds import _problems
+    from stockade.scenario import load_scenario
+
+    try:
+        loaded = load_scenario(file)
+    except PolicyError as exc:
+        problems = _problems(exc)
+        if as_json:
+            click.echo(json.dumps({"valid": False, "file": file, "errors": problems}, indent=2))
+        else:
+            for problem in problems:
+                where = f"{problem['location']}: " if problem["location"] else ""
+                click.echo(f"stockade: {where}{problem['message']}", err=True)
+        ctx.exit(EXIT_POLICY)
+    agents = [
+        {
+            "name": a.name,
+            "policy": a.policy,
+            "command": list(a.command) if a.command else None,
+            "depends_on": list(a.depends_on),
+            "launch_when": a.launch_when,
+            "replicas": a.replicas,
+            "restart_max": a.restart_max,
+            "runs": list(a.unit_names()),
+        }
+        for a in loaded.agents
+    ]
+    if as_json:
+        click.echo(json.dumps({"valid": True, "file": file, "name": loaded.name, "agents": agents}, indent=2))
+        return
+    click.echo(f"{file}: scenario {loaded.name}, {len(agents)} agent(s), valid")
+    for a in loaded.agents:
+        when = f"after {', '.join(a.depends_on)} ({a.launch_when})" if a.depends_on else "at once"
+        extra = f", {a.replicas} in parallel" if a.replicas > 1 else ""
+        extra += f", restarted up to {a.restart_max} time(s) on a crash" if a.restart_max else ""
+        click.echo(f"  {a.name}: {a.policy}, {when}{extra}")
+
+
+@scenario.command("ps")
+@_JSON
+@_place
+def ps(as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """List the scenarios run under this state directory, and their runs."""
+    from stockade.scenario._runner import list_groups
+
+    state_dir, _sock = _where(state, socket_path)
+    groups = list_groups(state_dir)
+    if as_json:
+        click.echo(json.dumps(groups, indent=2))
+        return 0
+    if not groups:
+        click.echo("no scenario has run here")
+    for g in groups:
+        if g.get("live"):
+            status = "stopping" if g.get("stopping") else "running"
+        else:
+            status = f"ended (exit code {g.get('exit_code')})"
+        click.echo(
+            f"{g.get('name')}  {status}  pid {g.get('pid')}  {len(g.get('runs', []))} run(s)  {g.get('file')}"
+        )
+    return 0
+
+
+__all__ = ["daemon_running", "scenario"]
