@@ -8,8 +8,14 @@ unless asked for: no pydantic or YAML without ``--policy``, no JSON without
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stockade.record import Event
 
 USAGE = """\
 Usage: stockade exec [OPTIONS] [--] COMMAND [ARGS]...
@@ -154,7 +160,17 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
         except BrokenPipeError:
             pass
 
-    with Cell(policy, workspace=workspace, keep_workspace=bool(opts["keep"]) or None) as cell:
+    with contextlib.ExitStack() as stack:
+        network = None
+        from stockade.cli._exec_gateway import wants_gateway
+
+        if wants_gateway(policy):
+            from stockade.cli._exec_gateway import exec_gateway
+
+            network, hooks = stack.enter_context(exec_gateway(policy))
+        cell = stack.enter_context(
+            Cell(policy, workspace=workspace, keep_workspace=bool(opts["keep"]) or None, network=network)
+        )
         timeout = opts["timeout"]
         result = cell.run(
             command or None,
@@ -162,6 +178,10 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
             on_output=None if as_json else forward,
             timeout=float(timeout) if isinstance(timeout, float) else None,
         )
+        if network is not None:
+            # The gateway's events join the kernel's, in the order they happened.
+            events = sorted((*result.events, *(_in_cell(e, result.cell_id) for e in hooks.events)), key=_when)
+            result = dataclasses.replace(result, events=tuple(events))
         if opts["keep"] and not as_json:
             sys.stderr.write(f"stockade: workspace kept at {cell.workspace}\n")
     if opts["events"] is not None:
@@ -190,6 +210,14 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
     elif not opts["quiet"]:
         _summarise(result.denials, result.limits_hit)
     return result.exit_code
+
+
+def _when(event: Event) -> float:
+    return event.time
+
+
+def _in_cell(event: Event, cell_id: str) -> Event:
+    return event if event.cell else dataclasses.replace(event, cell=cell_id)
 
 
 def _summarise(denials: tuple[object, ...], limits_hit: tuple[str, ...]) -> None:
