@@ -15,6 +15,8 @@ fs.write   ``path, content, mode?, encoding?``                 ``path, bytes, cr
 fs.list    ``path``                                            ``path, entries, truncated``
 exec       ``argv, timeout?, cwd?``                            ``exit_code, stdout, stderr, …``
 ask        ``question``                                        ``answer``
+agent.*    spawn ``policy, argv?, name?``; send ``to, message``; executed by the daemon
+           recv ``timeout?``                                   (``daemon._agents``)
 ========== =================================================== ==============================
 
 Bytes travel as text when they are valid UTF-8 (``encoding: "utf-8"``) and
@@ -46,9 +48,19 @@ from stockade.policy._model import NetworkPolicy, Policy
 if TYPE_CHECKING:
     from stockade.cell._cell import CellResult
 
-INTENTS = ("fs.read", "fs.write", "fs.list", "exec", "ask", "http.fetch")
+INTENTS = (
+    "fs.read",
+    "fs.write",
+    "fs.list",
+    "exec",
+    "ask",
+    "http.fetch",
+    "agent.spawn",
+    "agent.send",
+    "agent.recv",
+)
 """The intents this broker executes."""
-COMING = ("llm.chat", "agent.spawn", "agent.send", "agent.recv")
+COMING = ("llm.chat",)
 """Intents a policy may already name, executed by a later version."""
 
 MAX_PATH = 4096
@@ -210,7 +222,50 @@ class FetchArgs(_Args):
             ) from None
 
 
-IntentArgs = FsReadArgs | FsWriteArgs | FsListArgs | ExecArgs | AskArgs | FetchArgs
+MAX_SPAWN_POLICY = 1 << 20
+"""Characters of a helper's policy text (the policy loader's own bound)."""
+MAX_MESSAGE = 64 * 1024
+"""Bytes (UTF-8) of one ``agent.send`` message."""
+RECV_TIMEOUT = 30.0
+"""Seconds ``agent.recv`` waits when it names no timeout."""
+RECV_TIMEOUT_MAX = 300.0
+
+
+def _message_size(value: str) -> str:
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_MESSAGE:
+        raise ValueError(f"is longer than {MAX_MESSAGE // 1024} KiB; send it in parts, or as a file")
+    return value
+
+
+class SpawnArgs(_Args):
+    """``agent.spawn``: start a helper under ``policy`` (YAML text), which must grant
+    nothing the spawning run's policy does not."""
+
+    policy: Annotated[str, Field(min_length=1, max_length=MAX_SPAWN_POLICY), AfterValidator(_no_nul)]
+    argv: (
+        Annotated[list[Word], Field(min_length=1, max_length=MAX_ARGV), AfterValidator(_argv_size)] | None
+    ) = None
+    """The helper's command; the policy's ``command`` when left out."""
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")] | None = None
+    """The helper run's name; the policy's ``name`` when left out."""
+
+
+class SendArgs(_Args):
+    """``agent.send``: a message to a run of the same family (parent, child, sibling)."""
+
+    to: Annotated[str, Field(min_length=1, max_length=64)]
+    message: Annotated[str, AfterValidator(_message_size)]
+
+
+class RecvArgs(_Args):
+    """``agent.recv``: the next message for this run, waiting up to ``timeout`` seconds."""
+
+    timeout: Annotated[float, Field(ge=0, le=RECV_TIMEOUT_MAX, allow_inf_nan=False)] = RECV_TIMEOUT
+
+
+IntentArgs = (
+    FsReadArgs | FsWriteArgs | FsListArgs | ExecArgs | AskArgs | FetchArgs | SpawnArgs | SendArgs | RecvArgs
+)
 _MODELS: dict[str, type[_Args]] = {
     "fs.read": FsReadArgs,
     "fs.write": FsWriteArgs,
@@ -218,6 +273,9 @@ _MODELS: dict[str, type[_Args]] = {
     "exec": ExecArgs,
     "ask": AskArgs,
     "http.fetch": FetchArgs,
+    "agent.spawn": SpawnArgs,
+    "agent.send": SendArgs,
+    "agent.recv": RecvArgs,
 }
 
 
@@ -469,6 +527,9 @@ class IntentExecutor:
         if isinstance(parsed, FetchArgs):
             # Network I/O on the daemon's loop: the daemon executes it (daemon/_network).
             raise IntentError("http.fetch is executed by the daemon's gateway, not here", code="bad_request")
+        if isinstance(parsed, SpawnArgs | SendArgs | RecvArgs):
+            # Runs and mailboxes belong to the daemon: it executes these (daemon/_agents).
+            raise IntentError(f"{intent} is executed by the daemon, not here", code="bad_request")
         assert isinstance(parsed, AskArgs)
         return self._ask(parsed)
 
@@ -551,7 +612,10 @@ __all__ = [
     "IntentArgs",
     "IntentError",
     "IntentExecutor",
+    "RecvArgs",
     "RunWorkbench",
+    "SendArgs",
+    "SpawnArgs",
     "blob",
     "failure",
     "parse_args",
