@@ -171,6 +171,8 @@ def test_inspect_when_the_rule_limits_methods_or_a_secret_wants_the_host() -> No
         ("1.2.3.256", "is not a valid IP address"),
         ("08.0.0.1", "is not a valid IP address"),
         ("exa mple.com", "is not a valid host name"),
+        ("localhost", "none may: 'localhost' names this machine"),
+        ("a_b.example", "none may: 'a_b.example' is not a valid host name"),
         ("", "is not a valid host name"),
     ],
 )

@@ -247,7 +247,14 @@ class Egress:
                 f"add {port} to its ports",
                 False,
             )
-        if not isinstance(parsed, str):
+        if isinstance(parsed, str):
+            try:
+                normalize_host_pattern(shown)
+            except ValueError as exc:  # localhost, a name no rule can hold
+                return EgressDecision(
+                    "deny", None, f"no network.allow rule matches {target}, and none may: {exc}", False
+                )
+        else:
             why = forbidden_reason(parsed)
             if why is not None and not _may_name(shown):
                 return EgressDecision(
