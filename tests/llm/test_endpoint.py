@@ -449,6 +449,10 @@ def test_unknown_path_is_an_openai_error() -> None:
             response = await setup.client.get("/embeddings")
             assert response.status_code == 404
             assert "/v1/embeddings" in response.json()["error"]["message"]
+            assert response.json()["error"]["code"] == "not_found"
+            response = await setup.client.get("/chat/completions")
+            assert response.status_code == 405
+            assert response.json()["error"]["code"] == "method_not_allowed"
 
     asyncio.run(main())
 

@@ -150,7 +150,8 @@ class LlmEndpoint:
             status = exc.status_code if isinstance(exc, HTTPException) else 500
             detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
             path = request.url.path
-            return _error(status, "invalid_request_error", f"{request.method} {path}: {detail}", "not_found")
+            code = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request")
+            return _error(status, "invalid_request_error", f"{request.method} {path}: {detail}", code)
 
         return Starlette(
             routes=[
