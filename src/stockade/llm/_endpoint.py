@@ -339,7 +339,7 @@ class LlmEndpoint:
         usage_source = "upstream"
         if collected.usage is None:
             usage_source = "estimated"
-            prompt_chars = sum(len(m["content"] or "") for m in _prompt_texts(call.request))
+            prompt_chars = _prompt_chars(call.request)
             answer_chars = len(collected.text()) + sum(
                 len(c["arguments"]) for c in collected.tool_calls.values()
             )
@@ -482,11 +482,11 @@ class LlmEndpoint:
         )
 
 
-def _prompt_texts(request: ChatRequest | None) -> list[dict[str, str]]:
+def _prompt_chars(request: ChatRequest | None) -> int:
+    """Characters of the prompt: message texts and tool call arguments."""
     if request is None:
-        return []
-    texts = []
-    for message in request.messages:
-        arguments = "".join(c.function.arguments for c in message.tool_calls or ())
-        texts.append({"content": message.text() + arguments})
-    return texts
+        return 0
+    return sum(
+        len(message.text()) + sum(len(c.function.arguments) for c in message.tool_calls or ())
+        for message in request.messages
+    )
