@@ -366,6 +366,7 @@ def test_address_rules_reach_addresses_in_every_spelling(ns: TestNetns, pki: Tes
         for url in ("http://10.0.0.1/", "http://0xa000001/", "http://10.1/", "http://012.0.0.01/"):
             result = await w.get(url, plain_http=True)
             assert result.body == b"private" and result.hops[0].address == PRIVATE
+            assert w.private.seen[-1].headers["host"] == PRIVATE  # asked for by its normal form
         assert {s.local for s in w.private.seen} == {PRIVATE}
         result = await w.get(f"http://[{PUBLIC6}]/", plain_http=True)
         assert result.hops[0].address == PUBLIC6 and w.private.seen[-1].headers["host"] == f"[{PUBLIC6}]"
@@ -405,3 +406,32 @@ def test_server_down(ns: TestNetns, pki: TestPki) -> None:
         assert caught.value.hops[0].verdict == "allow"
 
     in_world(ns, pki, body, allow=ALLOW + "    - www.example.com:8443\n")
+
+
+@pytest.mark.parametrize(
+    ("headers", "words"),
+    [
+        ({"X-A": "1\r\nX-Injected: 1"}, "line break"),
+        ({"Bad Name": "1"}, "not valid"),
+        ({"X-A": "\u2603"}, "Latin-1"),
+    ],
+)
+def test_bad_headers(ns: TestNetns, pki: TestPki, headers: dict[str, str], words: str) -> None:
+    async def body(w: World) -> None:
+        with pytest.raises(FetchFailed, match=words):
+            await w.get("https://api.example.com/", headers=headers)
+        assert w.web.connections == 0
+
+    in_world(ns, pki, body)
+
+
+def test_port_zero_and_international_names(ns: TestNetns, pki: TestPki) -> None:
+    async def body(w: World) -> None:
+        with pytest.raises(FetchRefused, match="port 0 is not a TCP port"):
+            await w.get("https://api.example.com:0/")
+        with pytest.raises(FetchRefused) as caught:
+            await w.get("https://Bücher.example/")
+        assert 'add "- host: xn--bcher-kva.example"' in caught.value.reason
+        assert w.untouched() and w.web.connections == 0
+
+    in_world(ns, pki, body)

@@ -18,6 +18,7 @@ followed here, not by a client library, because each one needs the checks.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ _DROPPED = frozenset(
 # Credentials meant for one origin do not follow a redirect to another.
 _ORIGIN_BOUND = frozenset({"authorization", "cookie"})
 _UNSAFE_IN_URL = frozenset(" \\\t\r\n\x00\x7f")
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,12 +214,36 @@ def _parse(url: str, plain_http: bool) -> _Target:
     host = parts.hostname or ""
     if not host:
         raise FetchFailed(f"the URL {url!r} names no host; give a URL such as 'https://example.com/'")
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise FetchFailed(
+                f"the URL {url!r} has a host name that is not a valid internationalised name; "
+                "write its 'xn--' form"
+            ) from exc
     # Keep existing escapes, encode what may not appear raw in a request line.
     path = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
     query = quote(parts.query, safe="/%:@!$&'()*+,;=-._~?")
     target = path + (f"?{query}" if parts.query else "")
     default = 443 if scheme == "https" else 80
-    return _Target(scheme, host, port or default, target, url.split("#", 1)[0])
+    return _Target(scheme, host, default if port is None else port, target, url.split("#", 1)[0])
+
+
+def _check_headers(headers: Mapping[str, str]) -> None:
+    """Refuse header names and values that would not survive the wire intact.
+
+    Raises:
+        FetchFailed: a name is not an HTTP token, or a value holds a line
+            break, a NUL or characters outside Latin-1.
+    """
+    for name, value in headers.items():
+        if not _TOKEN.match(name):
+            raise FetchFailed(f"the header name {name!r} is not valid; use letters, digits and '-'")
+        if not value.isascii() and not all(ord(c) < 256 for c in value):
+            raise FetchFailed(f"the value of header {name!r} has characters outside Latin-1; encode it")
+        if any(c in value for c in "\r\n\x00"):
+            raise FetchFailed(f"the value of header {name!r} holds a line break or NUL; remove it")
 
 
 def _host_header(host: str, port: int, scheme: str) -> str:
@@ -226,9 +252,10 @@ def _host_header(host: str, port: int, scheme: str) -> str:
 
 
 def _request_headers(
-    headers: Mapping[str, str], host: str, body: bytes, method: str, same_origin: bool
+    headers: Mapping[str, str], body: bytes, method: str, same_origin: bool
 ) -> list[tuple[bytes, bytes]]:
-    out: list[tuple[bytes, bytes]] = [(b"Host", host.encode("ascii"))]
+    """The agent's headers, less those the fetcher owns, plus framing (Host comes with the destination)."""
+    out: list[tuple[bytes, bytes]] = []
     named: set[str] = set()
     for name, value in headers.items():
         lower = name.lower()
@@ -311,7 +338,8 @@ async def _hop(
         request = httpcore.Request(
             method,
             httpcore.URL(scheme=scheme, host=dest.host, port=dest.port, target=where.target),
-            headers=headers,
+            # The checked host in its normal form: 0xa000001 is asked for as 10.0.0.1.
+            headers=[(b"Host", _host_header(dest.host, dest.port, where.scheme).encode("ascii")), *headers],
             content=body,
         )
         try:
@@ -398,6 +426,9 @@ async def fetch(
     """
     run = _Run(egress, tls, limits, plain_http)
     method = method.upper()
+    _check_headers(headers)
+    if not _TOKEN.match(method):
+        raise FetchFailed(f"{method!r} is not an HTTP method; use GET, HEAD or POST")
     current = url
     origin: tuple[str, str, int] | None = None
     try:
@@ -415,9 +446,7 @@ async def fetch(
                 here = (where.scheme, where.host, where.port)
                 same_origin = origin is None or origin == here
                 origin = origin or here
-                sent = _request_headers(
-                    headers, _host_header(where.host, where.port, where.scheme), body, method, same_origin
-                )
+                sent = _request_headers(headers, body, method, same_origin)
                 # GET and HEAD follow every redirect, other methods only a 303.
                 follow = _REDIRECTS if method in ("GET", "HEAD") else frozenset({303})
                 status, answer, data, truncated = await _hop(run, where, method, sent, body, follow)
