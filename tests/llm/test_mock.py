@@ -236,15 +236,7 @@ def test_unknown_script_names_the_builtins() -> None:
 
 
 def test_cli_mock_llm_serves_until_terminated() -> None:
-    argv = [
-        sys.executable,
-        "-c",
-        "import sys; from stockade.cli._mock_cmd import mock_llm; mock_llm(sys.argv[1:])",
-        "--port",
-        "0",
-        "--script",
-        "injected",
-    ]
+    argv = [sys.executable, "-m", "stockade.cli.main", "mock-llm", "--port", "0", "--script", "injected"]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         try:
             assert process.stdout is not None
