@@ -9,16 +9,17 @@ with the test's DNS server on its 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from stockade.gateway._egress import Egress
+from stockade.gateway._egress import Destination, Egress
 from stockade.gateway._fetch import FetchFailed, FetchLimits, FetchRefused, FetchResult, fetch
 from stockade.gateway._resolve import DnsResolver
-from stockade.gateway._upstream import upstream_tls_context
+from stockade.gateway._upstream import UpstreamError, open_upstream, upstream_tls_context
 from stockade.policy import loads_policy
 from tests._netns import TestNetns
 from tests.gateway._dns import TestDns
@@ -435,3 +436,56 @@ def test_port_zero_and_international_names(ns: TestNetns, pki: TestPki) -> None:
         assert w.untouched() and w.web.connections == 0
 
     in_world(ns, pki, body)
+
+
+# ------------------------------------------------------------------ open_upstream
+
+
+def test_upstream_tls_to_an_address_checks_its_ip_san(ns: TestNetns, pki: TestPki) -> None:
+    async def main() -> tuple[bytes, str]:
+        server = await HttpServer({"/": Reply(body=b"by address")}, tls=pki.server_context([PUBLIC])).listen(
+            PUBLIC, 443
+        )
+        try:
+            tls = upstream_tls_context(pki.ca_file)
+            reader, writer = await open_upstream(
+                Destination(PUBLIC, 443, ipaddress.ip_address(PUBLIC)), tls=tls, timeout=5
+            )
+            writer.write(b"GET / HTTP/1.1\r\nHost: 93.184.216.34\r\nConnection: close\r\n\r\n")
+            answer = await reader.read()
+            writer.close()
+            with pytest.raises(UpstreamError) as caught:
+                await open_upstream(
+                    Destination("api.example.com", 443, ipaddress.ip_address(PUBLIC)), tls=tls, timeout=5
+                )
+            assert caught.value.verify
+            return answer, str(caught.value)
+        finally:
+            await server.close()
+
+    with ns.entered():
+        answer, message = asyncio.run(main())
+    assert answer.endswith(b"by address")
+    assert message.startswith("the TLS certificate of 93.184.216.34:443 (api.example.com) did not verify")
+
+
+def test_upstream_unreachable(ns: TestNetns) -> None:
+    async def main() -> str:
+        # Inside the namespace, which has no route but to its own lo.
+        with pytest.raises(UpstreamError) as caught:
+            await open_upstream(
+                Destination("x.example", 443, ipaddress.ip_address("198.51.100.7")), tls=None, timeout=5
+            )
+        return str(caught.value)
+
+    with ns.entered():
+        message = asyncio.run(main())
+    assert message.startswith("could not connect to 198.51.100.7:443 (x.example)")
+
+
+def test_upstream_ca_file_must_load(tmp_path: Path) -> None:
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    with pytest.raises(ValueError, match="could not be loaded"):
+        upstream_tls_context(str(tmp_path / "junk.pem"))
+    with pytest.raises(ValueError, match="could not be loaded"):
+        upstream_tls_context(str(tmp_path / "missing.pem"))

@@ -99,6 +99,9 @@ def upstream_tls_context(extra_ca: str | None = None) -> ssl.SSLContext:
     """
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # The gateway speaks HTTP/1.1 upstream (httpcore over h11); say so, so that
+    # a server never picks h2 for a connection nobody here can read.
+    context.set_alpn_protocols(["http/1.1"])
     if extra_ca is not None:
         try:
             context.load_verify_locations(cafile=extra_ca)
