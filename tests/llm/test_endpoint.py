@@ -479,3 +479,24 @@ def test_cells_share_the_run_budget() -> None:
             ]
 
     asyncio.run(main())
+
+
+def test_untranslatable_request_is_refused_before_it_counts() -> None:
+    async def main() -> None:
+        async with running("anthropic", max_requests=1) as setup:
+            call = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{oops"}}
+            messages = [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ]
+            response = await setup.client.post("/chat/completions", json={"model": "m", "messages": messages})
+            assert response.status_code == 400
+            assert "messages[1].tool_calls[0].function.arguments" in response.json()["error"]["message"]
+            assert len(setup.mock.seen) == 0
+            assert setup.endpoint.requests_used == 0
+            assert setup.hooks.events[0].outcome == "denied"
+            fine = await setup.client.post("/chat/completions", json={"model": "m", "messages": messages[:1]})
+            assert fine.status_code == 200
+
+    asyncio.run(main())

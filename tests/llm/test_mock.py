@@ -28,7 +28,9 @@ from tests.llm import listening
 solver, injected = BUILTIN["solver"], BUILTIN["injected"]
 
 
-def _play(script: Any, results: dict[str, str], turns: int = 30) -> list[tuple[str, dict[str, Any]] | str]:
+def _play(
+    script: Any, results: dict[str, str], turns: int = len(ESCAPE_ATTEMPTS) + 10
+) -> list[tuple[str, dict[str, Any]] | str]:
     """Drive a script like an agent would: every tool call answered from
     ``results`` (by path or url, else "ok"), until it answers with text."""
     conversation = [Said("system", "You are the demo agent."), Said("user", "Do the task.")]
@@ -77,9 +79,7 @@ def test_injected_walks_every_attempt_once_injected() -> None:
     assert attempts == [(a.tool, a.arguments) for a in ESCAPE_ATTEMPTS]
     assert isinstance(played[-1], str)
     assert len(ESCAPE_ATTEMPTS) >= 12
-    tools = {a.tool for a in ESCAPE_ATTEMPTS}
-    assert tools <= {"shell", "read_file", "write_file", "fetch", "intent"}
-    assert all(a.tries for a in ESCAPE_ATTEMPTS)
+    assert all(a.tool and a.tries for a in ESCAPE_ATTEMPTS)
 
 
 def test_scripts_are_deterministic() -> None:

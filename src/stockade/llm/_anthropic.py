@@ -323,10 +323,12 @@ class AnthropicUpstream(Upstream):
             headers["x-api-key"] = self.key
         return headers
 
-    async def complete(self, request: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
-        model = str(body["model"])
+    def prepare(self, request: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
+        return to_anthropic(request, str(body["model"]))
+
+    async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
+        model = str(payload["model"])
         url = messages_url(self.base_url)
-        payload = to_anthropic(request, model)
         try:
             response = await self.client.post(url, json=payload, headers=self._headers())
         except httpx.HTTPError as exc:
@@ -341,12 +343,9 @@ class AnthropicUpstream(Upstream):
             raise UpstreamError(f"the LLM upstream {url} answered with something that is not a message")
         return from_anthropic(message, model)
 
-    async def stream(
-        self, request: ChatRequest, body: dict[str, Any]
-    ) -> AsyncGenerator[dict[str, Any], None]:
-        model = str(body["model"])
+    async def stream(self, payload: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        model = str(payload["model"])
         url = messages_url(self.base_url)
-        payload = to_anthropic(request, model)
         try:
             response = await self.client.send(
                 self.client.build_request("POST", url, json=payload, headers=self._headers()), stream=True

@@ -430,15 +430,18 @@ class LlmEndpoint:
                 "invalid_request_error",
                 "model is missing; name the model to use in the request body",
             )
+        try:
+            payload = self._upstream.prepare(chat, {**body, "model": call.model})
+        except UpstreamError as exc:
+            return await self._refuse(call, exc.status, exc.type, exc.message)
         if (over := self._over_budget()) is not None:
             # Exhaustion is not an attack: recorded, not counted as a denial.
             return await self._refuse(call, 429, "budget_exceeded", over)
         self.requests_used += 1
-        forwarded = {**body, "model": call.model}
         if chat.stream:
-            return await self._stream(call, chat, forwarded)
+            return await self._stream(call, chat, payload)
         try:
-            answer = await self._upstream.complete(chat, forwarded)
+            answer = await self._upstream.complete(payload)
         except UpstreamError as exc:
             return await self._failed(call, exc)
         collected = Collected()
@@ -446,9 +449,9 @@ class LlmEndpoint:
         self._finish(call, collected, 200, None)
         return JSONResponse(answer)
 
-    async def _stream(self, call: _Call, chat: ChatRequest, body: dict[str, Any]) -> Response:
+    async def _stream(self, call: _Call, chat: ChatRequest, payload: dict[str, Any]) -> Response:
         try:
-            chunks = await self._upstream.stream(chat, body)
+            chunks = await self._upstream.stream(payload)
         except UpstreamError as exc:
             return await self._failed(call, exc)
         collected = Collected()

@@ -287,13 +287,17 @@ class Upstream(ABC):
         self.client = client
 
     @abstractmethod
-    async def complete(self, request: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
-        """The OpenAI response to a non-stream request. Raises ``UpstreamError``."""
+    def prepare(self, request: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
+        """What to send upstream for ``request`` (``body`` is the agent's JSON, the
+        model already replaced). Raises ``UpstreamError`` (400) for a request
+        that cannot be translated: checked before the call counts."""
 
     @abstractmethod
-    async def stream(
-        self, request: ChatRequest, body: dict[str, Any]
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAI response to a prepared non-stream request. Raises ``UpstreamError``."""
+
+    @abstractmethod
+    async def stream(self, payload: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """OpenAI chunks of a stream request, without ``[DONE]``, ending with a
         usage chunk (empty ``choices``) when the upstream reported usage.
 
@@ -316,10 +320,17 @@ class OpenAIUpstream(Upstream):
         # No key, no header: a local server (Ollama) needs none.
         return {"authorization": f"Bearer {self.key}"} if self.key else {}
 
-    async def complete(self, request: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, request: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
+        if not request.stream:
+            return body
+        # Ask for usage so that the budget counts real tokens; the agent did
+        # not necessarily ask, and the endpoint hides the extra chunk then.
+        return {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+
+    async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}/chat/completions"
         try:
-            response = await self.client.post(url, json=body, headers=self._headers())
+            response = await self.client.post(url, json=payload, headers=self._headers())
         except httpx.HTTPError as exc:
             raise transport_failure(exc, url) from exc
         if response.status_code >= 300:
@@ -332,16 +343,11 @@ class OpenAIUpstream(Upstream):
             raise UpstreamError(f"the LLM upstream {url} answered without choices")
         return answer
 
-    async def stream(
-        self, request: ChatRequest, body: dict[str, Any]
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, payload: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         url = f"{self.base_url}/chat/completions"
-        # Ask for usage so that the budget counts real tokens; the agent did
-        # not necessarily ask, and the endpoint hides the extra chunk then.
-        body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
         try:
             response = await self.client.send(
-                self.client.build_request("POST", url, json=body, headers=self._headers()), stream=True
+                self.client.build_request("POST", url, json=payload, headers=self._headers()), stream=True
             )
         except httpx.HTTPError as exc:
             raise transport_failure(exc, url) from exc
