@@ -231,6 +231,31 @@ def test_every_intent_allowed_and_denied_with_typed_results(tmp_path: Path) -> N
         broker.close()
 
 
+def test_one_broker_is_shared_by_threads_on_one_connection(tmp_path: Path) -> None:
+    with live_run(tmp_path) as live:
+        before = len([p for p in live.dt.daemon._peers if p.run is not None])  # the agent's own
+        broker = live.broker()
+        results: list[bytes] = []
+        lock = threading.Lock()
+
+        def reader() -> None:
+            for _ in range(20):
+                data = broker.read(f"{live.granted}/ok.txt")
+                with lock:
+                    results.append(data)
+
+        threads = [threading.Thread(target=reader) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert not any(t.is_alive() for t in threads)
+        assert results == [b"the granted file\n"] * 160
+        broker_peers = [p for p in live.dt.daemon._peers if p.run is not None]
+        assert len(broker_peers) == before + 1, "the threads opened connections of their own"
+        assert len(live.recorded("intent")) == 160
+
+
 def test_ask_returns_the_operators_answer_and_raises_when_none_came(tmp_path: Path) -> None:
     with live_run(tmp_path) as live:
         broker = live.broker()
