@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import posixpath
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stockade.gateway._egress import Destination, Egress, EgressRefused
 from stockade.gateway._resolve import DnsResolver
@@ -99,6 +103,10 @@ RULES = """\
         ("git.example", 443, "GET", "/repos/..%2fadmin", None),
         ("git.example", 443, "GET", "/repos\\..\\admin", None),
         ("git.example", 443, "GET", "/repos/./x", None),
+        ("git.example", 443, "GET", "/repos/x/..%00/", None),
+        ("git.example", 443, "GET", "/repos/x%0d%0aX:1", None),
+        ("git.example", 443, "GET", "/repos/...", 7),
+        ("git.example", 443, "GET", "/repos/a%2Fb", 7),
         ("git.example", 443, "GET", "/repos/a b", None),
         ("git.example", 443, "GET", "*", None),
     ],
@@ -351,3 +359,49 @@ def test_rebinding_the_other_way_is_refused_before_connecting(ns: TestNetns) -> 
     reason, hits, connections = with_dns(ns, "    - rebind.example:80\n", body)
     assert reason.startswith("rebind.example resolves only to 10.0.0.1, a private address")
     assert hits == [] and connections == 0
+
+
+# ------------------------------------------------------------------ paths, by Hypothesis
+
+_PIECES = [
+    "repos",
+    "x",
+    "..",
+    ".",
+    "%2e",
+    "%2E%2e",
+    "%252e%252e",
+    "%2f",
+    "%2F",
+    "%5c",
+    "\\",
+    ";",
+    "..;",
+    "/",
+    "%00",
+]
+
+
+def _resolved(path: str) -> str:
+    """Where a lenient server could end up.
+
+    Decoded until stable, '\\' read as '/', ';params' cut, dot segments resolved.
+    """
+    for _ in range(6):
+        decoded = urllib.parse.unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    segments = [s.split(";", 1)[0] for s in path.replace("\\", "/").split("/")]
+    return "/" + posixpath.normpath("/".join(segments)).lstrip("/")
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=8))
+def test_an_allowed_path_stays_under_its_prefix(pieces: list[str]) -> None:
+    path = "/repos/" + "".join(pieces)
+    decision = _PATH_EGRESS.decide("git.example", 443, method="GET", path=path)
+    if decision.verdict == "allow":
+        assert _resolved(path) == "/repos" or _resolved(path).startswith("/repos/"), path
+
+
+_PATH_EGRESS = egress("    - {host: git.example, paths: [/repos/]}\n")

@@ -133,14 +133,18 @@ def _normal_escapes(path: str) -> str:
 
 
 def _dot_trick(path: str) -> bool:
-    """Whether some server could read a ``.`` or ``..`` segment in ``path``.
+    """Whether some server could read a ``.`` or ``..`` segment (or a NUL, a line break) in ``path``.
 
     Decoded up to three times (double-encoded ``%252e%252e`` exists in the
     wild), split on ``/`` and ``\\`` (some servers treat both as separators),
-    with ``;params`` cut off (``..;`` is ``..`` to Tomcat).
+    with ``;params`` cut off (``..;`` is ``..`` to Tomcat). An encoded control
+    character ends a path early for some servers (``/v1/..%00/``), so it is
+    refused too.
     """
     text = path
     for _ in range(4):
+        if any(c < " " or c == "\x7f" for c in text):
+            return True
         for segment in re.split(r"[/\\]", text):
             if segment.split(";", 1)[0] in (".", ".."):
                 return True
