@@ -15,9 +15,9 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
-import shutil
 import socket
 import struct
 import subprocess
@@ -511,13 +511,16 @@ def _interpreters() -> list[str]:
 
 AGENT_SCRIPT = textwrap.dedent(
     """
-    import json, sys
-    sys.path.insert(0, sys.argv[1])
+    import hashlib, json, sys
+    if sys.argv[1] != "-":  # else from $PYTHONPATH, as a cell sets it
+        sys.path.insert(0, sys.argv[1])
     import stockade_agent as sa
 
     granted = sys.argv[2]
     broker = sa.Broker.connect()
-    out = {"version": list(sys.version_info[:2]), "site": "site" in sys.modules}
+    out = {"version": list(sys.version_info[:2]), "site": "site" in sys.modules, "file": sa.__file__}
+    with open(sa.__file__, "rb") as f:
+        out["sha256"] = hashlib.sha256(f.read()).hexdigest()
     out["read"] = broker.read(granted + "/ok.txt").decode()
     try:
         broker.read(granted + "/secret.txt")
@@ -551,6 +554,7 @@ def test_the_module_runs_on_bare_interpreters(tmp_path: Path, python: str) -> No
         assert done.returncode == 0, done.stderr
         out = json.loads(done.stdout)
         assert out["site"] is False and out["third_party"] == []
+        assert out["file"] == MODULE_PATH
         assert out["read"] == "the granted file\n"
         assert out["denied"] == ["deny", "no-secret"]
         assert out["entries"] == len(os.listdir(live.granted))
@@ -572,11 +576,9 @@ def test_the_module_is_python_3_8_syntax() -> None:
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
 
 
-def test_an_agent_in_a_cell_uses_the_module(tmp_path: Path) -> None:
-    """The module inside a real cell, run by Debian's Python in isolated mode."""
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    shutil.copy(MODULE_PATH, lib / "stockade_agent.py")
+def test_an_agent_in_a_cell_imports_the_mounted_module(tmp_path: Path) -> None:
+    """Debian's Python without site-packages, in a real cell, imports the module
+    the cell mounts at /run/stockade/lib through $PYTHONPATH, and it works."""
     granted, out = tmp_path / "granted", tmp_path / "out"
     granted.mkdir()
     out.mkdir()
@@ -589,9 +591,9 @@ def test_an_agent_in_a_cell_uses_the_module(tmp_path: Path) -> None:
         json.dumps(
             {
                 "name": "sdk-agent",
-                "command": ["/usr/bin/python3", "-I", "-S", f"{ws}/agent.py", str(lib), str(granted)],
+                "command": ["/usr/bin/python3", "-S", f"{ws}/agent.py", "-", str(granted)],
                 "workspace": str(ws),
-                "filesystem": {"read": [str(granted), str(lib)], "write": [str(out)]},
+                "filesystem": {"read": [str(granted)], "write": [str(out)]},
                 "tools": _tools(granted, out),
             }
         )
@@ -605,6 +607,9 @@ def test_an_agent_in_a_cell_uses_the_module(tmp_path: Path) -> None:
         final = next(r for r in wire.call("run.list")["runs"] if r["id"] == info["id"])
         assert final["exit_code"] == 0, logs
         result = json.loads(logs.strip().splitlines()[-1])
+        assert result["file"] == "/run/stockade/lib/stockade_agent.py" and result["site"] is False
+        with open(MODULE_PATH, "rb") as f:
+            assert result["sha256"] == hashlib.sha256(f.read()).hexdigest(), "the cell has another module"
         assert result["read"] == "the granted file\n" and result["denied"] == ["deny", "no-secret"]
         assert result["entries"] == 2
         events_of_run = [e["event"] for e in stored_events(wire, info["id"])]
