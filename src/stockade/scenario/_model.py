@@ -394,12 +394,12 @@ def _agents(doc: _Document, model: ScenarioFile, base: str) -> list[Agent]:
                 )
             elif dep not in names:
                 close = difflib.get_close_matches(dep, names, n=1)
-                hint = f"did you mean {show(close[0])}? " if close else ""
+                fix = f"did you mean {show(close[0])}?" if close else "name one of them"
                 problems.append(
                     _Problem(
                         at,
                         f"agents[{i}] {show(spec.name)} depends on {show(dep)}, which is not an agent of "
-                        f"this scenario; {hint}the agents are {', '.join(names)}",
+                        f"this scenario (the agents are {', '.join(names)}); {fix}",
                     )
                 )
         if "launch_when" in spec.model_fields_set and not spec.depends_on:
@@ -483,6 +483,12 @@ def _with_policy(doc: _Document, index: int, agent: Agent, environ: dict[str, st
     env = dict(os.environ if environ is None else environ)
     env.update({name: "0" for name in RUN_VARIABLES})
     at = doc.at(("agents", index, "policy"))
+    if not os.path.isfile(agent.policy):
+        raise PolicyError(
+            f"the policy {show(agent.policy)} of agent {show(agent.name)} does not exist; "
+            "check the path (it is relative to the scenario file)",
+            location=at,
+        )
     try:
         policy = load_policy(agent.policy, environ=env)
         with open(agent.policy, encoding="utf-8-sig") as f:

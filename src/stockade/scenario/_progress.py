@@ -16,6 +16,7 @@ from stockade.scenario._runner import Scheduler, Unit
 _STYLE = {
     "waiting": "dim",
     "starting": "cyan",
+    "restarting": "cyan",
     "running": "cyan",
     "succeeded": "green",
     "failed": "bold red",
@@ -27,9 +28,11 @@ _COLUMNS = ("AGENT", "STATE", "RUN", "EXIT", "RESTARTS", "DENIALS", "NOTE")
 
 def row(unit: Unit) -> tuple[str, ...]:
     """A unit as the cells of its row."""
+    # A unit waiting again after a crash is being restarted: say so.
+    state = "restarting" if unit.state == "waiting" and unit.restarts else unit.state
     return (
         unit.name,
-        unit.state,
+        state,
         unit.run_id or "-",
         "-" if unit.exit_code is None else str(unit.exit_code),
         str(unit.restarts),
@@ -82,7 +85,7 @@ class Progress:
             if self._shown.get(unit.name) == cells:
                 continue
             self._shown[unit.name] = cells
-            line = f"{unit.name:<{width}}  {unit.state:<9}"
+            line = f"{unit.name:<{width}}  {cells[1]:<10}"
             if unit.run_id:
                 line += f"  {unit.run_id}"
             if unit.exit_code is not None:
@@ -104,7 +107,7 @@ class Progress:
             table.add_column(column, no_wrap=column != "NOTE", overflow="fold")
         for unit in units:
             cells = list(row(unit))
-            style = _STYLE.get(unit.state, "")
+            style = _STYLE.get(cells[1], "")
             cells[1] = f"[{style}]{cells[1]}[/]" if style else cells[1]
             table.add_row(*cells)
         return table
