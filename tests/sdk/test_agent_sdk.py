@@ -231,6 +231,28 @@ def test_every_intent_allowed_and_denied_with_typed_results(tmp_path: Path) -> N
         broker.close()
 
 
+def test_fetch_against_the_daemon_is_decided_by_the_network_policy(tmp_path: Path) -> None:
+    """No network is reached: a policy without ``network.allow`` denies every
+    fetch. What this proves is that the daemon takes the SDK's arguments (a
+    malformed one would be ``bad_params``, not a verdict), text and binary bodies
+    alike, and that the denial is recorded."""
+    with live_run(tmp_path) as live:
+        broker = live.broker()
+        with pytest.raises(Denied) as plain:
+            broker.fetch("https://example.com/data", headers={"Accept": "text/plain"})
+        with pytest.raises(Denied):
+            broker.fetch("https://example.com/up", method="POST", body=b"\xff\x00binary")
+        with pytest.raises(Denied):
+            broker.fetch("https://example.com/up", method="POST", body="text")
+        assert plain.value.intent == "http.fetch" and plain.value.reason
+        with pytest.raises(BrokerError) as bad:
+            broker.fetch("https://example.com/", method="PUT")
+        assert bad.value.code == "bad_params" and "method" in str(bad.value)
+        fetches = [e for e in live.recorded("intent") if e["detail"]["intent"] == "http.fetch"]
+        assert [e["detail"]["verdict"] for e in fetches] == ["deny", "deny", "deny"]
+        assert fetches[1]["detail"]["args"]["encoding"] == "base64"
+
+
 def test_one_broker_is_shared_by_threads_on_one_connection(tmp_path: Path) -> None:
     with live_run(tmp_path) as live:
         before = len([p for p in live.dt.daemon._peers if p.run is not None])  # the agent's own
