@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 from urllib.parse import unquote
 
@@ -72,6 +73,18 @@ class EgressRefused(Exception):
         super().__init__(reason)
         self.reason = reason
         self.rule = rule
+
+
+@lru_cache(maxsize=65536)
+def _matches(rule: HostRule, host: str, port: int) -> bool:
+    """``host_rule_matches``, remembered: a proxy asks about the same few hosts all day.
+
+    It parses the host anew on every call (tens of microseconds, times every
+    rule of the policy); rules are frozen and hashable, so the answer can be
+    kept. Bounded, and keyed by values only, so nothing of one run leaks into
+    another's answers.
+    """
+    return host_rule_matches(rule, host, port)
 
 
 def rule_name(index: int, rule: HostRule) -> str:
@@ -224,8 +237,9 @@ class Egress:
         host_only: tuple[int, HostRule] | None = None
         near: tuple[int, HostRule] | None = None
         for index, rule in enumerate(self.network.allow):
-            if not host_rule_matches(rule, shown, port):
-                if host_only is None and any(host_rule_matches(rule, shown, p) for p in rule.ports):
+            if not _matches(rule, shown, port):
+                # Does the host match on one of the rule's own ports? (one is enough to know)
+                if host_only is None and port not in rule.ports and _matches(rule, shown, rule.ports[0]):
                     host_only = (index, rule)
                 continue
             method_ok = upper is None or not rule.methods or upper in rule.methods
@@ -306,7 +320,7 @@ class Egress:
     def _named_by_rule(self, address: IPAddress, port: int) -> bool:
         """Whether an address or network rule of ``network.allow`` with ``port`` holds ``address``."""
         return any(
-            pattern_kind(rule.host) in ("ip", "cidr") and host_rule_matches(rule, str(address), port)
+            pattern_kind(rule.host) in ("ip", "cidr") and _matches(rule, str(address), port)
             for rule in self.network.allow
         )
 
