@@ -45,6 +45,7 @@ from stockade.broker._tokens import TokenCheck, Tokens
 from stockade.broker._tripwire import DEFAULT_LIMIT, Tripwire
 from stockade.cell._plan import _cell_identity
 from stockade.daemon import _paths
+from stockade.daemon._agents import AGENT_INTENTS, Agents
 from stockade.daemon._bus import (
     EventBus,
     Recorder,
@@ -84,6 +85,8 @@ PAST_RUNS_KEPT = 1000
 """Ended runs of earlier daemons that ``run.list`` shows (newest first)."""
 STOP_WAIT_EXTRA = 30.0
 """Seconds ``run.stop`` waits past its grace for the cell's end to be recorded."""
+HELPER_GRACE = 10.0
+"""Seconds a helper gets (after SIGTERM) to end when the run that spawned it ended on its own."""
 
 
 class RequestError(StockadeError):
@@ -154,6 +157,12 @@ class Run:
     workbench_slots: threading.Semaphore = field(
         default_factory=lambda: threading.Semaphore(WORKBENCHES_PER_RUN)
     )
+    parent: str = ""
+    """The run that spawned this one (``agent.spawn``); empty for a run started by ``run.start``."""
+    children: list[str] = field(default_factory=list)
+    """The runs this one spawned, in order; stopping or halting this run stops them."""
+    environ: dict[str, str] = field(default_factory=dict, repr=False)
+    """The values of the policy's ``env.pass`` names this run was given: all its helpers may be given."""
 
     @property
     def over(self) -> bool:
@@ -182,6 +191,8 @@ class Run:
             "denial_limit": self.tripwire.limit,
             "unattended_denials": self.unattended_denials,
             "cells": list(self.cells),
+            "parent": self.parent,
+            "children": list(self.children),
             "transcript": {"bytes": self.transcript_bytes, "truncated": self.transcript_truncated},
         }
 
@@ -281,6 +292,9 @@ class Runs:
         self.on_output_dropped: Callable[[str], None] = lambda run_id: None
         self.refusing: str = ""
         """Set when new runs are refused (the store failed): the reason."""
+        self.agents = Agents(self)
+        self._cascades: set[asyncio.Task[None]] = set()
+        """Stops of helpers whose parent was halted or ended (kept: a task needs a reference)."""
 
     # ------------------------------------------------------------------ finding
 
@@ -365,8 +379,13 @@ class Runs:
 
     # ------------------------------------------------------------------ starting
 
-    async def start(self, params: Mapping[str, Any]) -> Run:
+    async def start(
+        self, params: Mapping[str, Any], *, parent: Run | None = None, policy: Policy | None = None
+    ) -> Run:
         """``run.start``: make the run, its socket and its cell, record ``run.start``, start it.
+
+        ``agent.spawn`` passes the spawning run as ``parent`` and the helper's
+        ``policy``, already loaded and proven a subset of the parent's.
 
         Raises:
             RequestError: ``unavailable`` (the store failed), ``bad_params`` (a
@@ -376,7 +395,8 @@ class Runs:
             await self._retry_store()
         opts = _start_params(params)
         environ = opts["env"] if opts["env"] is not None else dict(os.environ)
-        policy = _load_policy(opts, environ)
+        if policy is None:
+            policy = _load_policy(opts, environ)
         run_id = _paths.new_run_id()
         run_dir = _paths.run_dir(self.state_dir, run_id)
         os.makedirs(_paths.runs_dir(self.state_dir), mode=0o700, exist_ok=True)
@@ -399,6 +419,8 @@ class Runs:
             token_expiry=expiry,
             tripwire=Tripwire(limits.denials or DEFAULT_LIMIT),
             rules=Rules(policy.tools),
+            parent=parent.id if parent is not None else "",
+            environ={k: environ[k] for k in policy.env.passthrough if k in environ},
         )
         cell: Cell | None = None
         try:
@@ -444,6 +466,9 @@ class Runs:
                 raise RequestError("unavailable", str(exc)) from exc
             raise
         self.runs[run.id] = run
+        if parent is not None:
+            parent.children.append(run.id)
+            self._write_meta(parent)
         self._write_meta(run)
         thread = threading.Thread(
             target=self._run_cell, args=(run, cell), name=f"stockade-{run.id}", daemon=True
@@ -531,6 +556,8 @@ class Runs:
             await self.recorder.record_soon([end])
         self.bus.end_output(run.id, run.info())
         run.done.set()
+        self.agents.ended(run)
+        self._stop_helpers(run, grace=HELPER_GRACE, by=f"its parent {run.id} ended")
 
     def _workbench(self, run: Run, argv: list[str], policy: Policy) -> CellResult:
         """``exec`` intents: a workbench cell in the run's workspace, from a worker
@@ -575,7 +602,27 @@ class Runs:
     # ------------------------------------------------------------------ stopping
 
     async def stop(self, run: Run, *, grace: float, by: str) -> None:
-        """Ask the run's cells to end (SIGTERM), kill them after ``grace`` seconds, wait for the end."""
+        """Ask the run's cells to end (SIGTERM), kill them after ``grace`` seconds, wait for the end;
+        the same for every run it spawned, and theirs, at once."""
+        await asyncio.gather(
+            self._stop_one(run, grace=grace, by=by),
+            *(
+                self.stop(helper, grace=grace, by=f"{by} (with its parent {run.id})")
+                for helper in self.agents.helpers(run)
+                if not helper.done.is_set() or helper.children
+            ),
+        )
+
+    def _stop_helpers(self, run: Run, *, grace: float, by: str) -> None:
+        """Stop every run below ``run`` without waiting for them (a halt, an end)."""
+        for helper in self.agents.helpers(run):
+            if helper.done.is_set() and not helper.children:
+                continue
+            task = self.loop.create_task(self.stop(helper, grace=grace, by=by))
+            self._cascades.add(task)
+            task.add_done_callback(self._cascades.discard)
+
+    async def _stop_one(self, run: Run, *, grace: float, by: str) -> None:
         if run.done.is_set():
             return
         if run.state == "running":
@@ -596,6 +643,7 @@ class Runs:
         run.halted = reason
         run.state = "halted"
         run.signal_cells(signal.SIGKILL)
+        self._stop_helpers(run, grace=0.0, by=f"its parent {run.id} was halted")
         halted = run_halted_event(run, reason)
         with contextlib.suppress(StoreError):
             await self.recorder.record_soon([halted])
@@ -736,6 +784,8 @@ class Runs:
             decision = fetch_decision(run.gateway, run.rules, args)
         else:
             decision = run.rules.decide(intent, args)
+            if intent in AGENT_INTENTS:
+                decision = self.agents.decide(run, intent, args, decision)
         if decision.verdict == "ask" and run.unattended:
             run.unattended_denials += 1
             decision = Decision(
@@ -818,6 +868,8 @@ class Runs:
         if intent == "http.fetch":
             assert run.gateway is not None and run.hooks is not None  # decided allow: it has one
             value = await fetch_value(run.gateway, run, cell, args, run.hooks)
+        elif intent in AGENT_INTENTS:
+            value = await self.agents.execute(run, cell, intent, args)
         elif intent in ("exec", "ask"):
             # They take seconds to minutes: threads of their own.
             try:
