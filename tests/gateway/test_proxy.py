@@ -109,7 +109,7 @@ class Origin:
     _servers: list[asyncio.Server] = field(default_factory=list)
 
     async def listen(self, host: str, port: int) -> Origin:
-        self._servers.append(await asyncio.start_server(self._serve, host, port, ssl=self.tls))
+        self._servers.append(await asyncio.start_server(self._serve, host, port, ssl=self.tls, backlog=1024))
         return self
 
     async def close(self) -> None:
@@ -781,10 +781,20 @@ def test_idle_connections_are_closed(tmp_path: Path) -> None:
 
 def test_many_concurrent_connections(tmp_path: Path) -> None:
     async def body(w: World) -> None:
-        async with w.client(limits=httpx.Limits(max_connections=300)) as client:
-            results = await asyncio.gather(*(client.get(f"http://{PUBLIC4}/echo?i={i}") for i in range(300)))
-        assert [r.status_code for r in results] == [200] * 300
+        # All open at once before any request, then every request in flight together.
+        clients = await asyncio.gather(*(w.raw() for _ in range(300)))
+        await _until(lambda: w.proxy.connections == 300)
+        for i, (_, writer) in enumerate(clients):
+            writer.write(f"GET http://{PUBLIC4}/echo?i={i} HTTP/1.1\r\nHost: {PUBLIC4}\r\n\r\n".encode())
+        answers = await asyncio.gather(*(read_response(reader) for reader, _ in clients))
+        for _, writer in clients:
+            writer.close()
+        assert [status for status, _, _ in answers] == [200] * 300
+        assert sorted(json.loads(text)["target"] for _, _, text in answers) == sorted(
+            f"/echo?i={i}" for i in range(300)
+        )
         assert len(await w.hooks.wait_events(300)) == 300
+        await _until(lambda: w.proxy.connections == 0)
 
     in_world(body, tmp_path)
 

@@ -220,8 +220,20 @@ async def forward(
                     break
                 else:
                     raise ClientGone("the client closed the connection before the end of its request body")
+        # The response's pieces that h11 already holds go out in one write
+        # (headers and a small body in one segment), flushed before every wait.
+        out = bytearray()
         while True:
-            event = await next_event(up, upstream.reader, timeout)
+            event = up.next_event()
+            if event is h11.NEED_DATA:
+                if out:
+                    cwriter.write(out)
+                    out = bytearray()
+                    await cwriter.drain()
+                async with asyncio.timeout(timeout):
+                    data = await upstream.reader.read(262144)
+                up.receive_data(data)
+                continue
             if isinstance(event, h11.InformationalResponse):
                 if event.status_code == 101:
                     raise UpstreamFailed("the upstream switched protocols, which the proxy does not relay")
@@ -233,14 +245,18 @@ async def forward(
                     headers=forward_headers(list(event.headers)),
                     reason=event.reason,
                 )
-                cwriter.write(client.send(response))
+                out += client.send(response) or b""
                 outcome.answered = True
             elif isinstance(event, h11.Data):
                 outcome.bytes_down += len(event.data)
-                cwriter.write(client.send(event))
-                await cwriter.drain()
+                out += client.send(event) or b""
+                if len(out) >= 262144:
+                    cwriter.write(out)
+                    out = bytearray()
+                    await cwriter.drain()
             elif isinstance(event, h11.EndOfMessage):
-                cwriter.write(client.send(h11.EndOfMessage()))
+                out += client.send(h11.EndOfMessage()) or b""
+                cwriter.write(out)
                 await cwriter.drain()
                 return
             else:

@@ -64,6 +64,7 @@ MAX_HEADERS = 64 * 1024
 MAX_SUBSTITUTED_BODY = 1024 * 1024
 """Bodies up to this size (with a Content-Length) have placeholders replaced; larger ones stream untouched."""
 CONNECT_TIMEOUT = 30.0
+LISTEN_BACKLOG = 1024
 HANDSHAKE_TIMEOUT = 30.0
 
 Scheme = Literal["http", "https", "tunnel"]
@@ -102,6 +103,15 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
         super().__init__(*args, **kwargs)
         self.gone = False
         self.on_gone: Callable[[], object] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio sets TCP_NODELAY only on sockets made with proto=IPPROTO_TCP;
+        # the cell's listening socket (proto 0) hands out ones without it, and
+        # Nagle against the client's delayed ACK then costs ~40 ms a response.
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
 
     def _left(self) -> None:
         self.gone = True
@@ -203,7 +213,9 @@ class Proxy:
             return _ClientProtocol(asyncio.StreamReader(limit=MAX_HEADERS, loop=loop), connected, loop=loop)
 
         # asyncio.start_server, with a protocol that says when the client leaves.
-        server = await loop.create_server(protocol, sock=sock)
+        # asyncio calls listen() again with its own backlog (100 unless told):
+        # a burst of connections from the cell past that would wait for SYN retries.
+        server = await loop.create_server(protocol, sock=sock, backlog=LISTEN_BACKLOG)
         self._servers.append(server)
 
     async def close(self) -> None:
@@ -529,7 +541,11 @@ class Proxy:
     async def _refuse(
         self, c: _Client, req: _Request, status: int, reason: str, rule: str | None = None
     ) -> bool:
-        """Record a denial, count it, then answer ``status``; False: the connection ends."""
+        """Record a denial, count it, then answer ``status``; whether the connection may go on.
+
+        After a 403 to a request read whole, it may (the next request is
+        decided on its own); after anything malformed, or a body left unread, it ends.
+        """
         reason = self._secrets.scrub(reason)
         event = self._event(c, req, status, Outcome(), None, "deny", reason, rule=rule)
         try:
@@ -537,10 +553,9 @@ class Proxy:
         except Exception as exc:
             return self._answer(c, 503, _store_failed(exc), verdict="deny", rule=rule)
         await self._hooks.denied()
-        self._answer(
-            c, status, f"stockade: {req.method} {self._secrets.scrub(req.url())} refused: {reason}", rule=rule
-        )
-        return False
+        keep = status == 403 and c.h.their_state is h11.DONE
+        text = f"stockade: {req.method} {self._secrets.scrub(req.url())} refused: {reason}"
+        return self._answer(c, status, text, rule=rule, keep=keep)
 
     async def _refuse_in_tunnel(
         self, c: _Client, req: _Request, reason: str, decision: EgressDecision
@@ -565,16 +580,25 @@ class Proxy:
         return False
 
     def _answer(
-        self, c: _Client, status: int, text: str, *, verdict: str | None = None, rule: str | None = None
+        self,
+        c: _Client,
+        status: int,
+        text: str,
+        *,
+        verdict: str | None = None,
+        rule: str | None = None,
+        keep: bool = False,
     ) -> bool:
+        """Send the proxy's own answer; whether the connection may carry another request."""
         if c.h.our_state is not h11.SEND_RESPONSE:
             return False
         body = (text + "\n").encode("utf-8", "replace")
         headers = [
             (b"content-type", b"text/plain; charset=utf-8"),
             (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
         ]
+        if not keep:
+            headers.append((b"connection", b"close"))
         if verdict is not None or status in (400, 403, 431):
             headers.append((b"x-stockade-verdict", b"deny"))
             headers.append((b"x-stockade-rule", _header_safe(rule or "none")))
@@ -583,8 +607,8 @@ class Proxy:
             c.writer.write(c.h.send(h11.Data(data=body)))
             c.writer.write(c.h.send(h11.EndOfMessage()))
         except h11.LocalProtocolError:
-            pass
-        return False
+            return False
+        return keep
 
     async def _flush_unrecorded(self, c: _Client, req: _Request) -> bool:
         """Store what a failed background record left; False (after a 503) while the store cannot."""
