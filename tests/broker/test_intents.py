@@ -18,6 +18,7 @@ from stockade.broker._intents import (
     EXEC_TIMEOUT,
     Answer,
     ExecArgs,
+    FetchArgs,
     FsWriteArgs,
     IntentError,
     IntentExecutor,
@@ -100,8 +101,7 @@ def test_arguments_must_be_an_object() -> None:
 @pytest.mark.parametrize(
     ("intent", "words"),
     [
-        ("http.fetch", "coming in a later version"),
-        ("agent.spawn", "coming in a later version"),
+        ("llm.chat", "coming in a later version"),
         ("fs.reed", "did you mean 'fs.read'?"),
         ("rm -rf", "is not an intent"),
     ],
@@ -110,6 +110,19 @@ def test_unknown_and_coming_intents_are_bad_requests(intent: str, words: str) ->
     with pytest.raises(IntentError, match=words) as info:
         parse_args(intent, {})
     assert info.value.code == "bad_request"
+
+
+def test_http_fetch_arguments_are_checked() -> None:
+    parsed = parse_args("http.fetch", {"url": "https://example.com/x", "headers": {"Accept": "text/plain"}})
+    assert isinstance(parsed, FetchArgs) and parsed.method == "GET" and parsed.data() == b""
+    with pytest.raises(IntentError, match="'url' is missing"):
+        parse_args("http.fetch", {})
+    with pytest.raises(IntentError, match="line break"):
+        parse_args("http.fetch", {"url": "https://example.com/", "headers": {"X-A": "a\r\nHost: evil"}})
+    with pytest.raises(IntentError, match="method"):
+        parse_args("http.fetch", {"url": "https://example.com/", "method": "DELETE"})
+    with pytest.raises(IntentError, match="not valid base64"):
+        parse_args("http.fetch", {"url": "https://e.com/", "body": "%%", "encoding": "base64"}).data()  # type: ignore[union-attr]
 
 
 def test_paths_are_normalised_and_defaults_filled() -> None:
