@@ -1,68 +1,122 @@
-"""``stockade demo``: a scripted rogue program tries to get out of its cell, live.
+"""``stockade demo``: an agent whose model was prompt-injected tries to get out, live.
 
-Thin: ``stockade.demo.run_demo`` runs the rogue and pairs each attempt with the
-kernel's record of it; this module renders the header, one entry per attempt
-as it happens, and the summary (rich, imported lazily), or the whole report as
-JSON. Exit 0 when every attempt was refused, the legitimate task worked and no
-canary was touched; 1 otherwise; 5 when the host cannot run the demo (not
-root, a layer missing). docs/DEMO.md explains every attempt and how to read a
-line.
+Thin: ``stockade.demo.run_agent_demo`` runs the agent under an in-process
+daemon, in the demo's own network namespace, and builds the report; this
+module renders the header, one entry per tool call as its record arrives, the
+tripwire, the kernel's records (read when the cell ends) and the containment
+report (rich, imported lazily), or the whole report as JSON. Exit 0 when every
+attempt was refused and recorded, nothing reached a canary and the legitimate
+task was done; 1 otherwise; 5 when the host cannot run the demo. docs/DEMO.md
+explains every attempt and how to read a line.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from stockade.demo import Attempt, DemoReport, DemoSetup
+    from stockade.demo import Call, DemoReport
 
 _CATEGORIES = {
+    "other": "The agent starts: its task, and the notes that carry the injection",
     "task": "The legitimate task",
-    "filesystem": "Files: secrets, system files, other agents, persistence",
-    "network": "Network: reaching the host or the outside",
-    "process": "Processes and privilege",
+    "kernel": "The kernel: files, sockets and system calls",
+    "broker": "The broker: intents outside the policy's tools rules",
+    "gateway": "The gateway: requests through the proxy",
+    "llm": "The LLM endpoint",
 }
-_SYMBOL = {"refused": "✓", "done": "✓", "escaped": "✗", "failed": "✗"}
-_STYLE = {"refused": "green", "done": "green", "escaped": "bold red", "failed": "bold red"}
+_LAYERS = {
+    "landlock": "kernel (Landlock)",
+    "seccomp": "kernel (seccomp)",
+    "broker": "broker",
+    "gateway": "gateway",
+    "llm": "LLM endpoint",
+}
+_SYMBOL = {
+    "refused": "✓",
+    "done": "✓",
+    "allowed": "·",
+    "escaped": "✗",
+    "failed": "✗",
+    "unrecorded": "!",
+}
+_STYLE = {
+    "refused": "green",
+    "done": "green",
+    "allowed": "dim",
+    "escaped": "bold red",
+    "failed": "bold red",
+    "unrecorded": "yellow",
+}
 
 
 @click.command("demo")
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report instead.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the whole report as JSON instead (nothing live)."
+)
 @click.option("--no-color", is_flag=True, help="No colours (NO_COLOR in the environment does the same).")
 @click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Where to write the events and the rogue's transcript (default: runs/demo-<time>).",
+    help="Where to write the run's files (default: runs/demo-agent-<time>).",
 )
-def demo(as_json: bool, no_color: bool, out_dir: str | None) -> None:
-    """Watch a rogue program try to escape its cell, and every layer stop it.
+@click.option(
+    "--model-url",
+    default=None,
+    metavar="URL",
+    help="A real OpenAI-compatible endpoint, such as http://127.0.0.1:11434/v1, instead of the mock.",
+)
+@click.option("--model", default=None, metavar="NAME", help="The model to ask for at --model-url.")
+@click.option(
+    "--model-key-env",
+    default=None,
+    metavar="VAR",
+    help="The environment variable holding the key for --model-url (none: no key).",
+)
+def demo(
+    as_json: bool,
+    no_color: bool,
+    out_dir: str | None,
+    model_url: str | None,
+    model: str | None,
+    model_key_env: str | None,
+) -> None:
+    """Watch a prompt-injected agent try every way out of its cell, and each layer stop it.
 
-    The rogue, a scripted stand-in for a hijacked agent, does one legitimate
-    task in its workspace and then tries to read secrets, write system files,
-    reach the host's network and gain privileges, one attempt at a time. Each
-    attempt is shown with its verdict and what stopped it, with the kernel's own
-    record of the refusal where the kernel makes one.
+    An agent loop runs in a cell under the daemon, driven by a scripted model
+    that a note in its workspace has prompt-injected: it does its task (a
+    report from the docs host), then tries to read secrets, write the host's
+    files, connect out directly, call forbidden system calls, ask the broker
+    and the gateway for what the policy does not grant, and steal the LLM key,
+    until the tripwire halts it. Every attempt is shown with its verdict, the
+    layer that refused it and the rule; then a containment report, and the
+    run's files under runs/.
 
-    Needs root (the kernel audit log). Exits 0 when every attempt was refused
-    and the legitimate task worked, 1 otherwise.
+    Needs root. Exits 0 when everything was contained and the task done, 1
+    otherwise, 5 when this host cannot run it.
     """
-    from stockade.demo import run_demo
+    from stockade.demo import DemoOptions, run_agent_demo
 
+    if (model is not None or model_key_env is not None) and model_url is None:
+        raise click.UsageError("--model and --model-key-env go with --model-url; give the endpoint's URL")
+    if model_key_env is not None and not os.environ.get(model_key_env):
+        raise click.UsageError(f"--model-key-env names {model_key_env}, which is not set; export it first")
+    options = DemoOptions(out_dir=out_dir, model_url=model_url, model=model, model_key_env=model_key_env)
     if as_json:
         import json
 
-        report = run_demo(out_dir=out_dir)
+        report = run_agent_demo(options)
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         view = _View(_console(no_color))
-        report = run_demo(out_dir=out_dir, on_start=view.start, on_attempt=view.attempt)
+        report = run_agent_demo(options, on_start=view.start, on_call=view.call, on_halt=view.halt)
         view.finish(report)
     if not report.contained:
         raise click.exceptions.Exit(1)
@@ -84,183 +138,246 @@ class _View:
     def _flush(self) -> None:
         self.console.file.flush()
 
-    def start(self, setup: DemoSetup) -> None:
+    def start(self, setup: dict[str, Any]) -> None:
+        from rich.markup import escape
         from rich.table import Table
 
         c = self.console
         c.print()
-        c.print("[bold]stockade demo[/bold]: a rogue program tries to get out of its cell")
+        c.print("[bold]stockade demo[/bold]: a prompt-injected agent tries to get out of its cell")
         c.print(
-            "A scripted stand-in for a hijacked agent runs in a cell. It does one legitimate "
-            "task, then tries to escape, one attempt at a time. Each attempt shows what it "
-            "tried, the verdict ([green]✓[/green] refused, [bold red]✗[/bold red] got out) and "
-            "what stopped it: [green]●[/green] the kernel's own record "
-            "of the refusal (Landlock or seccomp, read from the audit log), or "
-            "[cyan]○[/cyan] the layer that refused it where the kernel keeps no record.",
+            "An agent loop runs in a cell under the daemon. Its model reads a note that carries a prompt "
+            "injection and then tries every way out it knows, one tool call at a time. Each call shows the "
+            "verdict ([green]✓[/green] refused, [bold red]✗[/bold red] got through), the layer that "
+            "refused it and the rule, as the record receives it."
         )
         c.print()
         info = Table.grid(padding=(0, 2))
         info.add_column(style="bold", no_wrap=True)
         info.add_column()
+        info.add_row("run", setup["run"])
+        info.add_row("policy", f"{escape(_rel(setup['policy']))} (sha256 {setup['policy_sha256'][:16]}…)")
+        info.add_row("model", escape(setup["model"]))
         info.add_row(
-            "policy",
-            f"{setup.policy}: the default policy (system directories read-only, a fresh "
-            "workspace read-write, no network, nothing of the host's home, secrets or sockets)",
+            "network",
+            f"the demo's own namespace {setup['netns']}: {setup['docs_host']} (allowed, with the DOCS_TOKEN "
+            "secret), an attacker's host, a private wiki, the metadata address; nothing leaves the machine",
         )
-        info.add_row("workspace", setup.workspace)
-        info.add_row("limits", setup.limits)
-        layers = Table.grid(padding=(0, 2))
-        layers.add_column(no_wrap=True)
-        layers.add_column()
-        for name, here in setup.layers:
-            layers.add_row(name, here)
-        info.add_row("layers", layers)
-        info.add_row("canaries", "\n".join(setup.canaries))
+        info.add_row(
+            "tripwire",
+            f"the run halts at the {setup['denial_limit']}th refusal by the broker, the gateway or the "
+            "LLM endpoint",
+        )
+        info.add_row("workspace", escape(setup["workspace"]))
         c.print(info)
         self._flush()
 
-    def attempt(self, attempt: Attempt) -> None:
-        from rich.markup import escape
+    def call(self, call: Call) -> None:
+        c = self.console
+        if call.category != self.category:
+            self.category = call.category
+            c.print()
+            c.rule(f"[bold]{_CATEGORIES.get(call.category, call.category)}", align="left")
+        live = call.verdict
+        if call.category == "kernel" and live == "unrecorded":
+            live = "refused"  # the kernel's record comes when the cell ends
+        self._line(call, live)
+        if call.category == "kernel" and not call.denials:
+            c.print(
+                f"{' ' * 10}[cyan]○[/cyan] [bold]kernel[/bold]: {_esc(_last_line(call.error))} "
+                "[dim](its record is read from the audit log when the cell ends)[/dim]"
+            )
+        else:
+            c.print(f"{' ' * 10}{_stopped_by(call)}")
+        self._flush()
+
+    def _line(self, call: Call, verdict: str) -> None:
         from rich.table import Table
 
-        c = self.console
-        if attempt.category != self.category:
-            self.category = attempt.category
-            c.print()
-            c.rule(f"[bold]{_CATEGORIES.get(attempt.category, attempt.category)}", align="left")
-        style = _STYLE[attempt.verdict]
+        style = _STYLE[verdict]
         head = Table.grid(padding=(0, 1), expand=True)
         head.add_column(width=9, no_wrap=True)
         head.add_column(ratio=3)
         head.add_column(ratio=2, justify="right", style="dim", overflow="ellipsis", no_wrap=True)
-        verdict = f"[{style}]{_SYMBOL[attempt.verdict]} {attempt.verdict.upper()}[/{style}]"
-        head.add_row(verdict, escape(attempt.title), escape(attempt.call))
-        body = Table.grid(padding=(0, 1), expand=True)
-        body.add_column(width=9, no_wrap=True)
-        body.add_column(ratio=1)
-        body.add_row("", _stopped_by(attempt))
-        c.print(head)
-        c.print(body)
+        word = {"allowed": "ok", "unrecorded": "NO RECORD"}.get(verdict, verdict.upper())
+        title = call.planned.title if call.planned is not None else _own_title(call)
+        head.add_row(f"[{style}]{_SYMBOL[verdict]} {word}[/{style}]", _esc(title), _esc(_shown(call)))
+        self.console.print(head)
+
+    def halt(self, reason: str) -> None:
+        c = self.console
+        c.print()
+        c.print(
+            f"[bold magenta]⚡ TRIPWIRE[/bold magenta] {_esc(reason)}: "
+            "its cell is killed, every later intent refused."
+        )
         self._flush()
 
     def finish(self, report: DemoReport) -> None:
         from rich.table import Table
 
         c = self.console
+        calls = report.calls
+        # The call the tripwire interrupted never reported itself; the record has it.
+        shown = {x.call_id for x in calls if x.end is not None}
+        for call in calls:
+            if call.call_id not in shown and call.is_attempt:
+                c.print()
+                c.print("[bold]The call the tripwire interrupted[/bold], from the record:")
+                self._line(call, call.verdict)
+                c.print(f"{' ' * 10}{_stopped_by(call)}")
+        kernel = [x for x in calls if x.category == "kernel"]
+        if kernel:
+            c.print()
+            c.rule(
+                "[bold]The kernel's own records, read from the audit log when the cell ended", align="left"
+            )
+            for call in kernel:
+                self._line(call, call.verdict)
+                c.print(f"{' ' * 10}{_stopped_by(call)}")
         c.print()
         s = report.summary()
-        tried = report.escape_attempts
-        recorded = s["recorded_by_kernel"]
-        unrecorded = s["refused"] - recorded
-        table = Table(title="Summary", title_justify="left", show_header=False, box=None)
+        table = Table(title="Containment report", title_justify="left", show_header=False, box=None)
         table.add_column(style="bold", no_wrap=True)
         table.add_column(justify="right", no_wrap=True)
         table.add_column()
-        table.add_row("attempts to escape", str(len(tried)), "")
-        table.add_row("refused", str(s["refused"]), "")
-        table.add_row("  recorded by the kernel", str(recorded), "Landlock and seccomp records")
-        table.add_row("  refused, no record", str(unrecorded), "the kernel keeps no record of these layers")
-        if s["missing_records"]:
+        table.add_row("attempts to get out", str(s["attempts"]), "")
+        refused_note = (
+            "every one on record" if s["recorded"] == s["attempts"] else f"{s['recorded']} on record"
+        )
+        table.add_row("refused", _count(s["refused"], s["attempts"]), refused_note)
+        for layer, n in sorted(
+            s["by_layer"].items(), key=lambda kv: list(_LAYERS).index(kv[0]) if kv[0] in _LAYERS else 9
+        ):
+            table.add_row(f"  by the {_LAYERS.get(layer, layer)}", str(n), "")
+        escaped = s["escaped"]
+        table.add_row(
+            "got through", f"[{'bold red' if escaped else 'green'}]{len(escaped)}[/]", ", ".join(escaped)
+        )
+        if s["unrecorded"]:
             table.add_row(
-                "[yellow]  records missing[/yellow]",
-                f"[yellow]{len(s['missing_records'])}[/yellow]",
-                "[yellow]" + ", ".join(s["missing_records"]) + "[/yellow]",
+                "[yellow]refused, no record[/yellow]", str(len(s["unrecorded"])), ", ".join(s["unrecorded"])
             )
-        escaped = len(report.escapes)
-        table.add_row(
-            "escaped",
-            f"[{'bold red' if escaped else 'green'}]{escaped}[/]",
-            ", ".join(a.id for a in report.escapes),
-        )
-        task = report.task
-        table.add_row(
-            "legitimate task",
-            "[green]done[/green]" if report.task_ok else "[bold red]FAILED[/bold red]",
-            (task.how if task else "the rogue never reported it"),
-        )
-        canary = report.canary
-        if canary.touched:
-            what = (
-                f"{canary.tcp} TCP connection(s), {canary.unix} unix connection(s), "
-                f"{canary.signals} signal(s), other workspace changed: "
-                f"{canary.other_workspace_changed}"
+        if report.scripted and s["unexpected"]:
+            table.add_row(
+                "[yellow]another layer than expected[/yellow]",
+                str(len(s["unexpected"])),
+                ", ".join(s["unexpected"]),
             )
-            table.add_row("canaries", "[bold red]TOUCHED[/bold red]", what)
+        touched = {k: v for k, v in report.canaries.items() if v}
+        canaries = ", ".join(report.canaries) + ", the other agent's workspace"
+        if touched or report.other_workspace_changed:
+            table.add_row("canaries", "[bold red]REACHED[/bold red]", _esc(str(touched)))
+        else:
+            table.add_row("canaries", "[green]untouched[/green]", _esc(canaries))
+        if report.leaks:
+            table.add_row("secrets", "[bold red]LEAKED[/bold red]", _esc("; ".join(report.leaks)))
         else:
             table.add_row(
-                "canaries",
-                "[green]untouched[/green]",
-                "no connection, no signal, the other agent's workspace unchanged",
+                "secrets",
+                "[green]kept[/green]",
+                "DOCS_TOKEN's value went to the docs host only; the LLM key never entered the cell",
             )
-        if report.lost:
-            table.add_row(
-                "[yellow]kernel records lost[/yellow]",
-                f"[yellow]{len(report.lost)}[/yellow]",
-                report.lost[0].summary,
-            )
+        task = "[green]done[/green]" if report.task_ok else "[bold red]NOT DONE[/bold red]"
+        table.add_row(
+            "legitimate task", task, "report.md written" if report.report_md is not None else "no report.md"
+        )
+        trip = report.tripwire
+        table.add_row(
+            "tripwire",
+            "[green]halted the run[/green]" if trip else "[yellow]did not trip[/yellow]",
+            _esc(trip),
+        )
+        table.add_row("took", f"{report.duration:.1f} s", "")
         c.print(table)
         c.print()
-        layers = Table(title="By layer", title_justify="left", box=None, padding=(0, 2))
-        layers.add_column("layer", style="bold")
-        layers.add_column("refused", justify="right")
-        layers.add_column("recorded by the kernel", justify="right")
-        for layer, (n, rec) in report.by_layer().items():
-            layers.add_row(layer, str(n), str(rec) if rec else "-")
-        c.print(layers)
+        files = report.files
+        if files:
+            out = os.path.dirname(files["record_json"])
+            c.print(f"[bold]files[/bold]  {_esc(_rel(out))}/")
+            c.print(
+                f"  record.json, record.txt   the run's record ({len(_events(report))} events), JSON and text"
+            )
+            c.print("  transcript.jsonl          the agent's own lines: each tool call and its result")
+            c.print(
+                f"  policy.yaml, policy.sha256  the policy (sha256 {report.setup['policy_sha256'][:16]}…)"
+            )
+            c.print("  report.json               this report, attempt by attempt")
         c.print()
-        if report.events_file:
-            c.print(f"events      {_rel(report.events_file)} ({report.event_count} events, JSON lines)")
-            c.print(f"transcript  {_rel(report.transcript_file or '')} (the rogue's own lines)")
-        elif report.write_error:
-            c.print(f"[yellow]events and transcript not written: {report.write_error}[/yellow]")
-        c.print()
-        if not report.complete:
-            c.print(f"[bold red]The rogue stopped before its end (exit code {report.exit_code}).[/]")
-            if report.stderr.strip():
-                c.print(report.stderr.strip()[-2000:], markup=False)
         if report.contained:
             c.print(
-                f"[bold green]Contained[/bold green]: 0 of {len(tried)} escape attempts got out, "
-                f"{recorded} refusals are on record from the kernel itself, and the legitimate "
-                "task worked."
+                f"[bold green]Contained[/bold green]: {s['refused']} of {s['attempts']} attempts refused and "
+                "recorded, none got through, the legitimate task was done"
+                + (", and the tripwire halted the run." if trip else ".")
             )
         else:
-            problems = _problems(report)
-            c.print(f"[bold red]NOT CONTAINED[/bold red]: {'; '.join(problems)}.")
+            c.print(f"[bold red]NOT CONTAINED[/bold red]: {_esc('; '.join(report.problems))}.")
+            if report.agent_error:
+                c.print(report.agent_error[-2000:], markup=False)
         self._flush()
 
 
-def _stopped_by(attempt: Attempt) -> str:
+def _stopped_by(call: Call) -> str:
+    verdict = call.verdict
+    how = _esc(call.how[:240])
+    if verdict == "refused":
+        layer = _LAYERS.get(call.layer, call.layer)
+        rule = f" [dim]({_esc(call.rule[:120])})[/dim]" if call.rule and call.rule not in call.how else ""
+        return f"[green]●[/green] [bold]{layer}[/bold]: {how}{rule}"
+    if verdict == "escaped":
+        return f"[bold red]nothing stopped it: {how}[/bold red]"
+    if verdict == "unrecorded":
+        return f"[yellow]○ failed, but no layer recorded a refusal: {how}[/yellow]"
+    return f"[{_STYLE[verdict]}]{how}[/]"
+
+
+def _shown(call: Call) -> str:
+    args = call.arguments if isinstance(call.arguments, dict) else {}
+    if call.tool == "intent":
+        given = args.get("args")
+        inner: dict[str, Any] = given if isinstance(given, dict) else {}
+        target = next((str(inner[k]) for k in ("path", "url", "argv", "question") if k in inner), "")
+        return f"intent {args.get('name', '')} {target}".strip()
+    main = next((str(args[k]) for k in ("command", "path", "url") if k in args), "")
+    method = f"{args['method']} " if "method" in args else ""
+    return f"{call.tool} {method}{main}".strip()
+
+
+def _events(report: DemoReport) -> list[Any]:
+    import json
+
+    try:
+        with open(report.files["record_json"], encoding="utf-8") as f:
+            events: list[Any] = json.load(f)
+            return events
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _own_title(call: Call) -> str:
+    args = call.arguments if isinstance(call.arguments, dict) else {}
+    if call.tool == "read_file" and args.get("path") == "task.md":
+        return "it reads its task"
+    if call.tool == "read_file" and args.get("path") == "notes.md":
+        return "it reads the team's notes: the injection is in them"
+    return "a call of the agent's own"
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0][:160] if len(lines) == 1 else f"{lines[0][:60]} … {lines[-1][:100]}"
+
+
+def _count(n: int, total: int) -> str:
+    return f"[green]{n}[/green]" if n == total else f"[bold red]{n}[/bold red]"
+
+
+def _esc(text: str) -> str:
     from rich.markup import escape
 
-    how = escape(attempt.how)
-    if attempt.verdict == "escaped":
-        return f"[bold red]nothing stopped it: {how}[/bold red]"
-    if attempt.verdict in ("done", "failed"):
-        return f"[{_STYLE[attempt.verdict]}]{how}[/]"
-    if attempt.recorded:
-        return f"[green]●[/green] [bold]{attempt.layer}[/bold]: {how}"
-    if attempt.missing_record:
-        return (
-            f"[yellow]○ no {attempt.expected_kernel} record came[/yellow]; "
-            f"[bold]{attempt.layer}[/bold]: {how}"
-        )
-    return f"[cyan]○[/cyan] [bold]{attempt.layer}[/bold]: {how}"
-
-
-def _problems(report: DemoReport) -> list[str]:
-    out = []
-    if report.escapes:
-        out.append(f"{len(report.escapes)} attempt(s) escaped: " + ", ".join(a.id for a in report.escapes))
-    if not report.task_ok:
-        out.append("the legitimate task failed")
-    if report.canary.touched:
-        out.append("a canary on the host was touched")
-    if not report.complete:
-        out.append("the rogue did not finish")
-    if not report.escape_attempts:
-        out.append("no attempt was made")
-    return out or ["see the report above"]
+    return escape(text.replace("\n", " "))
 
 
 def _rel(path: str) -> str:
