@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from stockade.daemon._client import Client
 from stockade.daemon._server import DaemonThread
 from stockade.errors import StockadeError
+from stockade.policy._default import PROTECT
 from stockade.scenario import load_scenario, loads_scenario
 from stockade.scenario._progress import Progress
 from stockade.scenario._runner import (
@@ -56,6 +57,17 @@ def scenario_file(tmp_path: Path, agents: list[dict[str, Any]], *, name: str = "
     """A scenario whose agents share one workspace, ``ws/``, through one policy."""
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
+    # Cells that share a workspace at the same time race on the placeholders
+    # of its protected paths (one removes .git/ while another makes
+    # .git/hooks in it; reported to the cell's owners). With the paths there
+    # already, no cell makes or removes any.
+    for protected in PROTECT:
+        target = ws / protected
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if protected.startswith(".git/") and "config" not in protected and protected != ".git/commondir":
+            target.mkdir(exist_ok=True)
+        else:
+            target.touch()
     (tmp_path / "shared.yaml").write_text(
         f"name: worker\nworkspace: {ws}\ncommand: [/bin/true]\n"
         "env:\n  pass: [STOCKADE_REPLICA, STOCKADE_REPLICAS, STOCKADE_ATTEMPT, STOCKADE_AGENT]\n"
@@ -507,3 +519,20 @@ def test_the_live_table_shows_every_column(tmp_path: Path) -> None:
     text = out.getvalue()
     for word in ("AGENT", "STATE", "RUN", "EXIT", "RESTARTS", "DENIALS", "NOTE", "restarting", "r-a-0-0"):
         assert word in text, text
+
+
+@pytest.mark.parametrize("example", ["pipeline", "fanout"])
+def test_the_examples_run(tmp_path: Path, daemon: DaemonThread, example: str) -> None:
+    import shutil
+
+    source = Path(__file__).parents[2] / "examples" / "scenarios" / example
+    copy = tmp_path / example
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("*.txt", "*.csv", "part-*"))
+    runner = run_scenario(tmp_path, daemon, copy / "scenario.yaml")
+    assert runner.code == EXIT_OK, runner.scheduler.units  # type: ignore[attr-defined]
+    if example == "pipeline":
+        assert states(runner) == {"fetch": "succeeded", "summarise": "succeeded", "report": "skipped"}
+        assert (copy / "work" / "summary.txt").read_text().startswith("20 readings, mean ")
+    else:
+        assert set(states(runner).values()) == {"succeeded"} and len(runner.scheduler.units) == 5
+        assert (copy / "work" / "total.txt").read_text() == "600\n"

@@ -36,14 +36,31 @@ LaunchWhen = Literal["success", "failure", "always"]
 
 RUN_VARIABLES = (
     "STOCKADE_SCENARIO",
+    "STOCKADE_SCENARIO_DIR",
     "STOCKADE_AGENT",
     "STOCKADE_REPLICA",
     "STOCKADE_REPLICAS",
     "STOCKADE_ATTEMPT",
 )
-"""What the runner tells each run, as variables a policy may pass (``env.pass``)
-or use (``${STOCKADE_REPLICA}``); placeholders stand in for them when a policy is
-checked before the run."""
+"""What the runner tells each run (``run_variables``), as variables a policy
+may pass (``env.pass``) or use (``${STOCKADE_SCENARIO_DIR}/shared``)."""
+
+
+def run_variables(
+    scenario: str, directory: str, unit: str, replica: int, replicas: int, attempt: int
+) -> dict[str, str]:
+    """The variables of one run: the scenario instance's name, the scenario
+    file's directory (for paths that do not depend on where it is run from),
+    the run's name, its replica (from 1) of how many, its attempt (from 1)."""
+    return {
+        "STOCKADE_SCENARIO": scenario,
+        "STOCKADE_SCENARIO_DIR": directory,
+        "STOCKADE_AGENT": unit,
+        "STOCKADE_REPLICA": str(replica),
+        "STOCKADE_REPLICAS": str(replicas),
+        "STOCKADE_ATTEMPT": str(attempt),
+    }
+
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
 _Path = tuple[str | int, ...]
@@ -181,7 +198,7 @@ def loads_scenario(
     base = os.path.dirname(os.path.abspath(source))
     agents = _agents(doc, model, base)
     if check_policies:
-        agents = [_with_policy(doc, i, a, environ) for i, a in enumerate(agents)]
+        agents = [_with_policy(doc, model.name, i, a, environ) for i, a in enumerate(agents)]
     return Scenario(name=model.name, source=os.path.abspath(source), agents=tuple(_ordered(agents)))
 
 
@@ -476,12 +493,18 @@ def _ordered(agents: list[Agent]) -> list[Agent]:
     return out
 
 
-def _with_policy(doc: _Document, index: int, agent: Agent, environ: dict[str, str] | None) -> Agent:
+def _with_policy(
+    doc: _Document, scenario: str, index: int, agent: Agent, environ: dict[str, str] | None
+) -> Agent:
     """``agent`` with its policy checked and the variables it names; a bad policy is the error."""
     from stockade.policy import load_policy
 
     env = dict(os.environ if environ is None else environ)
-    env.update({name: "0" for name in RUN_VARIABLES})
+    # The policy is checked with the values its first run would get.
+    first = agent.unit_names()[0]
+    env.update(
+        run_variables(scenario, os.path.dirname(os.path.abspath(doc.source)), first, 1, agent.replicas, 1)
+    )
     at = doc.at(("agents", index, "policy"))
     if not os.path.isfile(agent.policy):
         raise PolicyError(
@@ -516,4 +539,12 @@ def _with_policy(doc: _Document, index: int, agent: Agent, environ: dict[str, st
     )
 
 
-__all__ = ["RUN_VARIABLES", "Agent", "LaunchWhen", "Scenario", "load_scenario", "loads_scenario"]
+__all__ = [
+    "RUN_VARIABLES",
+    "Agent",
+    "LaunchWhen",
+    "Scenario",
+    "load_scenario",
+    "loads_scenario",
+    "run_variables",
+]

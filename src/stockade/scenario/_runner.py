@@ -39,7 +39,7 @@ from typing import Any, Literal
 from stockade.daemon._client import Client, RemoteError
 from stockade.errors import DaemonError, StockadeError
 from stockade.policy._schema import show
-from stockade.scenario._model import Agent, Scenario
+from stockade.scenario._model import Agent, Scenario, run_variables
 
 UnitState = Literal["waiting", "starting", "running", "succeeded", "failed", "skipped", "stopped"]
 FINAL: frozenset[str] = frozenset(("succeeded", "failed", "skipped", "stopped"))
@@ -529,11 +529,14 @@ class ScenarioRunner:
         agent = self.scenario.agent(unit.agent)
         env = {n: self.environ[n] for n in agent.env_names if n in self.environ}
         env.update(
-            STOCKADE_SCENARIO=self.group.name,
-            STOCKADE_AGENT=unit.name,
-            STOCKADE_REPLICA=str(unit.replica),
-            STOCKADE_REPLICAS=str(agent.replicas),
-            STOCKADE_ATTEMPT=str(unit.restarts + 1),
+            run_variables(
+                self.group.name,
+                os.path.dirname(self.scenario.source),
+                unit.name,
+                unit.replica,
+                agent.replicas,
+                unit.restarts + 1,
+            )
         )
         with self.group.locked() as data:
             if data.get("stopping"):
