@@ -181,6 +181,12 @@ def test_every_intent_allowed_and_denied_with_typed_results(tmp_path: Path) -> N
             broker.read("/etc/hostname")
         assert unmatched.value.rule is None and "add {id: allow-fs-read" in unmatched.value.reason
 
+        (granted / "link.txt").symlink_to(granted / "ok.txt")
+        with pytest.raises(Denied) as refused:  # a rule allows it; the broker never follows a link
+            broker.read(f"{granted}/link.txt")
+        assert refused.value.refused is True and refused.value.rule == "read-granted"
+        assert str(refused.value).startswith("fs.read was denied by the broker: refused by the broker")
+
         with pytest.raises(IntentFailed) as missing:
             broker.read(f"{granted}/nothing.txt")
         assert missing.value.code == "not_found" and missing.value.intent == "fs.read"
@@ -226,7 +232,8 @@ def test_every_intent_allowed_and_denied_with_typed_results(tmp_path: Path) -> N
         assert unknown.value.code == "bad_request"
 
         verdicts = [(e["detail"]["intent"], e["detail"]["verdict"]) for e in live.recorded("intent")]
-        assert verdicts.count(("fs.read", "deny")) == 2 and ("exec", "allow") in verdicts
+        # fs.read denied: the secret, the unmatched path, the link (allowed, then refused).
+        assert verdicts.count(("fs.read", "deny")) == 3 and ("exec", "allow") in verdicts
         assert ("fs.write", "deny") in verdicts
         broker.close()
 

@@ -58,7 +58,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, List, TypeVar  # noqa: UP035 (List: see Listing)
+from typing import Any, List, TypeVar, overload  # noqa: UP035 (List: see Listing)
 
 __version__ = "1"
 """The protocol version this module speaks (the frames' ``v``)."""
@@ -139,18 +139,27 @@ class Denied(BrokerError):
 
     ``rule`` is the deciding rule's id (``None`` when no rule matched), ``reason``
     the broker's sentence (for no matching rule, it names the rule that would
-    allow the call), ``approval`` the approval's id when an operator decided.
+    allow the call), ``approval`` the approval's id when an operator decided,
+    ``refused`` true when a rule allowed it and the broker's own checks (grants,
+    hidden paths, links) refused it.
     """
 
     def __init__(
-        self, intent: str, reason: str, rule: str | None = None, approval: str | None = None
+        self,
+        intent: str,
+        reason: str,
+        rule: str | None = None,
+        approval: str | None = None,
+        *,
+        refused: bool = False,
     ) -> None:
         self.intent = intent
         self.verdict = "deny"
         self.rule = rule
         self.reason = reason
         self.approval = approval
-        by = f"rule {rule!r}" if rule else "the broker"
+        self.refused = refused
+        by = f"rule {rule!r}" if rule and not refused else "the broker"
         super().__init__("deny", f"{intent} was denied by {by}: {reason}")
 
 
@@ -527,6 +536,10 @@ class Broker:
 
     # ------------------------------------------------------------------ tools
 
+    @overload
+    def tool(self, fn: _F) -> _F: ...
+    @overload
+    def tool(self, fn: None = None, *, name: str | None = None) -> Callable[[_F], _F]: ...
     def tool(self, fn: _F | None = None, *, name: str | None = None) -> Any:
         """Decorate a function as one of the agent's tools: each call is recorded
         (``tool.record``) with its name, arguments, result size, duration and
@@ -585,11 +598,13 @@ class Broker:
         if verdict == "deny":
             reason = str(answer.get("reason") or "no reason given")
             approval = answer.get("approval")
+            error = value.get("error") if isinstance(value, dict) else None
             raise Denied(
                 intent,
                 reason,
                 rule if isinstance(rule, str) else None,
                 approval if isinstance(approval, str) else None,
+                refused=isinstance(error, dict) and error.get("code") == "refused",
             )
         if verdict != "allow":
             raise _protocol(intent, f"the verdict {verdict!r} is not allow or deny")
@@ -610,27 +625,13 @@ class Broker:
         # whole, and the same bytes go out again on a fresh connection.
         encoded = _encode_params(method, {"token": self._token, **params})
         with self._lock:
-            sock = self._ensure()
-            self._next_id = self._next_id + 1 if self._next_id < MAX_ID else 1
-            request_id = self._next_id
             try:
-                sock.sendall(_frame(request_id, method, encoded), _NOSIGNAL)
-            except OSError:
-                # Broken before the request went out (the daemon restarted,
-                # or closed an idle connection): nothing was done; once more
-                # on a fresh connection.
+                reply = self._exchange(method, encoded)
+            except BaseException:
+                # Failed or interrupted part-way (a KeyboardInterrupt in a read):
+                # what is left on the connection is unknown, so it goes.
                 self._drop()
-                sock = self._ensure()
-                self._next_id = request_id = 1
-                try:
-                    sock.sendall(_frame(request_id, method, encoded), _NOSIGNAL)
-                except OSError as exc:
-                    self._drop()
-                    raise Unreachable(
-                        f"the broker at {self.path} took the connection but not the request "
-                        f"({exc.strerror or exc}); the daemon may be stopping, try again later"
-                    ) from exc
-            reply = self._read_reply(sock, request_id, method)
+                raise
         if reply.get("ok") is True:
             result = reply.get("result")
             if not isinstance(result, dict):
@@ -645,6 +646,29 @@ class Broker:
         if code == "denied":
             raise RunHalted(message)
         raise BrokerError(code, message)
+
+    def _exchange(self, method: str, encoded: bytes) -> dict[str, Any]:
+        """Send one request and read its reply (under the lock)."""
+        sock = self._ensure()
+        self._next_id = self._next_id + 1 if self._next_id < MAX_ID else 1
+        request_id = self._next_id
+        try:
+            sock.sendall(_frame(request_id, method, encoded), _NOSIGNAL)
+        except OSError:
+            # Broken before the request went out (the daemon restarted, or
+            # closed an idle connection): nothing was done; once more on a
+            # fresh connection.
+            self._drop()
+            sock = self._ensure()
+            self._next_id = request_id = 1
+            try:
+                sock.sendall(_frame(request_id, method, encoded), _NOSIGNAL)
+            except OSError as exc:
+                raise Unreachable(
+                    f"the broker at {self.path} took the connection but not the request "
+                    f"({exc.strerror or exc}); the daemon may be stopping, try again later"
+                ) from exc
+        return self._read_reply(sock, request_id, method)
 
     def _ensure(self) -> socket.socket:
         if self._sock is not None:
@@ -772,6 +796,10 @@ def default_broker() -> Broker:
         return _DEFAULT
 
 
+@overload
+def tool(fn: _F) -> _F: ...
+@overload
+def tool(fn: None = None, *, name: str | None = None) -> Callable[[_F], _F]: ...
 def tool(fn: _F | None = None, *, name: str | None = None) -> Any:
     """Decorate a function as one of the agent's tools (``@tool`` or
     ``@tool(name="search")``), recorded through ``default_broker()``.
