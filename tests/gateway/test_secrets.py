@@ -1,0 +1,163 @@
+"""Secrets: values read once, placeholders in the cell, values only toward their hosts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stockade.errors import PolicyError
+from stockade.gateway._secrets import SecretMisuse, Secrets
+from stockade.policy._model import SecretPolicy
+
+ENV = {"GH": "ghp_abcdef0123456789", "OAI": "sk-proj-xyz", "LONG": "sk-proj-xyz-and-more"}
+
+
+def load(*specs: SecretPolicy, environ: dict[str, str] | None = None) -> Secrets:
+    return Secrets.load(specs, ENV if environ is None else environ)
+
+
+def test_values_from_env_and_file_and_placeholders(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("from-a-file\n")  # the newline an editor adds is not part of the value
+    secrets = load(
+        SecretPolicy("GITHUB_TOKEN", env="GH", hosts=("api.github.com",)),
+        SecretPolicy("FILE_KEY", file=str(key_file), hosts=("example.com",)),
+    )
+    env = secrets.env()
+    assert set(env) == {"GITHUB_TOKEN", "FILE_KEY"}
+    for name, placeholder in env.items():
+        assert re.fullmatch(rf"stockade-secret-{name}-[0-9a-f]{{32}}", placeholder)
+    assert secrets.substitute(env["GITHUB_TOKEN"].encode(), "api.github.com") == ENV["GH"].encode()
+    assert secrets.substitute(env["FILE_KEY"].encode(), "example.com") == b"from-a-file"
+    # Random per run: another load gives other placeholders.
+    again = load(SecretPolicy("FILE_KEY", file=str(key_file), hosts=("example.com",)))
+    assert again.env()["FILE_KEY"] != env["FILE_KEY"]
+    # A second newline is part of the value, and a value with a line break is refused.
+    key_file.write_text("from-a-file\n\n")
+    with pytest.raises(PolicyError, match="line break"):
+        load(SecretPolicy("FILE_KEY", file=str(key_file), hosts=("example.com",)))
+
+
+@pytest.mark.parametrize(
+    ("spec", "environ", "message"),
+    [
+        (
+            SecretPolicy("K", env="MISSING", hosts=("a.com",)),
+            {},
+            "K comes from the environment variable MISSING",
+        ),
+        (
+            SecretPolicy("K", file="/nonexistent/key", hosts=("a.com",)),
+            {},
+            "K comes from the file /nonexistent/key",
+        ),
+        (SecretPolicy("K", env="E", hosts=("a.com",)), {"E": ""}, "K is empty in the environment variable E"),
+        (SecretPolicy("K", env="E", hosts=("a.com",)), {"E": "a\r\nX-Evil: 1"}, "line break"),
+        (SecretPolicy("K", env="E"), {"E": "s3cr3t-value"}, "K lists no hosts"),
+        (SecretPolicy("K", env="E", hosts=("*",)), {"E": "s3cr3t-value"}, "matches every host"),
+        (
+            SecretPolicy("K", env="E", file="/x", hosts=("a.com",)),
+            {"E": "s3cr3t-value"},
+            "exactly one of 'env' and 'file'",
+        ),
+        (SecretPolicy("not-a-name", env="E", hosts=("a.com",)), {"E": "s3cr3t-value"}, "is not valid"),
+    ],
+)
+def test_load_errors_name_the_secret_and_the_fix(
+    spec: SecretPolicy, environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(PolicyError) as info:
+        Secrets.load([spec], environ)
+    assert message in str(info.value)
+    assert "secrets:" in str(info.value)
+    for value in environ.values():
+        if value:
+            assert value not in str(info.value)  # never the value itself
+
+
+def test_two_secrets_with_one_name_are_refused() -> None:
+    spec = SecretPolicy("K", env="GH", hosts=("a.com",))
+    with pytest.raises(PolicyError, match="listed twice"):
+        load(spec, spec)
+
+
+@pytest.mark.parametrize(
+    ("patterns", "host", "meant"),
+    [
+        (("api.github.com",), "api.github.com", True),
+        (("api.github.com",), "API.GitHub.com.", True),
+        (("api.github.com",), "github.com", False),
+        (("*.example.com",), "a.example.com", True),
+        (("*.example.com",), "a.b.example.com", False),
+        (("*.example.com",), "example.com", False),
+        (("**.example.com",), "a.b.example.com", True),
+        (("93.184.216.34",), "93.184.216.34", True),
+        (("93.184.216.0/24",), "93.184.216.77", True),
+        (("93.184.216.34",), "api.github.com", False),
+        (("api.github.com",), "evil.example", False),
+    ],
+)
+def test_for_host_uses_the_network_allow_grammar(patterns: tuple[str, ...], host: str, meant: bool) -> None:
+    secrets = load(SecretPolicy("K", env="GH", hosts=patterns))
+    assert secrets.for_host(host) is meant
+    placeholder = secrets.env()["K"].encode()
+    if meant:
+        assert secrets.substitute(b"Bearer " + placeholder, host) == b"Bearer " + ENV["GH"].encode()
+    else:
+        with pytest.raises(SecretMisuse) as info:
+            secrets.substitute(b"Bearer " + placeholder, host)
+        assert info.value.names == ("K",)
+
+
+def test_misuse_names_every_misplaced_secret_and_substitutes_nothing() -> None:
+    secrets = load(
+        SecretPolicy("GH_TOKEN", env="GH", hosts=("api.github.com",)),
+        SecretPolicy("OAI_KEY", env="OAI", hosts=("api.openai.com",)),
+    )
+    env = secrets.env()
+    data = f"a={env['GH_TOKEN']}&b={env['OAI_KEY']}&c={env['OAI_KEY']}".encode()
+    with pytest.raises(SecretMisuse) as info:
+        secrets.substitute(data, "api.github.com")
+    assert info.value.names == ("OAI_KEY",)
+    assert "OAI_KEY" in str(info.value) and "api.github.com" in str(info.value)
+    assert ENV["OAI"] not in str(info.value) and env["OAI_KEY"] not in str(info.value)
+    # Toward a host neither is for: both named, in order of appearance.
+    with pytest.raises(SecretMisuse) as info:
+        secrets.substitute(data, "evil.example")
+    assert info.value.names == ("GH_TOKEN", "OAI_KEY")
+
+
+def test_scrub_hides_values_and_placeholders() -> None:
+    secrets = load(
+        SecretPolicy("SHORT", env="OAI", hosts=("a.com",)),
+        SecretPolicy("LONGER", env="LONG", hosts=("a.com",)),
+    )
+    env = secrets.env()
+    text = f"got {ENV['LONG']} and {ENV['OAI']} and {env['SHORT']}"
+    assert secrets.scrub(text) == "got [secret LONGER] and [secret SHORT] and [placeholder SHORT]"
+
+
+def test_no_secrets_is_a_no_op() -> None:
+    secrets = Secrets.load([], {})
+    data = b"stockade-secret-X-" + b"0" * 32
+    assert secrets.substitute(data, "a.com") is data
+    assert secrets.env() == {} and not secrets.for_host("a.com") and secrets.scrub("x") == "x"
+
+
+@given(st.binary(max_size=300), st.text(max_size=200))
+def test_substitution_and_scrub_properties(data: bytes, text: str) -> None:
+    secrets = load(SecretPolicy("K", env="GH", hosts=("api.github.com",)))
+    placeholder = secrets.env()["K"]
+    # Data without a placeholder passes unchanged, whatever the host.
+    if b"stockade-secret-" not in data:
+        assert secrets.substitute(data, "evil.example") == data
+    # With the placeholder spliced in, the value reaches its host and nothing else does.
+    spliced = data + placeholder.encode() + data
+    assert secrets.substitute(spliced, "api.github.com") == data + ENV["GH"].encode() + data
+    # Scrubbed text never holds the value or the placeholder.
+    scrubbed = secrets.scrub(text + ENV["GH"] + text + placeholder)
+    assert ENV["GH"] not in scrubbed and placeholder not in scrubbed
