@@ -6,13 +6,19 @@ the framing by hand (``tests.daemon.test_server.AGENT``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
+from stockade.broker._rules import Decision
+from stockade.daemon._agents import Agents, Mailbox, Message
+from stockade.daemon._runs import RequestError, Run
+from stockade.policy import loads_policy
 from tests.daemon.test_server import (
     AGENT,
     PY,
@@ -27,6 +33,9 @@ from tests.daemon.test_server import (
     wait_output,
     workspace,
 )
+
+if TYPE_CHECKING:
+    from stockade.daemon._runs import Runs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cells under the daemon need root on this host")
 
@@ -237,3 +246,125 @@ def test_a_halted_parent_stops_its_helper(tmp_path: Path) -> None:
         assert cell_processes(cells) == []
         events.until(kind_is("run.end", parent))
         assert run_info(wire, parent)["state"] == "halted"
+
+
+# ----------------------------------------------------- families, limits, mailboxes (no cells)
+
+
+def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents, dict[str, Run]]:
+    """Runs by name (id ``r-<name>``) in a stand-in for ``Runs``, with the parent links given."""
+    from stockade.broker._rules import Rules
+    from stockade.broker._tripwire import Tripwire
+
+    policy = loads_policy(
+        "name: p\nworkspace: /work/ws\ntools: [{id: s, intent: agent.spawn, verdict: allow}]\n"
+    )
+    made = {
+        name: Run(
+            id=f"r-{name}",
+            name=name.rstrip("0123456789"),
+            policy=policy,
+            argv=(),
+            workspace="/work/ws",
+            detach=True,
+            unattended=False,
+            created=0.0,
+            token="t",
+            token_expiry=0.0,
+            tripwire=Tripwire(10),
+            rules=Rules(policy.tools),
+        )
+        for name in names
+    }
+    for child, parent in (parents or {}).items():
+        made[child].parent = made[parent].id
+        made[parent].children.append(made[child].id)
+    runs = types.SimpleNamespace(runs={r.id: r for r in made.values()})
+    return Agents(cast("Runs", runs)), made
+
+
+ALLOW = Decision("allow", "s", "allowed")
+HELPER = "name: h\nfilesystem: {read: [/usr/lib]}\n"
+
+
+def test_family_is_parent_siblings_and_helpers_never_strangers() -> None:
+    agents, r = _runs_of(
+        "root", "a", "b", "c", "x", "stranger", parents={"a": "root", "b": "root", "c": "a", "x": "c"}
+    )
+    names = {run.id: {m.id for m in agents.family(run)} for run in r.values()}
+    assert names["r-a"] == {"r-root", "r-b", "r-c"}
+    assert names["r-root"] == {"r-a", "r-b"}
+    assert names["r-c"] == {"r-a", "r-x"}  # not its grandparent, not its uncle
+    assert names["r-stranger"] == set()
+    send = {"to": "r-stranger", "message": "hi"}
+    denied = agents.decide(r["a"], "agent.send", send, ALLOW)
+    assert denied.verdict == "deny" and "not a run of this run's family" in denied.reason
+    assert agents.decide(r["a"], "agent.send", {"to": "b", "message": "hi"}, ALLOW) == ALLOW
+    assert agents.decide(r["a"], "agent.send", {"to": "r-root", "message": "hi"}, ALLOW) == ALLOW
+    assert agents.decide(r["a"], "agent.send", {"to": "r-a", "message": "hi"}, ALLOW).verdict == "deny"
+    # A rule's denial stays a denial, whoever is named.
+    ruled = Decision("deny", None, "no rule")
+    assert agents.decide(r["a"], "agent.send", {"to": "b", "message": "hi"}, ruled) is ruled
+
+
+def test_a_name_several_running_siblings_share_needs_an_id() -> None:
+    agents, r = _runs_of("root", "w1", "w2", parents={"w1": "root", "w2": "root"})
+    ambiguous = agents.decide(r["root"], "agent.send", {"to": "w", "message": "hi"}, ALLOW)
+    assert ambiguous.verdict == "deny" and "(r-w1, r-w2); give an id" in ambiguous.reason
+    r["w1"].done.set()
+    assert agents.decide(r["root"], "agent.send", {"to": "w", "message": "hi"}, ALLOW) == ALLOW
+
+
+def test_helpers_go_four_levels_deep_and_sixteen_at_once() -> None:
+    chain = {f"d{i}": f"d{i - 1}" for i in range(1, 5)}
+    agents, r = _runs_of("d0", "d1", "d2", "d3", "d4", parents=chain)
+    assert agents.decide(r["d3"], "agent.spawn", {"policy": HELPER}, ALLOW) == ALLOW
+    deep = agents.decide(r["d4"], "agent.spawn", {"policy": HELPER}, ALLOW)
+    assert deep.verdict == "deny" and "4 levels deep, the most there may be (4)" in deep.reason
+    many = [f"k{i}" for i in range(16)]
+    agents, r = _runs_of("root", *many, parents=dict.fromkeys(many, "root"))
+    full = agents.decide(r["root"], "agent.spawn", {"policy": HELPER}, ALLOW)
+    assert full.verdict == "deny" and "16 helpers running" in full.reason
+    r["k0"].done.set()  # one ended: room for another
+    assert agents.decide(r["root"], "agent.spawn", {"policy": HELPER}, ALLOW) == ALLOW
+    r["root"].state = "stopping"
+    stopping = agents.decide(r["root"], "agent.spawn", {"policy": HELPER}, ALLOW)
+    assert stopping.verdict == "deny" and "is stopping" in stopping.reason
+
+
+def test_a_spawn_is_proven_even_when_it_would_ask_and_a_bad_policy_is_bad_params() -> None:
+    agents, r = _runs_of("root")
+    ask = Decision("ask", "s", "ask first")
+    wide = agents.decide(r["root"], "agent.spawn", {"policy": "name: h\nmode: audit\n"}, ask)
+    assert wide.verdict == "deny" and wide.rule == "s" and "mode 'audit'" in wide.reason
+    assert agents.decide(r["root"], "agent.spawn", {"policy": HELPER}, ask) is ask
+    with pytest.raises(RequestError, match="'policy' is not a valid policy") as info:
+        agents.decide(r["root"], "agent.spawn", {"policy": "mode: enforce\n"}, Decision("deny", None, "x"))
+    assert info.value.code == "bad_params"
+
+
+def test_a_mailbox_keeps_order_wakes_its_reader_and_is_bounded() -> None:
+    async def scenario() -> None:
+        box = Mailbox()
+        assert await box.get(0) is None
+        reader = asyncio.ensure_future(box.get(300))
+        await asyncio.sleep(0)  # let the reader start waiting (a scheduling step, not a wait for time)
+        assert not reader.done()
+        box.put(Message("r-a", "a", "first", 1.0, 5))
+        box.put(Message("r-a", "a", "second", 2.0, 6))
+        got = await reader
+        assert got is not None and got.text == "first"
+        again = await box.get(0)
+        assert again is not None and again.text == "second" and box.bytes == 0
+        for i in range(1000):
+            assert box.full(1) is None
+            box.put(Message("r-a", "a", str(i), 0.0, 1))
+        assert box.full(1) == "1000 messages"
+        closing = Mailbox()
+        waiting = asyncio.ensure_future(closing.get(300))
+        await asyncio.sleep(0)
+        closing.close()
+        assert await waiting is None
+        assert Mailbox().full(16 * 1024 * 1024 + 1) == "16 MiB of messages"
+
+    asyncio.run(scenario())
