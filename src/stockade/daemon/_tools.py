@@ -14,7 +14,9 @@ an intent (it is recorded as a denied ``intent`` named ``tool.record``). A
 halted or ended run's calls are still recorded: they say what the agent was
 doing when it was stopped.
 
-Nothing here touches a socket: the server calls ``record_tool_call``.
+Nothing here touches a socket: the server calls ``record_tool_call``; ``Runs.intent``
+may call ``check_tool_call_id`` (as ``_tools.check_tool_call_id``: the modules
+import each other).
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from typing import Any
 from stockade.broker._intents import redact
 from stockade.broker._rules import Decision
 from stockade.broker._tokens import TokenCheck
-from stockade.daemon._runs import _TOKEN_WORDS, RequestError, Run, Runs, _check_token
+
+# The module, not its names: ``_runs`` may import this one (``check_tool_call_id``)
+# in turn, and either may be imported first.
+from stockade.daemon import _runs
 from stockade.errors import StoreError
 from stockade.record import Event
 
@@ -57,7 +62,7 @@ def check_tool_call_id(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not TOOL_CALL_ID.match(value):
-        raise RequestError(
+        raise _runs.RequestError(
             "bad_params",
             f"'tool_call' {_short(value)} is not a tool call id; give 1 to 128 letters, digits or "
             "'_.:-', such as the id the SDK makes (tc-…) or the model's own call id",
@@ -65,7 +70,9 @@ def check_tool_call_id(value: object) -> str | None:
     return value
 
 
-async def record_tool_call(runs: Runs, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
+async def record_tool_call(
+    runs: _runs.Runs, run: _runs.Run, params: Mapping[str, Any], *, cell: str
+) -> dict[str, Any]:
     """``tool.record`` on ``run``'s broker socket: store one ``tool.call`` event.
 
     The token is checked first, as for an intent (a bad one is recorded as a
@@ -81,23 +88,23 @@ async def record_tool_call(runs: Runs, run: Run, params: Mapping[str, Any], *, c
             (the token), ``bad_params`` (a missing, unknown or malformed param).
     """
     if runs.recorder.failure is not None:
-        raise RequestError(
+        raise _runs.RequestError(
             "unavailable",
             f"the event store cannot write, so no tool call is recorded: {runs.recorder.failure}",
         )
-    check = _check_token(runs.tokens, run, params.get("token"))
+    check = _runs._check_token(runs.tokens, run, params.get("token"))
     if check != TokenCheck.OK:
-        reason = f"unauthorized: the capability token is {_TOKEN_WORDS.get(check, check.value)}"
+        reason = f"unauthorized: the capability token is {_runs._TOKEN_WORDS.get(check, check.value)}"
         name = params.get("name")
         note = {"name": name if isinstance(name, str) else None}
         await runs._record_intent(run, cell, "tool.record", redact(note), Decision("deny", None, reason))
-        raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
+        raise _runs.RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
     fields = parse_params(params)
     event = tool_call_event(run, cell, fields)
     try:
         stored = await runs.recorder.record_soon([event])
     except StoreError as exc:
-        raise RequestError(
+        raise _runs.RequestError(
             "unavailable", f"the event store cannot write, so the tool call is not recorded: {exc}"
         ) from exc
     return {"recorded": True, "tool_call": fields["tool_call"], "seq": stored[0].seq if stored else 0}
@@ -170,7 +177,7 @@ def parse_params(params: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def tool_call_event(run: Run, cell: str, fields: Mapping[str, Any]) -> Event:
+def tool_call_event(run: _runs.Run, cell: str, fields: Mapping[str, Any]) -> Event:
     """One ``tool.call`` event from checked params (``parse_params``)."""
     outcome = f"returned {fields['result_size']} bytes" if fields["ok"] else f"raised {fields['error'][:200]}"
     return Event(
@@ -184,8 +191,8 @@ def tool_call_event(run: Run, cell: str, fields: Mapping[str, Any]) -> Event:
     )
 
 
-def _bad(problem: str) -> RequestError:
-    return RequestError("bad_params", f"tool.record: {problem}")
+def _bad(problem: str) -> _runs.RequestError:
+    return _runs.RequestError("bad_params", f"tool.record: {problem}")
 
 
 def _short(value: object) -> str:
