@@ -351,6 +351,12 @@ def test_a_halted_run_raises_run_halted(tmp_path: Path) -> None:
         assert halted.value.code == "denied" and "halted" in str(halted.value)
         with pytest.raises(RunHalted):
             broker.list(str(live.granted))
+        # The tool call that met the halt is still recorded: it says what the agent was doing.
+        with pytest.raises(RunHalted), broker.tool_call("last_words", {"n": 1}):
+            broker.read(f"{live.granted}/ok.txt")
+        calls = [c["detail"] for c in live.recorded("tool.call")]
+        assert [(c["name"], c["ok"]) for c in calls] == [("last_words", False)]
+        assert calls[0]["error"].startswith("RunHalted: ")
         assert ended.wait(WAIT), "the halted run's cell did not end"
         live.dt.call(lambda: real_end(*held[0]))
 
