@@ -536,3 +536,68 @@ def test_the_examples_run(tmp_path: Path, daemon: DaemonThread, example: str) ->
     else:
         assert set(states(runner).values()) == {"succeeded"} and len(runner.scheduler.units) == 5
         assert (copy / "work" / "total.txt").read_text() == "600\n"
+
+
+def test_ctrl_c_stops_the_scenarios_runs(tmp_path: Path, daemon: DaemonThread) -> None:
+    path = scenario_file(
+        tmp_path,
+        [
+            {"name": "long", "command": sh(WAIT_FOR.format(f="never"))},
+            {"name": "then", "depends_on": ["long"], "launch_when": "always", "command": sh("true")},
+        ],
+    )
+    interrupted: list[str] = []
+
+    def press_ctrl_c(s: Scheduler) -> None:
+        # KeyboardInterrupt arrives wherever the runner is; here, once the agent runs.
+        if s.units["long"].state == "running" and not interrupted:
+            interrupted.append(s.units["long"].run_id)
+            raise KeyboardInterrupt
+
+    runner = run_scenario(tmp_path, daemon, path, on_change=press_ctrl_c)
+    assert runner.code == EXIT_STOPPED  # type: ignore[attr-defined]
+    assert states(runner) == {"long": "stopped", "then": "stopped"}
+    info = runs_of(daemon)[interrupted[0]]
+    assert info["state"] == "ended" and info["stopped_by"]
+    group = json.loads((tmp_path / "state" / "scenarios" / "sc.json").read_text())
+    assert (group["stopping"], group["exit_code"]) == ("interrupted", EXIT_STOPPED)
+
+
+def test_a_detached_scenario_is_listed_and_stopped(tmp_path: Path, daemon: DaemonThread) -> None:
+    path = scenario_file(
+        tmp_path, [{"name": "bg", "command": sh("echo up > ready; " + WAIT_FOR.format(f="never"))}]
+    )
+    fifo = tmp_path / "ws" / "ready"
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o666)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    where = ["--state", str(tmp_path / "state"), "--socket", daemon.socket_path]
+    try:
+        code, out, err = cli("run", str(path), "--detach", "--json", *where)
+        assert code == 0, err
+        started = json.loads(out)
+        pidfd = os.pidfd_open(started["pid"])
+        try:
+            poller = select.poll()
+            poller.register(reader, select.POLLIN)
+            assert poller.poll(WAIT * 1000), Path(started["log"]).read_text()
+            assert os.read(reader, 64) == b"up\n"
+            code, out, _err = cli("run", str(path), "--detach", *where)
+            assert code == 5 and out == "", "a second instance of the same name is refused"
+            code, out, _err = cli("ps", *where)
+            assert code == 0 and out.startswith(f"sc  running  pid {started['pid']}  1 run(s)")
+            code, out, err = cli("stop", "sc", "--grace", "0", *where)
+            assert code == 0 and "scenario sc stopped (1 run(s))" in out, err
+            exited = select.poll()
+            exited.register(pidfd, select.POLLIN)
+            assert exited.poll(WAIT * 1000), "the detached runner did not end"
+        finally:
+            os.close(pidfd)
+    finally:
+        os.close(reader)
+        os.close(keep)
+    group = json.loads((tmp_path / "state" / "scenarios" / "sc.json").read_text())
+    assert group["exit_code"] == EXIT_STOPPED and group["pid"] == started["pid"]
+    log = Path(started["log"]).read_text()
+    assert "bg  running" in log and "bg  stopped" in log

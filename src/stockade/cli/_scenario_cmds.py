@@ -80,6 +80,9 @@ def scenario() -> None:
     "--unattended", is_flag=True, help="Nobody answers: what would need approval is denied and counted."
 )
 @click.option("--plain", is_flag=True, help="Print a line per change, not a live table.")
+@click.option(
+    "--detach", is_flag=True, help="Run it in the background (a daemon must be running); print its name."
+)
 @_JSON
 @_place
 def run(
@@ -87,6 +90,7 @@ def run(
     name: str | None,
     unattended: bool,
     plain: bool,
+    detach: bool,
     as_json: bool,
     state: str | None,
     socket_path: str | None,
@@ -109,6 +113,8 @@ def run(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--name") from None
     state_dir, sock = _where(state, socket_path)
+    if detach:
+        return _detach(file, name or loaded.name, unattended, as_json, state_dir, sock)
     live = not (plain or as_json) and sys.stdout.isatty()
     with daemon_running(state_dir, sock), Progress(f"scenario {name or loaded.name}", live=live) as progress:
         runner = ScenarioRunner(
@@ -131,6 +137,55 @@ def run(
             click.echo(f"--- {unit_name}: the last lines of its output", err=True)
             click.echo(text.rstrip("\n"), err=True)
     return code
+
+
+def _detach(file: str, name: str, unattended: bool, as_json: bool, state_dir: str, sock: str) -> int:
+    """Start this command again in the background, in a session of its own,
+    its progress in ``<state>/scenarios/<name>.log``; print its name and pid."""
+    import os
+    import subprocess
+
+    from stockade.daemon._client import Client
+    from stockade.scenario._runner import Group, ScenarioBusy, ScenarioError, group_busy
+
+    try:
+        with Client(sock, timeout=10.0) as probe:
+            probe.call("status")
+    except DaemonError:
+        raise DaemonError(
+            f"no daemon is running at {sock}, and a detached scenario needs one; "
+            "start it with `stockade daemon`"
+        ) from None
+    group = Group(state_dir, name)
+    busy = group_busy(group)
+    if busy:
+        raise ScenarioBusy(busy)
+    log = os.path.splitext(group.path)[0] + ".log"
+    os.makedirs(os.path.dirname(log), mode=0o700, exist_ok=True)
+    argv = [sys.executable, "-m", __name__, "run", os.path.abspath(file), "--plain", "--name", name]
+    argv += ["--state", state_dir, "--socket", sock] + (["--unattended"] if unattended else [])
+    # The shell puts it in the background and says its pid; the runner holds
+    # none of the shell's pipes, so nothing here waits for it.
+    shell = '"$@" </dev/null >>"$STOCKADE_SCENARIO_LOG" 2>&1 & echo $!'
+    done = subprocess.run(
+        ["/bin/sh", "-c", shell, "sh", *argv],
+        env={**os.environ, "STOCKADE_SCENARIO_LOG": log},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout.strip().isdigit():
+        raise ScenarioError(
+            f"could not start the scenario in the background: {done.stderr.strip() or done.returncode}; "
+            "run it without --detach to see why"
+        )
+    pid = int(done.stdout.strip())
+    if as_json:
+        click.echo(json.dumps({"name": name, "pid": pid, "log": log}, indent=2))
+    else:
+        click.echo(f"{name} (pid {pid}); `stockade scenario stop {name}` stops it; its progress: {log}")
+    return 0
 
 
 def _tail(sock: str, run_id: str) -> str:
@@ -244,4 +299,27 @@ def ps(as_json: bool, state: str | None, socket_path: str | None) -> int:
     return 0
 
 
+def _detached_main() -> int:
+    """``python -m stockade.cli._scenario_cmds run …``: a detached scenario's
+    runner, in a session of its own (a Ctrl-C at the terminal that started it
+    does not reach it), errors mapped to exit codes as ``stockade`` maps them."""
+    import os
+
+    from stockade.errors import StockadeError
+
+    os.setsid()
+    try:
+        code = scenario.main(args=sys.argv[1:], prog_name="stockade scenario", standalone_mode=False)
+    except StockadeError as exc:
+        click.echo(f"stockade: {exc}", err=True)
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    return code if isinstance(code, int) else 0
+
+
 __all__ = ["daemon_running", "scenario"]
+
+if __name__ == "__main__":
+    sys.exit(_detached_main())

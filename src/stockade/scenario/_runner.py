@@ -52,10 +52,14 @@ EXIT_STOPPED = 130
 _ENDS_KEPT = 10_000
 
 
-class ScenarioBusy(StockadeError):
-    """A scenario of that name is already running."""
+class ScenarioError(StockadeError):
+    """A scenario could not be run as asked (a daemon or host error, exit 5)."""
 
     exit_code = 5
+
+
+class ScenarioBusy(ScenarioError):
+    """A scenario of that name is already running."""
 
 
 class ScenarioNotFound(StockadeError):
@@ -304,11 +308,9 @@ class Group:
             ScenarioBusy: a live process runs a scenario of this name.
         """
         with self.locked() as data:
-            if data and data.get("ended") is None and _alive(data.get("pid")):
-                raise ScenarioBusy(
-                    f"a scenario named {show(self.name)} is already running (pid {data.get('pid')}); "
-                    f"stop it with `stockade scenario stop {self.name}`, or give this one --name"
-                )
+            busy = _busy(self.name, data)
+            if busy:
+                raise ScenarioBusy(busy)
             data.clear()
             data.update(
                 name=self.name,
@@ -325,6 +327,21 @@ class Group:
     def finish(self, exit_code: int) -> None:
         with self.locked() as data:
             data.update(ended=time.time(), exit_code=exit_code)
+
+
+def _busy(name: str, data: dict[str, Any]) -> str:
+    if data and data.get("ended") is None and _alive(data.get("pid")):
+        return (
+            f"a scenario named {show(name)} is already running (pid {data.get('pid')}); "
+            f"stop it with `stockade scenario stop {name}`, or give this one --name"
+        )
+    return ""
+
+
+def group_busy(group: Group) -> str:
+    """Why ``group``'s name cannot be run now (a live runner has it); '' when it can."""
+    with group.locked() as data:
+        return _busy(group.name, data)
 
 
 def list_groups(state_dir: str) -> list[dict[str, Any]]:
@@ -595,10 +612,12 @@ __all__ = [
     "Ended",
     "Group",
     "ScenarioBusy",
+    "ScenarioError",
     "ScenarioNotFound",
     "ScenarioRunner",
     "Scheduler",
     "Unit",
+    "group_busy",
     "list_groups",
     "stop_group",
 ]
