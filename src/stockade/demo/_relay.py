@@ -47,7 +47,9 @@ def relay_app(base_url: str) -> Any:
             body(), status_code=response.status_code, headers=kept, background=BackgroundTask(response.aclose)
         )
 
-    return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+    app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+    app.state.aclose = client.aclose  # the model server calls it when it stops
+    return app
 
 
 __all__ = ["relay_app"]

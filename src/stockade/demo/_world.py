@@ -464,6 +464,10 @@ class ModelServer:
                 await self._stop.wait()
             finally:
                 await server.close()
+                state = getattr(self.app, "state", None)
+                aclose = getattr(state, "aclose", None)
+                if aclose is not None:  # a relay's client: its connections end with it
+                    await aclose()
 
         try:
             loop.run_until_complete(serve())

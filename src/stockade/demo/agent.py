@@ -38,6 +38,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ def intent(name: str, args: dict[str, Any]) -> str:
     return json.dumps(value)[:OUTPUT_MAX]
 
 
-TOOL_FUNCTIONS = {
+TOOL_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "shell": shell,
     "read_file": read_file,
     "write_file": write_file,
