@@ -161,7 +161,10 @@ WIDER: dict[str, tuple[Change, str]] = {
     "undeny": (_fs(deny=("/etc/shadow",)), "filesystem.deny does not hide '/data/secret'"),
     "undeny a system secret": (_fs(deny=("/data/secret",)), "does not hide '/etc/shadow'"),
     "unprotect": (_fs(protect=(".git/hooks",)), "filesystem.protect lacks '/data/keep'"),
-    "unprotect relative": (_fs(protect=("/data/keep",)), "filesystem.protect lacks '.git/hooks'"),
+    "unprotect relative": (
+        _fs(protect=("/data/keep",)),
+        "filesystem.protect lacks '.git/hooks' at '/work/ws/.git/hooks'",
+    ),
     "any program": (lambda p: dataclasses.replace(p, exec=ExecPolicy()), "exec.allow is empty"),
     "another program": (
         lambda p: dataclasses.replace(p, exec=ExecPolicy(allow=("/bin/sh",))),
@@ -259,11 +262,31 @@ def test_the_parents_policy_file_stays_protected() -> None:
     child = dataclasses.replace(PARENT, source=None)
     problems = check_subset(child, PARENT, parent_workspace=WS, child_workspace=WS)
     assert problems == [
-        f"filesystem.protect lacks '{WS}/policy.yaml', which the parent's policy file keeps read-only; "
+        f"filesystem.protect lacks '{WS}/policy.yaml', the parent's policy file, which stays read-only; "
         "add it to filesystem.protect"
     ]
     # A helper whose writable paths do not reach it need not list it.
     assert check_subset(child, PARENT, parent_workspace=WS, child_workspace="/data/h") == []
+
+
+def test_relative_protections_stay_where_the_parent_placed_them() -> None:
+    """The parent's '.git/hooks' protects its workspace's hooks; a helper with a
+    workspace of its own that may write the parent's '.git' must protect them there."""
+    child = dataclasses.replace(
+        PARENT, filesystem=dataclasses.replace(PARENT.filesystem, write=("/data", f"{WS}/.git"))
+    )
+    problems = check_subset(child, PARENT, parent_workspace=WS, child_workspace="/data/h")
+    assert problems == [
+        f"filesystem.protect lacks '.git/hooks' at '{WS}/.git/hooks', which the parent's filesystem.protect "
+        f"keeps read-only; add '.git/hooks' (or '{WS}/.git/hooks') to filesystem.protect"
+    ]
+    fixed = dataclasses.replace(
+        child,
+        filesystem=dataclasses.replace(
+            child.filesystem, protect=(*child.filesystem.protect, f"{WS}/.git/hooks")
+        ),
+    )
+    assert check_subset(fixed, PARENT, parent_workspace=WS, child_workspace="/data/h") == []
 
 
 def test_no_llm_for_a_parent_without_one() -> None:

@@ -214,25 +214,49 @@ def _filesystem(child: Policy, parent: Policy, parent_ws: str, child_ws: str) ->
                 f"filesystem.deny does not hide {denied!r}, which the parent's filesystem.deny hides; "
                 "add it to filesystem.deny"
             )
-    protected = [*pfs.protect]
-    if parent.source and parent.source.startswith("/"):
-        protected.append(parent.source)  # the cell protects the parent's policy file too
-    c_protect = [*cfs.protect]
-    if child.source and child.source.startswith("/"):
-        c_protect.append(child.source)
-    for kept in protected:
-        if kept.startswith("/"):
-            if any(_covers(p, kept) for p in c_protect if p.startswith("/")):
-                continue
-            if not any(_overlaps(w, kept) for w in c_writes):
-                continue
-        elif any(not p.startswith("/") and _covers(p, kept) for p in c_protect):
+    problems += _protect(child, parent, parent_ws, child_ws, c_writes)
+    return problems
+
+
+def _protected(policy: Policy, workspace: str) -> list[tuple[str, str]]:
+    """What ``policy``'s cell keeps read-only, as absolute paths, each with the entry
+    that says so: absolute entries, relative ones at the top of the workspace and of
+    each write grant (as the cell and the broker place them), and the policy file."""
+    fs = policy.filesystem
+    roots = [*([workspace] if workspace else []), *fs.write]
+    out: list[tuple[str, str]] = []
+    for entry in fs.protect:
+        if entry.startswith("/"):
+            out.append((entry, entry))
+        else:
+            out.extend((f"{root.rstrip('/')}/{entry}", entry) for root in roots)
+    if policy.source and policy.source.startswith("/"):
+        out.append((policy.source, policy.source))
+    return out
+
+
+def _protect(child: Policy, parent: Policy, parent_ws: str, child_ws: str, c_writes: list[str]) -> list[str]:
+    """Every path the parent keeps read-only stays so for the child wherever it may write."""
+    problems: list[str] = []
+    mine = [path for path, _ in _protected(child, child_ws)]
+    for path, entry in _protected(parent, parent_ws):
+        if not any(_overlaps(w, path) for w in c_writes) or any(_covers(p, path) for p in mine):
             continue
-        whose = "policy file" if kept == parent.source else "filesystem.protect"
-        problems.append(
-            f"filesystem.protect lacks {kept!r}, which the parent's {whose} keeps read-only; "
-            "add it to filesystem.protect"
-        )
+        if entry == parent.source:
+            problems.append(
+                f"filesystem.protect lacks {path!r}, the parent's policy file, which stays read-only; "
+                "add it to filesystem.protect"
+            )
+        elif entry == path:
+            problems.append(
+                f"filesystem.protect lacks {path!r}, which the parent's filesystem.protect keeps "
+                "read-only; add it to filesystem.protect"
+            )
+        else:
+            problems.append(
+                f"filesystem.protect lacks {entry!r} at {path!r}, which the parent's filesystem.protect "
+                f"keeps read-only; add {entry!r} (or {path!r}) to filesystem.protect"
+            )
     return problems
 
 
