@@ -422,9 +422,13 @@ def test_tool_calls_are_recorded_and_their_intents_carry_the_call_id(tmp_path: P
         assert "hunter2" not in json.dumps(stored_events(live.wire))
         # Every intent made during a call carried its id to the daemon; the one after did not.
         assert [p.get("tool_call") for p in seen] == [ids[0], ids[1], None]
-        # The intents were recorded before the call that made them.
+        # The intents were recorded before the call that made them, and name it.
         kinds = [e["event"]["kind"] for e in stored_events(live.wire, live.run)]
         assert kinds.index("tool.call") > kinds.index("intent")
+        intents = [
+            e["event"]["detail"] for e in stored_events(live.wire, live.run) if e["event"]["kind"] == "intent"
+        ]
+        assert [d.get("tool_call") for d in intents] == [ids[0], ids[1], None]
 
 
 def test_an_async_tool_and_a_model_call_id(tmp_path: Path) -> None:

@@ -477,8 +477,17 @@ _OUTCOMES: dict[str, Outcome] = {"allow": "allowed", "deny": "denied", "ask": "i
 _WORDS = {"allow": "allowed", "deny": "denied", "ask": "asked"}
 
 
-def intent_event(run: Run, cell: str, intent: str, args: Mapping[str, object], decision: Decision) -> Event:
-    """One broker decision; ``args`` already redacted."""
+def intent_event(
+    run: Run,
+    cell: str,
+    intent: str,
+    args: Mapping[str, object],
+    decision: Decision,
+    *,
+    tool_call: str | None = None,
+) -> Event:
+    """One broker decision; ``args`` already redacted. ``tool_call``: the agent's
+    tool call that made the intent (the SDK's id), linking the two in the record."""
     target = args.get("path") or args.get("argv") or args.get("url") or args.get("question") or ""
     if isinstance(target, list):
         target = " ".join(str(a) for a in target)
@@ -496,6 +505,7 @@ def intent_event(run: Run, cell: str, intent: str, args: Mapping[str, object], d
             "verdict": decision.verdict,
             "rule": decision.rule,
             "reason": decision.reason,
+            **({"tool_call": tool_call} if tool_call is not None else {}),
         },
     )
 

@@ -102,7 +102,13 @@ def fetch_decision(gateway: Gateway | None, rules: Rules, args: Mapping[str, Any
 
 
 async def fetch_value(
-    gateway: Gateway, run: Run, cell: str, args: Mapping[str, Any], hooks: RunHooks
+    gateway: Gateway,
+    run: Run,
+    cell: str,
+    args: Mapping[str, Any],
+    hooks: RunHooks,
+    *,
+    tool_call: str | None = None,
 ) -> dict[str, object]:
     """Fetch for the agent; every hop an ``http.request`` event. A refusal on the
     way (a redirect to a forbidden place) is a ``failure`` value, as the broker's
@@ -122,9 +128,9 @@ async def fetch_value(
             tls=gateway.upstream_tls,
         )
     except FetchRefused as exc:
-        await hooks.record([hop_event(run, cell, hop) for hop in exc.hops])
+        await hooks.record([hop_event(run, cell, hop, tool_call) for hop in exc.hops])
         return failure("refused", exc.reason)
-    await hooks.record([hop_event(run, cell, hop) for hop in result.hops])
+    await hooks.record([hop_event(run, cell, hop, tool_call) for hop in result.hops])
     return {
         "status": result.status,
         "url": result.url,
@@ -136,7 +142,7 @@ async def fetch_value(
     }
 
 
-def hop_event(run: Run, cell: str, hop: FetchHop) -> Event:
+def hop_event(run: Run, cell: str, hop: FetchHop, tool_call: str | None = None) -> Event:
     """One hop of an ``http.fetch`` as the ``http.request`` event the proxy also writes."""
     parts = urllib.parse.urlsplit(hop.url)
     rule = f" by {hop.rule}" if hop.rule else ""
@@ -164,6 +170,7 @@ def hop_event(run: Run, cell: str, hop: FetchHop) -> Event:
             "rule": hop.rule,
             "reason": hop.reason,
             "via": "http.fetch",
+            **({"tool_call": tool_call} if tool_call is not None else {}),
         },
     )
 

@@ -44,7 +44,7 @@ from stockade.broker._rules import Decision, Rules
 from stockade.broker._tokens import TokenCheck, Tokens
 from stockade.broker._tripwire import DEFAULT_LIMIT, Tripwire
 from stockade.cell._plan import _cell_identity
-from stockade.daemon import _paths
+from stockade.daemon import _paths, _tools
 from stockade.daemon._agents import AGENT_INTENTS, Agents
 from stockade.daemon._bus import (
     EventBus,
@@ -780,6 +780,7 @@ class Runs:
             parse_args(intent, args)  # malformed: neither decided, nor counted, nor recorded
         except IntentError as exc:
             raise RequestError(exc.code, str(exc)) from exc
+        tool_call = _tools.check_tool_call_id(params.get("tool_call"))
         if intent == "http.fetch":
             decision = fetch_decision(run.gateway, run.rules, args)
         else:
@@ -791,7 +792,7 @@ class Runs:
             decision = Decision(
                 "deny", decision.rule, f"{decision.reason}; the run is unattended, so nobody can approve"
             )
-        await self._record_intent(run, cell, intent, args, decision)
+        await self._record_intent(run, cell, intent, args, decision, tool_call=tool_call)
         if decision.verdict == "deny":
             return _answer(decision)
         approval: Approval | None = None
@@ -803,7 +804,7 @@ class Runs:
             if decision.verdict == "deny":
                 await self._count_denial(run)
                 return {**_answer(decision), "approval": approval.id}
-        answer = await self._execute(run, cell, intent, args, decision)
+        answer = await self._execute(run, cell, intent, args, decision, tool_call=tool_call)
         return {**answer, "approval": approval.id} if approval is not None else answer
 
     async def _record_intent(
@@ -816,11 +817,12 @@ class Runs:
         *,
         count: bool = True,
         again: bool = False,
+        tool_call: str | None = None,
     ) -> None:
         """Store the ``intent`` event (durably), then count a denial toward the tripwire.
 
         ``again``: a second event for an intent already recorded (refused while executed)."""
-        event = intent_event(run, cell, intent, redact(args), decision)
+        event = intent_event(run, cell, intent, redact(args), decision, tool_call=tool_call)
         try:
             await self.recorder.record_soon([event])
         except StoreError as exc:
@@ -861,13 +863,20 @@ class Runs:
             raise RequestError("unavailable", f"the event store cannot write: {exc}") from exc
 
     async def _execute(
-        self, run: Run, cell: str, intent: str, args: Mapping[str, object], decision: Decision
+        self,
+        run: Run,
+        cell: str,
+        intent: str,
+        args: Mapping[str, object],
+        decision: Decision,
+        *,
+        tool_call: str | None = None,
     ) -> dict[str, Any]:
         executor = run.executor
         assert executor is not None
         if intent == "http.fetch":
             assert run.gateway is not None and run.hooks is not None  # decided allow: it has one
-            value = await fetch_value(run.gateway, run, cell, args, run.hooks)
+            value = await fetch_value(run.gateway, run, cell, args, run.hooks, tool_call=tool_call)
         elif intent in AGENT_INTENTS:
             value = await self.agents.execute(run, cell, intent, args)
         elif intent in ("exec", "ask"):
@@ -878,7 +887,7 @@ class Runs:
                 raise RequestError(exc.code, str(exc)) from exc
         else:
             value = _execute_now(run, intent, args)
-        return await self._answer_value(run, cell, intent, args, decision, value)
+        return await self._answer_value(run, cell, intent, args, decision, value, tool_call=tool_call)
 
     async def _answer_value(
         self,
@@ -888,13 +897,15 @@ class Runs:
         args: Mapping[str, object],
         decision: Decision,
         value: dict[str, object],
+        *,
+        tool_call: str | None = None,
     ) -> dict[str, Any]:
         refused = refusal(value)
         if refused is not None:
             # The broker's own checks (grants, hidden paths, links) refused it
             # after the rules allowed it: a denial like any other.
             denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
-            await self._record_intent(run, cell, intent, args, denied, again=True)
+            await self._record_intent(run, cell, intent, args, denied, again=True, tool_call=tool_call)
             return {**_answer(denied), "value": value}
         return {**_answer(decision), "value": value}
 
