@@ -352,7 +352,8 @@ class Daemon:
         if req.method != "intent":
             raise RequestError(
                 "unknown_method",
-                f"no method {req.method!r} on the broker socket; send 'intent' or 'tool.record' (docs/PROTOCOL.md)",
+                f"no method {req.method!r} on the broker socket; "
+                "send 'intent' or 'tool.record' (docs/PROTOCOL.md)",
             )
         return await self.runs.intent(peer.run, req.params, cell=peer.cell)
 
