@@ -192,7 +192,7 @@ def test_a_crash_is_restarted_up_to_max_but_a_halt_a_stop_or_a_failed_start_is_n
     assert sched.units["f"].state == "failed" and "landlock" in sched.units["f"].note
     finish(sched, "a", 2)
     assert start_all(sched) == [] and sched.units["a"].state == "failed"
-    assert "after 1 restart(s), the most allowed" in sched.units["a"].note
+    assert sched.units["a"].note == "exit code 2; restarts used up (1 of 1)"
     assert sched.done and sched.exit_code() == EXIT_FAILED
 
 
@@ -206,6 +206,20 @@ def test_a_stopped_scheduler_starts_nothing_and_says_so() -> None:
     assert sched.units["b"].state == "stopped" and "not started" in sched.units["b"].note
     finish(sched, "a", 143, stopped_by="root")
     assert sched.units["a"].state == "stopped" and sched.done and sched.exit_code() == EXIT_STOPPED
+
+
+def test_a_run_that_succeeded_as_its_group_was_stopped_is_shown_succeeded() -> None:
+    sched = plan("name: s\nagents:\n  - {name: a, policy: p.yaml}\n  - {name: b, policy: p.yaml}\n")
+    start_all(sched)
+    sched.stop("stopped by scenario stop")
+    finish(sched, "a", 0)
+    finish(sched, "b", 0, stopped_by="root")
+    assert states_of(sched) == {"a": "succeeded", "b": "stopped"}
+    assert sched.exit_code() == EXIT_STOPPED
+
+
+def states_of(sched: Scheduler) -> dict[str, str]:
+    return {name: unit.state for name, unit in sched.units.items()}
 
 
 # --------------------------------------------------------------------------- for real

@@ -199,7 +199,7 @@ class Scheduler:
         unit._past_denials += end.denials
         unit.denials = unit._past_denials
         agent = self.scenario.agent(unit.agent)
-        if self.stopping:
+        if self.stopping and not (end.exit_code == 0 and end.state == "ended" and not end.stopped_by):
             unit.state, unit.note = "stopped", self.stopping
         elif end.state == "failed" or end.state == "lost":
             unit.state, unit.note = "failed", f"the run {end.state}: {end.error}"
@@ -216,7 +216,7 @@ class Scheduler:
         else:
             unit.state = "failed"
             unit.note = f"exit code {end.exit_code}" + (
-                f" after {unit.restarts} restart(s), the most allowed" if agent.restart_max else ""
+                f"; restarts used up ({unit.restarts} of {agent.restart_max})" if agent.restart_max else ""
             )
         return unit
 
