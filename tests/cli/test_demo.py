@@ -314,3 +314,19 @@ def test_a_planned_attempt_that_worked_escaped_and_one_without_record_is_unrecor
     refused = _call(3, 4.0, 5.0, planned)
     pair([refused], [_stored(1, 4.5, "seccomp")], ended=6.0)
     assert refused.verdict == "refused" and refused.layer == "seccomp" and not refused.as_expected
+
+
+def test_an_event_naming_a_tool_call_goes_to_that_call() -> None:
+    """The broker's intents carry the SDK's id of the tool call that made them:
+    that link wins over the time window."""
+    first = _call(1, 10.0, 10.1)
+    first.tool, first.arguments = "intent", {"name": "fs.read"}
+    second = _call(2, 10.2, 10.3)
+    own = {"kind": "tool.call", "time": 10.1, "layer": "broker", "outcome": "info",
+           "detail": {"name": "intent", "args": {"name": "fs.read"}, "tool_call": "tc-1"}}  # fmt: skip
+    late = _stored(2, 10.25, "broker")
+    late["event"]["detail"] = {"tool_call": "tc-1"}
+    stray = pair([first, second], [{"seq": 1, "event": own}, late], ended=11.0)
+    assert stray == []
+    assert [e["seq"] for e in first.events] == [2] and second.events == []
+    assert first.tool_recorded is True and second.tool_recorded is False

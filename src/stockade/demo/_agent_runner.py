@@ -358,12 +358,21 @@ def _follow(
             ok=bool(detail.get("ok")),
             error=str(detail.get("error") or ""),
             planned=by_key.get(key(str(detail.get("name", "")), detail.get("args"))),
-            events=[e for e in pending if e.get("time", 0.0) >= start - 0.002],
+            events=[e for e in pending if _mine(e, str(detail.get("tool_call", "")), start)],
             tool_recorded=True,
         )
         pending = []
         if on_call is not None:
             on_call(call)
+
+
+def _mine(event: dict[str, Any], tool_call: str, start: float) -> bool:
+    """Whether ``event`` (recorded before the call's own record) is the call's:
+    it names the call's id, or names none and came after the call started."""
+    named = (event.get("detail") or {}).get("tool_call")
+    if named:
+        return bool(named == tool_call)
+    return float(event.get("time", 0.0)) >= start - 0.002
 
 
 def _calls(transcript: str, by_key: dict[str, Planned]) -> tuple[list[Call], str]:

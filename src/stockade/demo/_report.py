@@ -148,23 +148,39 @@ def pair(calls: list[Call], events: list[dict[str, Any]], ended: float) -> list[
 
     ``events`` are stored events (``{"seq", "event": {…}}``); lifecycle and the
     agent's own ``tool.call`` and ``llm.call`` records of allowed calls are
-    left out (they are not verdicts on a tool call).
+    left out (they are not verdicts on a tool call). An event that names the
+    SDK's id of a tool call (``detail.tool_call``: the broker's intents) goes to
+    that call; the others go by time.
     """
     stray: list[dict[str, Any]] = []
-    recorded_calls = {
-        (e["event"]["detail"].get("name"), _canon(e["event"]["detail"].get("args")))
-        for e in events
-        if e["event"].get("kind") == "tool.call"
-    }
     for call in calls:
         call.events = []
-        call.tool_recorded = (call.tool, _canon(call.arguments)) in recorded_calls
+        call.tool_recorded = False
+    # The agent's own tool.call records, matched to its calls in order by tool
+    # and arguments, give each call the SDK's id that its intents carry.
+    linked: dict[str, Call] = {}
+    for stored in events:
+        event = stored["event"]
+        if event.get("kind") != "tool.call":
+            continue
+        detail = event.get("detail") or {}
+        wanted = (detail.get("name"), _canon(detail.get("args")))
+        match = next(
+            (c for c in calls if not c.tool_recorded and (c.tool, _canon(c.arguments)) == wanted), None
+        )
+        if match is not None:
+            match.tool_recorded = True
+            linked[str(detail.get("tool_call"))] = match
     for stored in events:
         event = dict(stored["event"], seq=stored["seq"])
         kind = event.get("kind", "")
         if kind in ("tool.call", "run.start", "run.end", "run.halted", "cell.start", "cell.end"):
             continue
         if kind == "llm.call" and event.get("outcome") != "denied":
+            continue
+        via = linked.get(str((event.get("detail") or {}).get("tool_call")))
+        if via is not None:
+            via.events.append(event)
             continue
         when = float(event.get("time", 0.0))
         # The calls come one after another, so the first whose end is not
