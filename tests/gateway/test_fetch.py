@@ -489,3 +489,22 @@ def test_upstream_ca_file_must_load(tmp_path: Path) -> None:
         upstream_tls_context(str(tmp_path / "junk.pem"))
     with pytest.raises(ValueError, match="could not be loaded"):
         upstream_tls_context(str(tmp_path / "missing.pem"))
+
+
+def test_upstream_sends_the_requested_name_as_sni(ns: TestNetns, pki: TestPki) -> None:
+    names: list[str | None] = []
+
+    async def main() -> None:
+        context = pki.server_context(["api.example.com"])
+        context.sni_callback = lambda sock, name, ctx: names.append(name)
+        server = await HttpServer(tls=context).listen(PUBLIC, 443)
+        try:
+            dest = Destination("api.example.com", 443, ipaddress.ip_address(PUBLIC))
+            _reader, writer = await open_upstream(dest, tls=upstream_tls_context(pki.ca_file), timeout=5)
+            writer.close()
+        finally:
+            await server.close()
+
+    with ns.entered():
+        asyncio.run(main())
+    assert names == ["api.example.com"]
