@@ -220,6 +220,8 @@ def _policy_text(options: DemoOptions) -> str:
     if options.model is None:
         llm.pop("model")
     llm.pop("api_key_env", None)
+    # A real model takes seconds a turn, not milliseconds.
+    data["limits"]["timeout"] = "15m"
     if options.model_key_env:
         llm["api_key_env"] = options.model_key_env
     header = (

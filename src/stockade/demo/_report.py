@@ -97,6 +97,11 @@ class Call:
         if denials:
             return str(denials[0].get("summary") or denials[0].get("kind"))
         if self.ok:
+            allowed = [
+                e for e in self.events if e.get("kind") == "http.request" and e.get("outcome") == "allowed"
+            ]
+            if allowed:
+                return str(allowed[0].get("summary"))
             return self.output[:200] or "it worked"
         if self.ok is None:
             return "it never returned: the run was halted during it"
