@@ -25,6 +25,7 @@ NETWORK = rules(
     HostRule("api.example.com", ports=(8443,), methods=("GET",)),
     HostRule("v6.example.com", ports=(443,), methods=("GET", "POST")),
     HostRule("other.example.com", ports=(80, 443)),
+    HostRule("api.example.com", ports=(80,)),
 )
 SECRETS = (SecretPolicy(name="API_KEY", env="THE_KEY", hosts=("api.example.com",)),)
 
@@ -104,6 +105,22 @@ def test_placeholder_toward_another_host_is_refused(tmp_path: Path) -> None:
         text = json.dumps([e.to_dict() for e in w.hooks.events])
         assert placeholder not in text and KEY not in text
         assert all(e.outcome == "denied" for e in w.hooks.events)
+
+    tls_world(body, tmp_path)
+
+
+def test_placeholder_is_never_sent_in_plain_http_even_to_its_host(tmp_path: Path) -> None:
+    async def body(w: World) -> None:
+        placeholder = w.secrets.env()["API_KEY"]
+        async with w.client() as client:
+            header = await client.get("http://api.example.com/echo", headers={"Authorization": placeholder})
+            in_body = await client.post("http://api.example.com/echo", content=placeholder.encode())
+            plain = await client.get("http://api.example.com/echo")
+        for r in (header, in_body):
+            assert r.status_code == 403 and "unencrypted" in r.text and "https://api.example.com" in r.text
+        assert plain.status_code == 200
+        assert [s["target"] for s in w.origin.seen] == ["/echo"]
+        assert w.hooks.denials == 2
 
     tls_world(body, tmp_path)
 

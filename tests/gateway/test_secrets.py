@@ -131,6 +131,17 @@ def test_misuse_names_every_misplaced_secret_and_substitutes_nothing() -> None:
     assert info.value.names == ("GH_TOKEN", "OAI_KEY")
 
 
+def test_names_in_lists_each_secret_once_in_order() -> None:
+    secrets = load(
+        SecretPolicy("GH_TOKEN", env="GH", hosts=("api.github.com",)),
+        SecretPolicy("OAI_KEY", env="OAI", hosts=("api.openai.com",)),
+    )
+    env = secrets.env()
+    data = f"{env['OAI_KEY']} {env['GH_TOKEN']} {env['OAI_KEY']} stockade-secret-OTHER-{'0' * 32}".encode()
+    assert secrets.names_in(data) == ("OAI_KEY", "GH_TOKEN")
+    assert secrets.names_in(b"nothing here") == ()
+
+
 def test_scrub_hides_values_and_placeholders() -> None:
     secrets = load(
         SecretPolicy("SHORT", env="OAI", hosts=("a.com",)),

@@ -337,9 +337,10 @@ class Proxy:
         decision = self._egress.decide(host, port, method=req.method, path=path.partition("?")[0])
         if decision.verdict != "allow":
             return await self._refuse(c, req, 403, decision.reason, decision.rule)
+        encrypted = tls is not None
         try:
-            headers = [(n, self._secrets.substitute(v, host)) for n, v in event.headers]
-            target = self._secrets.substitute(path.encode("ascii"), host)
+            headers = [(n, self._put_secrets(v, host, encrypted)) for n, v in event.headers]
+            target = self._put_secrets(path.encode("ascii"), host, encrypted)
         except SecretMisuse as exc:
             return await self._refuse(c, req, 403, str(exc), decision.rule)
         if c.h.they_are_waiting_for_100_continue:
@@ -350,7 +351,7 @@ class Proxy:
         if small and _header(event, b"transfer-encoding") is None:
             body = await self._read_body(c)
             try:
-                body = self._secrets.substitute(body, host)
+                body = self._put_secrets(body, host, encrypted)
             except SecretMisuse as exc:
                 return await self._refuse(c, req, 403, str(exc), decision.rule)
             headers = [(n, v) for n, v in headers if n != b"content-length"]
@@ -408,6 +409,22 @@ class Proxy:
             c.close_upstream()
         self._record_later(self._event(c, req, outcome.status, outcome, decision, "allow", decision.reason))
         return True
+
+    def _put_secrets(self, data: bytes, host: str, encrypted: bool) -> bytes:
+        """``data`` with the values of the secrets meant for ``host`` in place of their placeholders.
+
+        Only inside terminated TLS: in plain HTTP a value would cross the
+        network readable by anyone on the way, so a placeholder there is refused.
+
+        Raises:
+            SecretMisuse: a placeholder for another host, or any placeholder in plain HTTP.
+        """
+        out = self._secrets.substitute(data, host)
+        if not encrypted and out is not data:
+            names = self._secrets.names_in(data)
+            if names:
+                raise SecretMisuse(names, host, unencrypted=True)
+        return out
 
     async def _read_body(self, c: _Client) -> bytes:
         chunks: list[bytes] = []

@@ -29,16 +29,24 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 class SecretMisuse(Exception):
-    """A request carries placeholders of secrets that are not meant for its host."""
+    """A request carries placeholders of secrets that are not meant for its host
+    (or, ``unencrypted``, that would cross the network in plain HTTP)."""
 
-    def __init__(self, names: Sequence[str], host: str) -> None:
+    def __init__(self, names: Sequence[str], host: str, *, unencrypted: bool = False) -> None:
         self.names = tuple(names)
         self.host = host
         listed = ", ".join(self.names)
-        super().__init__(
-            f"the request to {host} carries the placeholder of secret {listed}, which is not meant "
-            f"for {host}; send it only to the hosts listed in its secrets[].hosts, or add {host} there"
-        )
+        if unencrypted:
+            message = (
+                f"the request to {host} carries the placeholder of secret {listed} in plain HTTP, where "
+                f"its value would cross the network unencrypted; use https://{host}"
+            )
+        else:
+            message = (
+                f"the request to {host} carries the placeholder of secret {listed}, which is not meant "
+                f"for {host}; send it only to the hosts listed in its secrets[].hosts, or add {host} there"
+            )
+        super().__init__(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +148,13 @@ class Secrets:
         if misused:
             raise SecretMisuse(misused, host)
         return out
+
+    def names_in(self, data: bytes) -> tuple[str, ...]:
+        """The names of the secrets whose placeholders ``data`` carries, in order of appearance."""
+        if self._pattern is None or PLACEHOLDER_PREFIX.encode() not in data:
+            return ()
+        found = (self._by_placeholder[m.group(0)].name for m in self._pattern.finditer(data))
+        return tuple(dict.fromkeys(found))
 
     def scrub(self, text: str) -> str:
         """``text`` with every value and placeholder replaced by ``[secret NAME]``/``[placeholder NAME]``."""
