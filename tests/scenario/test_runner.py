@@ -392,6 +392,10 @@ def cli(*args: str) -> tuple[int, str, str]:
             click.echo(f"stockade: {exc}", err=True)
             holder["code"] = exc.exit_code
             return
+        except click.ClickException as exc:
+            exc.show()
+            holder["code"] = 2
+            return
         holder["code"] = code if isinstance(code, int) else 0
 
     result = CliRunner().invoke(wrapper, [], catch_exceptions=False)
@@ -615,3 +619,9 @@ def test_a_detached_scenario_is_listed_and_stopped(tmp_path: Path, daemon: Daemo
     assert group["exit_code"] == EXIT_STOPPED and group["pid"] == started["pid"]
     log = Path(started["log"]).read_text()
     assert "bg  running" in log and "bg  stopped" in log
+
+
+def test_a_scenario_name_is_never_a_path(tmp_path: Path) -> None:
+    code, _out, err = cli("stop", "../../etc/passwd", "--state", str(tmp_path / "state"))
+    assert code == 2 and "is not a valid name" in err
+    assert not (tmp_path / "state").exists()

@@ -49,6 +49,15 @@ def daemon_running(state_dir: str, socket_path: str) -> Iterator[bool]:
     yield False
 
 
+def _check_name(name: str, hint: str) -> None:
+    from stockade.policy._schema import check_name
+
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
 def _unit_json(unit: Any) -> dict[str, Any]:
     return {
         "agent": unit.agent,
@@ -101,17 +110,13 @@ def run(
     restarts), 3 when the file is wrong, 130 when the scenario was stopped.
     Approvals are answered with `stockade approvals` / `stockade approve`.
     """
-    from stockade.policy._schema import check_name
     from stockade.scenario import load_scenario
     from stockade.scenario._progress import Progress
     from stockade.scenario._runner import ScenarioRunner
 
     loaded = load_scenario(file)  # a bad file is exit 3 here, before any daemon is involved
     if name is not None:
-        try:
-            check_name(name)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--name") from None
+        _check_name(name, "--name")
     state_dir, sock = _where(state, socket_path)
     if detach:
         return _detach(file, name or loaded.name, unattended, as_json, state_dir, sock)
@@ -215,6 +220,7 @@ def stop(name: str, grace: float, as_json: bool, state: str | None, socket_path:
     """Stop the scenario NAME: nothing more starts, and every run it started is stopped."""
     from stockade.scenario._runner import stop_group
 
+    _check_name(name, "NAME")
     state_dir, sock = _where(state, socket_path)
     stopped = stop_group(state_dir, name, sock, grace=grace)
     if as_json:

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from stockade.daemon._client import Client, RemoteError
 from stockade.errors import DaemonError, StockadeError
-from stockade.policy._schema import show
+from stockade.policy._schema import check_name, show
 from stockade.scenario._model import Agent, Scenario, run_variables
 
 UnitState = Literal["waiting", "starting", "running", "succeeded", "failed", "skipped", "stopped"]
@@ -257,8 +257,8 @@ def _alive(pid: object) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, someone else's
+        pass
     return True
 
 
@@ -266,6 +266,7 @@ class Group:
     """A scenario instance's file, ``<state>/scenarios/<name>.json``, under a lock."""
 
     def __init__(self, state_dir: str, name: str) -> None:
+        check_name(name)  # a name is a file name here: never a path
         self.name = name
         self.path = os.path.join(_group_dir(state_dir), f"{name}.json")
         self._lock_path = os.path.join(_group_dir(state_dir), f"{name}.lock")
@@ -362,7 +363,7 @@ def stop_group(
 ) -> list[dict[str, Any]]:
     """Stop scenario ``name``: nothing more starts, and every run it started is
     stopped, with the runs those started (their ``parent``, when the daemon says
-    so); the runs' final ``run.list`` entries.
+    so); the final ``run.list`` entries of the runs that were still live.
 
     Raises:
         ScenarioNotFound: no scenario of that name.
@@ -382,7 +383,8 @@ def stop_group(
             data.update(ended=time.time(), exit_code=EXIT_STOPPED)
     with Client(socket_path, timeout=grace + 60.0) as client:
         listing = client.call("run.list")["runs"]
-    ids = _with_children(ids, listing)
+    live = {r["id"] for r in listing if r.get("state") in ("running", "stopping")}
+    ids = [i for i in _with_children(ids, listing) if i in live]
 
     def stop_one(run_id: str) -> dict[str, Any] | None:
         with Client(socket_path, timeout=grace + 60.0) as client:
