@@ -178,6 +178,9 @@ def test_inspect_when_the_rule_limits_methods_or_a_secret_wants_the_host() -> No
         ("[::1]", "none may"),
         ("1.2.3.256", "is not a valid IP address"),
         ("08.0.0.1", "is not a valid IP address"),
+        # Full-width digits and ideographic dots become 127.0.0.1 under IDNA: never a name.
+        ("\uff11\uff12\uff17.\uff10.\uff10.\uff11", "is not a valid IP address"),
+        ("127\u30020\u30020\u30021", "is not a valid IP address"),
         ("exa mple.com", "is not a valid host name"),
         ("localhost", "none may: 'localhost' names this machine"),
         ("a_b.example", "none may: 'a_b.example' is not a valid host name"),
