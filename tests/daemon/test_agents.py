@@ -157,6 +157,12 @@ def test_a_too_wide_helper_a_stranger_and_a_bad_policy_are_refused(tmp_path: Pat
     os.mkfifo(fifo, 0o666)
     holder = agent_policy(tmp_path, [{"op": "block", "fifo": str(fifo)}], name="holder", ws=holder_ws)
     wide = helper_policy(ws, [], filesystem={"read": ["/opt"]}, limits={"denials": 50})
+    # A link in the shared workspace to a place the parent cannot see: the cell
+    # would mount the link's target, so the proof follows it.
+    private = tmp_path / "private"
+    private.mkdir()
+    (ws / "link").symlink_to(private)
+    linked = helper_policy(ws, [], name="linked", filesystem={"read": [str(ws / "link")]})
     with daemon_at(tmp_path) as dt:
         wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
         events.call("events.subscribe")
@@ -165,6 +171,7 @@ def test_a_too_wide_helper_a_stranger_and_a_bad_policy_are_refused(tmp_path: Pat
             spawn(wide),
             {"op": "intent", "intent": "agent.send", "args": {"to": stranger, "message": "hello"}},
             {"op": "intent", "intent": "agent.send", "args": {"to": "holder", "message": "hello"}},
+            spawn(linked),
             spawn("name: [not, a, name]"),
         ]
         policy = agent_policy(tmp_path, plan, tools=AGENT_TOOLS, ws=ws)
@@ -176,13 +183,18 @@ def test_a_too_wide_helper_a_stranger_and_a_bad_policy_are_refused(tmp_path: Pat
         for line in lines[1:3]:
             result = line["out"]["result"]
             assert result["verdict"] == "deny" and "not a run of this run's family" in result["reason"]
-        bad = lines[3]["out"]["error"]
+        through = lines[3]["out"]["result"]
+        assert through["verdict"] == "deny"
+        assert (
+            f"following symbolic links (as the cell does), filesystem.read '{private}'" in through["reason"]
+        )
+        bad = lines[4]["out"]["error"]
         assert bad["code"] == "bad_params" and "'policy' is not a valid policy" in bad["message"]
-        # Three denials, recorded and counted; the malformed spawn neither.
-        assert info["denials"] == 3 and info["intents"] == 3 and info["children"] == []
+        # Four denials, recorded and counted; the malformed spawn neither.
+        assert info["denials"] == 4 and info["intents"] == 4 and info["children"] == []
         assert not [r for r in wire.call("run.list")["runs"] if r["parent"]]
         recorded = [e["event"] for e in stored_events(wire, info["id"]) if e["event"]["kind"] == "intent"]
-        assert [e["detail"]["verdict"] for e in recorded] == ["deny", "deny", "deny"]
+        assert [e["detail"]["verdict"] for e in recorded] == ["deny"] * 4
         assert "filesystem.read '/opt'" in recorded[0]["detail"]["reason"]
         assert not [e for e in stored_events(wire) if e["event"]["kind"] == "agent.message"]
         wait_output(dt.socket_path, stranger, "blocking")
@@ -278,7 +290,7 @@ def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents
     for child, parent in (parents or {}).items():
         made[child].parent = made[parent].id
         made[parent].children.append(made[child].id)
-    runs = types.SimpleNamespace(runs={r.id: r for r in made.values()})
+    runs = types.SimpleNamespace(runs={r.id: r for r in made.values()}, state_dir="/var/lib/stockade")
     return Agents(cast("Runs", runs)), made
 
 

@@ -289,6 +289,25 @@ def test_relative_protections_stay_where_the_parent_placed_them() -> None:
     assert check_subset(fixed, PARENT, parent_workspace=WS, child_workspace="/data/h") == []
 
 
+def test_a_parent_grant_above_a_hidden_place_does_not_reveal_it() -> None:
+    """A cell hides /home under a grant of '/' unless a grant names a path inside it."""
+    parent = dataclasses.replace(PARENT, filesystem=FilesystemPolicy(read=("/", "/srv/data")), source=None)
+
+    def problems(*read: str) -> list[str]:
+        child = dataclasses.replace(parent, filesystem=FilesystemPolicy(read=read))
+        return check_subset(child, parent, parent_workspace=WS, child_workspace=WS, hidden=("/home", "/srv"))
+
+    assert problems("/opt", "/srv/data/x") == []
+    assert problems("/home/me") == [
+        "filesystem.read '/home/me' is not within the parent's readable paths (/, /srv/data, /work/ws); "
+        "read a path inside them"
+    ]
+    assert problems("/srv") and problems("/srv/other")
+    # Without the list, '/' would cover it: the daemon always passes the cell's.
+    child = dataclasses.replace(parent, filesystem=FilesystemPolicy(read=("/home/me",)))
+    assert check_subset(child, parent, parent_workspace=WS, child_workspace=WS) == []
+
+
 def test_no_llm_for_a_parent_without_one() -> None:
     parent = dataclasses.replace(PARENT, llm=None)
     problems = check_subset(PARENT, parent, parent_workspace=WS, child_workspace=WS)

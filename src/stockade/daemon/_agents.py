@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import glob
+import os
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -193,12 +195,38 @@ class Agents:
                 f"run {run.id} has {len(running)} helpers running, the most it may have ({MAX_HELPERS}); "
                 "wait for one to end"
             )
-        problems = check_subset(policy, run.policy, parent_workspace=run.workspace, child_workspace=workspace)
+        hidden = self._hidden(run)
+        problems = check_subset(
+            policy, run.policy, parent_workspace=run.workspace, child_workspace=workspace, hidden=hidden
+        )
+        # The cell mounts a grant's real path: a link (one the parent planted in its
+        # workspace, say) must not lead the helper anywhere its parent cannot go.
+        child_real, child_ws = _resolved(policy, workspace)
+        parent_real, parent_ws = _resolved(run.policy, run.workspace)
+        for problem in check_subset(
+            child_real,
+            parent_real,
+            parent_workspace=parent_ws,
+            child_workspace=child_ws,
+            hidden=tuple(dict.fromkeys(os.path.realpath(h) for h in hidden)),
+        ):
+            if problem not in problems:
+                problems.append(f"following symbolic links (as the cell does), {problem}")
         if problems:
             return "the helper's policy grants more than this run's: " + " ".join(
                 p if p.endswith(".") else p + "." for p in problems
             )
         return ""
+
+    def _hidden(self, run: Run) -> tuple[str, ...]:
+        """The places every cell hides except below a grant naming a path inside them."""
+        from stockade.cell._plan import _DEFAULT_HIDDEN
+
+        places = [*_DEFAULT_HIDDEN, self._runs.state_dir]
+        for home in (os.environ.get("HOME"), run.environ.get("HOME")):
+            if home and home != "/":
+                places.append(home)
+        return tuple(dict.fromkeys(places))
 
     # ------------------------------------------------------------------ families
 
@@ -327,6 +355,27 @@ class Agents:
         mailbox = self._mailboxes.pop(run.id, None)
         if mailbox is not None:
             mailbox.close()
+
+
+def _resolved(policy: Policy, workspace: str) -> tuple[Policy, str]:
+    """``policy`` with its read, write and deny entries as the cell would mount them
+    now: globs expanded on the host, every path through its symbolic links.
+
+    Between this and the helper's cell starting, a run that can write a
+    directory on the way could still swap it for a link; the cell resolves
+    grants again when it starts.
+    """
+
+    def real(entries: tuple[str, ...]) -> tuple[str, ...]:
+        out: list[str] = []
+        for entry in entries:
+            paths = glob.glob(entry) if glob.has_magic(entry) else [entry]
+            out.extend(os.path.realpath(p) for p in paths)
+        return tuple(dict.fromkeys(out))
+
+    fs = policy.filesystem
+    resolved = dataclasses.replace(fs, read=real(fs.read), write=real(fs.write), deny=real(fs.deny))
+    return dataclasses.replace(policy, filesystem=resolved), os.path.realpath(workspace) if workspace else ""
 
 
 def message_event(sender: Run, target: Run, cell: str, text: str, size: int) -> Event:

@@ -50,19 +50,34 @@ _PATH_ARGS = frozenset({"path", "cwd"})
 ``policy`` stays below ``broker``)."""
 
 
-def check_subset(child: Policy, parent: Policy, *, parent_workspace: str, child_workspace: str) -> list[str]:
+def check_subset(
+    child: Policy,
+    parent: Policy,
+    *,
+    parent_workspace: str,
+    child_workspace: str,
+    hidden: Sequence[str] = (),
+) -> list[str]:
     """Every grant of ``child`` wider than ``parent``'s, one sentence each; empty when none.
+
+    Paths are compared as written: the caller resolves symbolic links on the
+    host (the cell mounts a grant's real path) and checks the resolved
+    policies too.
 
     Args:
         child: the helper's policy, as loaded.
         parent: the policy of the run that asks to start it.
         parent_workspace: the parent run's workspace on the host (read-write for it).
         child_workspace: the workspace the helper would get (read-write for it).
+        hidden: the places every cell hides except below a grant naming a path
+            inside them (``/home``, ``/srv``, …: the cell's list, which this
+            pure module does not import): a parent grant above one does not
+            reveal it, so it does not cover a helper's grant inside it.
     """
     problems: list[str] = []
     if child.mode == "audit" and parent.mode == "enforce":
         problems.append("mode 'audit' is wider than the parent's 'enforce'; set mode: enforce")
-    problems += _filesystem(child, parent, parent_workspace, child_workspace)
+    problems += _filesystem(child, parent, parent_workspace, child_workspace, tuple(hidden))
     problems += _exec(child, parent)
     problems += [
         f"env.pass {name!r} is not passed to the parent ({_list(parent.env.passthrough)}); remove it"
@@ -135,12 +150,17 @@ def _overlaps(a: str, b: str) -> bool:
     return all(_part_overlaps(x, y) for x, y in zip(_parts(a), _parts(b), strict=False))
 
 
-def _deepest(path: str, entries: Sequence[tuple[str, str]], *, prefer: str) -> tuple[str, str] | None:
+def _deepest(
+    path: str, entries: Sequence[tuple[str, str]], *, prefer: str, hidden: tuple[str, ...] = ()
+) -> tuple[str, str] | None:
     """The deepest ``(entry, kind)`` covering ``path`` (the deeper grant wins, as in the
-    cell); on a tie, the one of kind ``prefer``."""
+    cell); on a tie, the one of kind ``prefer``. An entry above a ``hidden`` place
+    holding ``path`` does not count: the cell hides that place from it."""
     best: tuple[str, str] | None = None
     for entry, kind in entries:
         if not _covers(entry, path):
+            continue
+        if any(_covers(h, path) and not _covers(h, entry) for h in hidden):
             continue
         if (
             best is None
@@ -158,7 +178,9 @@ def _meet(outer: str, inner: str) -> str:
     return "/" + "/".join(o + i[len(o) :])
 
 
-def _filesystem(child: Policy, parent: Policy, parent_ws: str, child_ws: str) -> list[str]:
+def _filesystem(
+    child: Policy, parent: Policy, parent_ws: str, child_ws: str, hidden: tuple[str, ...]
+) -> list[str]:
     problems: list[str] = []
     pfs, cfs = parent.filesystem, child.filesystem
     p_entries = [
@@ -172,14 +194,14 @@ def _filesystem(child: Policy, parent: Policy, parent_ws: str, child_ws: str) ->
     c_writes = [*cfs.write, *([child_ws] if child_ws else [])]
 
     for path in c_reads:
-        if _deepest(path, p_entries, prefer="read") is None:
+        if _deepest(path, p_entries, prefer="read", hidden=hidden) is None:
             problems.append(
                 f"filesystem.read {path!r} is not within the parent's readable paths ({p_readable}); "
                 "read a path inside them"
             )
     for path in c_writes:
         what = "workspace" if path == child_ws and path not in cfs.write else "filesystem.write"
-        best = _deepest(path, p_entries, prefer="read")
+        best = _deepest(path, p_entries, prefer="read", hidden=hidden)
         if best is None or best[1] != "write":
             why = (
                 f"read-only for the parent (under {best[0]!r})" if best is not None else "not writable for it"
@@ -198,8 +220,8 @@ def _filesystem(child: Policy, parent: Policy, parent_ws: str, child_ws: str) ->
             spot = _meet(path, ro)
             c_entries = [*((e, "read") for e in cfs.read), *((e, "write") for e in c_writes)]
             mine = _deepest(spot, c_entries, prefer="write")
-            hidden = any(_covers(d, spot) for d in cfs.deny)
-            if not hidden and mine is not None and mine[1] == "write":
+            kept_hidden = any(_covers(d, spot) for d in cfs.deny)
+            if not kept_hidden and mine is not None and mine[1] == "write":
                 problems.append(
                     f"{what} {path!r} makes {spot!r} writable, which the parent may only read "
                     f"(filesystem.read {ro!r}); add {spot!r} to filesystem.read"
