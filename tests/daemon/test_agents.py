@@ -19,6 +19,7 @@ from stockade.broker._rules import Decision
 from stockade.daemon._agents import Agents, Mailbox, Message
 from stockade.daemon._runs import RequestError, Run
 from stockade.policy import loads_policy
+from stockade.record import Event
 from tests.daemon.test_server import (
     AGENT,
     PY,
@@ -377,5 +378,48 @@ def test_a_mailbox_keeps_order_wakes_its_reader_and_is_bounded() -> None:
         closing.close()
         assert await waiting is None
         assert Mailbox().full(16 * 1024 * 1024 + 1) == "16 MiB of messages"
+
+    asyncio.run(scenario())
+
+
+def test_send_records_then_delivers_and_refuses_a_full_or_ended_mailbox() -> None:
+    agents, r = _runs_of("root", "kid", parents={"kid": "root"})
+    recorded: list[Event] = []
+
+    async def record_soon(events: list[Event]) -> None:
+        recorded.extend(events)
+
+    cast("Any", agents)._runs.recorder = types.SimpleNamespace(record_soon=record_soon)
+
+    async def scenario() -> None:
+        long = "x" * 5000
+        sent = await agents.execute(r["root"], "c-1", "agent.send", {"to": "kid", "message": long})
+        assert sent == {"to": "r-kid", "size": 5000}
+        event = recorded[-1]
+        assert (event.kind, event.layer, event.outcome, event.run, event.cell) == (
+            "agent.message",
+            "broker",
+            "info",
+            "r-root",
+            "c-1",
+        )
+        assert event.detail["message"] == "x" * 2000 and event.detail["truncated"] is True
+        assert (event.detail["from"], event.detail["to"], event.detail["size"]) == ("r-root", "r-kid", 5000)
+        got = await agents.execute(r["kid"], "c-2", "agent.recv", {"timeout": 0})
+        assert (got["from"], got["name"], got["message"]) == ("r-root", "root", long)
+        assert await agents.execute(r["kid"], "c-2", "agent.recv", {"timeout": 0}) == {"timeout": True}
+        for i in range(1000):
+            await agents.execute(r["root"], "c-1", "agent.send", {"to": "kid", "message": str(i)})
+        before = len(recorded)
+        full = await agents.execute(r["root"], "c-1", "agent.send", {"to": "kid", "message": "one more"})
+        assert full["error"]["code"] == "full" and "1000 messages" in full["error"]["message"]
+        assert len(recorded) == before, "a refused message was recorded as sent"
+        first = await agents.execute(r["kid"], "c-2", "agent.recv", {})
+        assert first["message"] == "0"
+        r["kid"].state = "ended"
+        r["kid"].done.set()
+        agents.ended(r["kid"])
+        gone = await agents.execute(r["root"], "c-1", "agent.send", {"to": "kid", "message": "late"})
+        assert gone["error"]["code"] == "gone"
 
     asyncio.run(scenario())
