@@ -254,17 +254,22 @@ def test_http_fetch_follows_redirects_only_to_allowed_places(
         "    print(json.dumps({'redirect': 'followed'}))\n"
         "except sa.Denied as e:\n"
         "    print(json.dumps({'redirect': 'refused', 'reason': str(e)}))\n"
+        "try:\n"
+        "    b.fetch('https://docs.example.com:8443/nothing-listens')\n"
+        "except sa.IntentFailed as e:\n"
+        "    print(json.dumps({'unreachable': e.code}))\n"
     )
     script_file = tmp_path / "fetch_agent.py"
     script_file.write_text(agent)
     policy = {
-        "network": {"allow": ["docs.example.com:80"], "fetch_plain_http": True},
+        "network": {"allow": ["docs.example.com:80", "docs.example.com:8443"], "fetch_plain_http": True},
         "filesystem": {"read": [str(tmp_path / "fetch_agent.py")]},
     }
     info, out, events = _run(dt, tmp_path, "fetch", f"{PY} {script_file}", **policy)
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert lines[0] == {"status": 200, "body": "hello from docs\n"}, out
     assert lines[1]["redirect"] == "refused", out
+    assert lines[2] == {"unreachable": "failed"}, out
     assert w.canaries.hits == []
     vias = [e["detail"]["via"] for e in _requests(events)]
     assert vias and all(v == "http.fetch" for v in vias)

@@ -113,7 +113,7 @@ async def fetch_value(
     """Fetch for the agent; every hop an ``http.request`` event. A refusal on the
     way (a redirect to a forbidden place) is a ``failure`` value, as the broker's
     own refusals are, so the caller records and counts it."""
-    from stockade.gateway._fetch import FetchRefused, fetch
+    from stockade.gateway._fetch import FetchFailed, FetchRefused, fetch
 
     parsed = FetchArgs.model_validate(args)
     started = time.monotonic()
@@ -130,6 +130,11 @@ async def fetch_value(
     except FetchRefused as exc:
         await hooks.record([hop_event(run, cell, hop, tool_call) for hop in exc.hops])
         return failure("refused", exc.reason)
+    except FetchFailed as exc:
+        # Allowed, but it did not work (unreachable, a bad certificate, a
+        # timeout): recorded, and not a denial.
+        await hooks.record([hop_event(run, cell, hop, tool_call) for hop in exc.hops])
+        return failure("failed", exc.reason)
     await hooks.record([hop_event(run, cell, hop, tool_call) for hop in result.hops])
     return {
         "status": result.status,
