@@ -254,8 +254,11 @@ def pattern_kind(pattern: str) -> PatternKind:
     return "ip"
 
 
+@lru_cache(maxsize=4096)
 def _requested(host: str) -> str | IPAddress | None:
-    """The requested host as a lower-case name or an address; ``None`` if it is neither."""
+    """The requested host as a lower-case name or an address; ``None`` if it is neither.
+
+    Cached: the gateway asks about the same few hosts for every request."""
     host = host.strip()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
