@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import h11
+
+from stockade.record._event import Event
+
+Scheme = Literal["http", "https", "tunnel"]
 
 # RFC 9110 section 7.6.1, plus the proxy-only ones clients still send.
 # Transfer-Encoding is hop-by-hop too, but h11 owns it: it re-frames each body
@@ -209,7 +217,7 @@ async def forward(
                 try:
                     event = await next_event(client, creader, timeout)
                 except (TimeoutError, h11.RemoteProtocolError, ConnectionError) as exc:
-                    raise ClientGone(f"the client broke off its request body ({_why(exc)})") from exc
+                    raise ClientGone(f"the client broke off its request body ({reason_of(exc)})") from exc
                 if isinstance(event, h11.Data):
                     outcome.bytes_up += len(event.data)
                     w.write(up.send(event))
@@ -275,14 +283,164 @@ async def forward(
     except ConnectionError as exc:
         if cwriter.is_closing():
             raise ClientGone("the client closed the connection") from exc
-        raise UpstreamFailed(f"the upstream connection failed ({_why(exc)})") from exc
+        raise UpstreamFailed(f"the upstream connection failed ({reason_of(exc)})") from exc
 
 
 class ClientGone(Exception):
     """The client broke off; nothing more can be sent to it."""
 
 
-def _why(exc: BaseException) -> str:
+class ClientProtocol(asyncio.StreamReaderProtocol):
+    """The client connection's protocol: a StreamReaderProtocol that also says when the client leaves."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gone = False
+        self.on_gone: Callable[[], object] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio sets TCP_NODELAY only on sockets made with proto=IPPROTO_TCP;
+        # the cell's listening socket (proto 0) hands out ones without it, and
+        # Nagle against the client's delayed ACK then costs ~40 ms a response.
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
+
+    def _left(self) -> None:
+        self.gone = True
+        if self.on_gone is not None:
+            self.on_gone()
+
+    def eof_received(self) -> bool:
+        keep_open = super().eof_received()
+        self._left()
+        return bool(keep_open)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._left()
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What an event says about a request; filled in as it is learned."""
+
+    method: str
+    scheme: Scheme
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+    address: str | None = None
+    start: float = field(default_factory=time.time)
+    began: float = field(default_factory=time.monotonic)
+
+    def url(self) -> str:
+        if self.scheme == "tunnel" or self.method == "CONNECT":
+            return f"{bracket(self.host or '?')}:{self.port}"
+        default = 80 if self.scheme == "http" else 443
+        port = "" if self.port in (None, default) else f":{self.port}"
+        return f"{self.scheme}://{bracket(self.host or '?')}{port}{self.path or ''}"
+
+
+def request_event(
+    req: RequestInfo,
+    *,
+    run: str,
+    cell: str,
+    status: int | None,
+    outcome: Outcome,
+    verdict: Literal["allow", "deny"],
+    reason: str,
+    rule: str | None,
+    scrub: Callable[[str], str],
+) -> Event:
+    """The ``http.request`` event of ``req`` (docs/EVENTS.md); ``scrub`` hides secrets in every text."""
+    url = scrub(req.url())
+    path = scrub(req.path) if req.path is not None and req.scheme != "tunnel" else None
+    reason = scrub(reason)
+    if verdict == "allow":
+        what = f"{status}" if status is not None else "no answer"
+        size = _size(outcome.bytes_down)
+        summary = f"{req.method} {url} allowed by {rule or 'network.allow'}: {what}, {size}"
+        if outcome.error:
+            summary += f" ({scrub(outcome.error)})"
+    else:
+        summary = f"{req.method} {url} refused: {reason}"
+    return Event(
+        kind="http.request",
+        cell=cell,
+        layer="gateway",
+        outcome="allowed" if verdict == "allow" else "denied",
+        detail={
+            "method": scrub(req.method),
+            "scheme": req.scheme,
+            "host": req.host,
+            "port": req.port,
+            "path": path,
+            "address": req.address,
+            "status": status,
+            "bytes_up": outcome.bytes_up,
+            "bytes_down": outcome.bytes_down,
+            "duration": round(time.monotonic() - req.began, 6),
+            "verdict": verdict,
+            "rule": rule,
+            "reason": reason,
+        },
+        time=req.start,
+        summary=summary,
+        run=run,
+    )
+
+
+def header_value(event: h11.Request, name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case) of ``event``."""
+    for key, value in event.headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def own_answer(
+    h: h11.Connection, status: int, text: str, *, deny: bool, rule: str | None, keep: bool
+) -> bytes:
+    """The bytes of an answer of the proxy's own (a refusal, a 502, a 503), in plain text.
+
+    A refusal (``deny``, or any 400/403/431) carries ``X-Stockade-Verdict: deny``
+    and ``X-Stockade-Rule`` (the rule that decided, or ``none``).
+
+    Raises:
+        h11.LocalProtocolError: ``h`` is not waiting for a response.
+    """
+    body = (text + "\n").encode("utf-8", "replace")
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    if not keep:
+        headers.append((b"connection", b"close"))
+    if deny or status in (400, 403, 431):
+        safe = "".join(ch if " " <= ch < "\x7f" else "?" for ch in rule or "none")
+        headers.append((b"x-stockade-verdict", b"deny"))
+        headers.append((b"x-stockade-rule", safe.encode("ascii")))
+    out = h.send(h11.Response(status_code=status, headers=headers)) or b""
+    out += h.send(h11.Data(data=body)) or b""
+    return out + (h.send(h11.EndOfMessage()) or b"")
+
+
+def bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _size(n: int) -> str:
+    if n < 1000:
+        return f"{n} B"
+    value = n / 1000
+    for unit in ("kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            break
+        value /= 1000
+    return f"{value:.1f} {unit}"
+
+
+def reason_of(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
     return str(exc) or type(exc).__name__
@@ -292,13 +450,21 @@ __all__ = [
     "HOP_BY_HOP",
     "BadRequest",
     "ClientGone",
+    "ClientProtocol",
     "Outcome",
+    "RequestInfo",
+    "Scheme",
     "Target",
     "Upstream",
     "UpstreamFailed",
+    "bracket",
     "forward",
     "forward_headers",
+    "header_value",
     "next_event",
+    "own_answer",
     "parse_absolute",
     "parse_authority",
+    "reason_of",
+    "request_event",
 ]

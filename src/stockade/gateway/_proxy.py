@@ -20,12 +20,10 @@ client reads it; an allowed request is recorded when it ends, off its path.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import ssl
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -36,23 +34,31 @@ from stockade.gateway._egress import Destination, Egress, EgressDecision, Egress
 from stockade.gateway._http import (
     BadRequest,
     ClientGone,
+    ClientProtocol,
     Outcome,
+    RequestInfo,
+    Scheme,
     Target,
     Upstream,
     UpstreamFailed,
+    bracket,
     forward,
     forward_headers,
+    header_value,
     next_event,
+    own_answer,
     parse_absolute,
     parse_authority,
+    reason_of,
+    request_event,
 )
 from stockade.gateway._secrets import SecretMisuse, Secrets
 from stockade.gateway._tunnel import (
-    MAX_CLIENT_HELLO,
     UNRECOGNIZED_NAME_ALERT,
     ClientHelloError,
     Relay,
-    parse_client_hello,
+    read_client_hello,
+    sni_mismatch,
 )
 from stockade.gateway._upstream import open_upstream
 from stockade.record._event import Event
@@ -66,8 +72,6 @@ MAX_SUBSTITUTED_BODY = 1024 * 1024
 CONNECT_TIMEOUT = 30.0
 LISTEN_BACKLOG = 1024
 HANDSHAKE_TIMEOUT = 30.0
-
-Scheme = Literal["http", "https", "tunnel"]
 
 _TOO_MANY_TEXT = b"stockade: too many connections to the gateway; close some and retry\n"
 _TOO_MANY = (
@@ -96,38 +100,6 @@ class GatewayHooks(Protocol):
         ...
 
 
-class _ClientProtocol(asyncio.StreamReaderProtocol):
-    """The client connection's protocol: a StreamReaderProtocol that also says when the client leaves."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.gone = False
-        self.on_gone: Callable[[], object] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # asyncio sets TCP_NODELAY only on sockets made with proto=IPPROTO_TCP;
-        # the cell's listening socket (proto 0) hands out ones without it, and
-        # Nagle against the client's delayed ACK then costs ~40 ms a response.
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().connection_made(transport)
-
-    def _left(self) -> None:
-        self.gone = True
-        if self.on_gone is not None:
-            self.on_gone()
-
-    def eof_received(self) -> bool:
-        keep_open = super().eof_received()
-        self._left()
-        return bool(keep_open)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._left()
-
-
 @dataclass(slots=True)
 class _Client:
     """One client connection (or the TLS session inside one of its CONNECTs)."""
@@ -144,27 +116,6 @@ class _Client:
         if self.upstream is not None:
             self.upstream.close()
             self.upstream = None
-
-
-@dataclass(slots=True)
-class _Request:
-    """What an event says about a request; filled in as it is learned."""
-
-    method: str
-    scheme: Scheme
-    host: str | None = None
-    port: int | None = None
-    path: str | None = None
-    address: str | None = None
-    start: float = field(default_factory=time.time)
-    began: float = field(default_factory=time.monotonic)
-
-    def url(self) -> str:
-        if self.scheme == "tunnel" or self.method == "CONNECT":
-            return f"{_bracket(self.host or '?')}:{self.port}"
-        default = 80 if self.scheme == "http" else 443
-        port = "" if self.port in (None, default) else f":{self.port}"
-        return f"{self.scheme}://{_bracket(self.host or '?')}{port}{self.path or ''}"
 
 
 class Proxy:
@@ -209,8 +160,8 @@ class Proxy:
         async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._connection(cell_id, reader, writer)
 
-        def protocol() -> _ClientProtocol:
-            return _ClientProtocol(asyncio.StreamReader(limit=MAX_HEADERS, loop=loop), connected, loop=loop)
+        def protocol() -> ClientProtocol:
+            return ClientProtocol(asyncio.StreamReader(limit=MAX_HEADERS, loop=loop), connected, loop=loop)
 
         # asyncio.start_server, with a protocol that says when the client leaves.
         # asyncio calls listen() again with its own backlog (100 unless told):
@@ -272,7 +223,7 @@ class Proxy:
             except h11.RemoteProtocolError as exc:
                 if c.reader.at_eof():
                     return  # the client left mid-request: nobody to answer
-                req = _Request("?", "https" if tls else "http")
+                req = RequestInfo("?", "https" if tls else "http")
                 status = exc.error_status_hint if exc.error_status_hint in (400, 431) else 400
                 await self._refuse(c, req, status, f"the request is malformed: {exc}", None)
                 return
@@ -280,7 +231,7 @@ class Proxy:
                 return  # ConnectionClosed
             if len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers) > MAX_HEADERS:
                 # h11 bounds only a head that is still incomplete; one read can bring it whole.
-                req = _Request(event.method.decode("ascii", "replace"), "https" if tls else "http")
+                req = RequestInfo(event.method.decode("ascii", "replace"), "https" if tls else "http")
                 await self._refuse(c, req, 431, f"the request's headers exceed {MAX_HEADERS // 1024} KiB")
                 return
             keep = await self._request(c, event, tls)
@@ -293,7 +244,7 @@ class Proxy:
         method = event.method.decode("ascii", "replace")
         target = event.target.decode("ascii", "replace")
         scheme: Scheme = "https" if tls is not None else "http"
-        req = _Request(method, "tunnel" if method == "CONNECT" else scheme)
+        req = RequestInfo(method, "tunnel" if method == "CONNECT" else scheme)
         halted = self._hooks.halted()
         if halted is not None:
             return await self._refuse(c, req, 403, f"the run is halted ({halted}); every request is refused")
@@ -313,7 +264,7 @@ class Proxy:
             else:
                 target_parsed = parse_absolute(target)
             req.host, req.port, req.path = target_parsed.host, target_parsed.port, target_parsed.path
-            host_header = _header(event, b"host")
+            host_header = header_value(event, b"host")
             if host_header is None:
                 raise BadRequest("the request has no Host header; send one naming the URL's host")
             named = parse_authority(host_header, 80 if tls is None else 443)
@@ -322,7 +273,7 @@ class Proxy:
             ):
                 raise BadRequest(
                     f"the Host header {host_header!r} does not name the host of the request "
-                    f"({_bracket(tls.host if tls else target_parsed.host)}:{target_parsed.port}); "
+                    f"({bracket(tls.host if tls else target_parsed.host)}:{target_parsed.port}); "
                     "send the same host in both"
                 )
         except BadRequest as exc:
@@ -331,7 +282,9 @@ class Proxy:
 
     # ------------------------------------------------------------------ plain requests
 
-    async def _forward(self, c: _Client, event: h11.Request, req: _Request, tls: Destination | None) -> bool:
+    async def _forward(
+        self, c: _Client, event: h11.Request, req: RequestInfo, tls: Destination | None
+    ) -> bool:
         assert req.host is not None and req.port is not None and req.path is not None
         host, port, path = req.host, req.port, req.path
         decision = self._egress.decide(host, port, method=req.method, path=path.partition("?")[0])
@@ -346,9 +299,9 @@ class Proxy:
         if c.h.they_are_waiting_for_100_continue:
             c.writer.write(c.h.send(h11.InformationalResponse(status_code=100, headers=[])))
         body: bytes | None = None
-        length = _header(event, b"content-length")
+        length = header_value(event, b"content-length")
         small = length is not None and length.isdigit() and int(length) <= MAX_SUBSTITUTED_BODY
-        if small and _header(event, b"transfer-encoding") is None:
+        if small and header_value(event, b"transfer-encoding") is None:
             body = await self._read_body(c)
             try:
                 body = self._put_secrets(body, host, encrypted)
@@ -375,12 +328,14 @@ class Proxy:
                     dest, tls=self._upstream_tls if tls is not None else None, timeout=CONNECT_TIMEOUT
                 )
             except (OSError, TimeoutError, ssl.SSLError) as exc:
-                return await self._fail(c, req, decision, f"could not connect to {req.url()}: {_why(exc)}")
+                return await self._fail(
+                    c, req, decision, f"could not connect to {req.url()}: {reason_of(exc)}"
+                )
             upstream = c.upstream = Upstream((host, port), str(dest.address), reader, writer)
         req.address = upstream.address
         outcome = Outcome()
         protocol = c.writer.transport.get_protocol()
-        assert isinstance(protocol, _ClientProtocol)
+        assert isinstance(protocol, ClientProtocol)
         # A client that leaves while the upstream is silent would go unnoticed
         # (nothing reads it then): end the upstream connection at once, as nginx does.
         protocol.on_gone = upstream.writer.transport.abort
@@ -432,7 +387,7 @@ class Proxy:
             try:
                 event = await next_event(c.h, c.reader, self._idle)
             except (TimeoutError, h11.RemoteProtocolError) as exc:
-                raise ClientGone(f"the client broke off its request body ({_why(exc)})") from exc
+                raise ClientGone(f"the client broke off its request body ({reason_of(exc)})") from exc
             if isinstance(event, h11.Data):
                 chunks.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
@@ -442,7 +397,7 @@ class Proxy:
 
     # ------------------------------------------------------------------ CONNECT
 
-    async def _connect(self, c: _Client, target: str, req: _Request) -> bool:
+    async def _connect(self, c: _Client, target: str, req: RequestInfo) -> bool:
         try:
             host, port = parse_authority(target, None)
         except BadRequest as exc:
@@ -479,44 +434,30 @@ class Proxy:
         return False
 
     async def _tunnel(
-        self, c: _Client, dest: Destination, req: _Request, decision: EgressDecision, first: bytes
+        self, c: _Client, dest: Destination, req: RequestInfo, decision: EgressDecision, first: bytes
     ) -> None:
-        buffer = bytearray(first)
-        while True:
-            try:
-                hello = parse_client_hello(bytes(buffer))
-            except ClientHelloError as exc:
-                await self._refuse_in_tunnel(c, req, f"{exc}; only TLS may pass through CONNECT", decision)
-                return
-            if hello is not None:
-                break
-            async with asyncio.timeout(min(self._idle, HANDSHAKE_TIMEOUT)):
-                data = await c.reader.read(4 * MAX_CLIENT_HELLO)
-            if not data:
-                return  # the client left before saying anything
-            buffer += data
+        try:
+            hello, first = await read_client_hello(c.reader, first, min(self._idle, HANDSHAKE_TIMEOUT))
+        except ClientHelloError as exc:
+            await self._refuse_in_tunnel(c, req, f"{exc}; only TLS may pass through CONNECT", decision)
+            return
+        if hello is None:
+            return  # the client left before saying anything
         # Nothing more is read from the client until the relay takes over, so
-        # the buffer holds every byte the client has sent (none is left behind
+        # ``first`` holds every byte the client has sent (none is left behind
         # in the StreamReader).
         client_transport = cast(asyncio.Transport, c.writer.transport)
         client_transport.pause_reading()
         client_eof = c.reader.at_eof()
-        literal = _is_literal(dest.host)
-        if (hello.sni is None and not literal) or (hello.sni is not None and hello.sni != dest.host):
-            said = "no server name (SNI)" if hello.sni is None else f"the server name {hello.sni!r}"
-            wanted = "none, since the CONNECT named an address" if literal else repr(dest.host)
+        mismatch = sni_mismatch(hello, dest.host)
+        if mismatch is not None:
             c.writer.write(UNRECOGNIZED_NAME_ALERT)
-            await self._refuse_in_tunnel(
-                c,
-                req,
-                f"the TLS ClientHello carries {said}, not {wanted}; connect to the host you named",
-                decision,
-            )
+            await self._refuse_in_tunnel(c, req, mismatch, decision)
             return
         try:
             _reader, writer = await open_upstream(dest, tls=None, timeout=CONNECT_TIMEOUT)
         except (OSError, TimeoutError) as exc:
-            outcome = Outcome(status=502, error=f"could not connect to {req.url()}: {_why(exc)}")
+            outcome = Outcome(status=502, error=f"could not connect to {req.url()}: {reason_of(exc)}")
             self._record_later(self._event(c, req, 502, outcome, decision, "allow", outcome.error or ""))
             return
         relay = Relay(
@@ -526,14 +467,14 @@ class Proxy:
         )
         error: BaseException | None = None
         try:
-            error = await relay.run(bytes(buffer), client_eof=client_eof)
+            error = await relay.run(first, client_eof=client_eof)
         finally:
             outcome = Outcome(status=200, bytes_up=relay.bytes_up, bytes_down=relay.bytes_down)
-            reason = decision.reason if error is None else f"the tunnel ended: {_why(error)}"
+            reason = decision.reason if error is None else f"the tunnel ended: {reason_of(error)}"
             self._record_later(self._event(c, req, 200, outcome, decision, "allow", reason))
 
     async def _terminate(
-        self, c: _Client, dest: Destination, req: _Request, decision: EgressDecision, first: bytes
+        self, c: _Client, dest: Destination, req: RequestInfo, decision: EgressDecision, first: bytes
     ) -> None:
         assert self._ca is not None
         if first:
@@ -543,7 +484,9 @@ class Proxy:
                 self._ca.server_context(dest.host), ssl_handshake_timeout=HANDSHAKE_TIMEOUT
             )
         except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
-            reason = f"the client's TLS handshake with the gateway failed ({_why(exc)}); trust the run's CA"
+            reason = (
+                f"the client's TLS handshake with the gateway failed ({reason_of(exc)}); trust the run's CA"
+            )
             outcome = Outcome(error=reason)
             self._record_later(self._event(c, req, None, outcome, decision, "allow", reason))
             return
@@ -556,7 +499,7 @@ class Proxy:
     # ------------------------------------------------------------------ answers and events
 
     async def _refuse(
-        self, c: _Client, req: _Request, status: int, reason: str, rule: str | None = None
+        self, c: _Client, req: RequestInfo, status: int, reason: str, rule: str | None = None
     ) -> bool:
         """Record a denial, count it, then answer ``status``; whether the connection may go on.
 
@@ -575,7 +518,7 @@ class Proxy:
         return self._answer(c, status, text, rule=rule, keep=keep)
 
     async def _refuse_in_tunnel(
-        self, c: _Client, req: _Request, reason: str, decision: EgressDecision
+        self, c: _Client, req: RequestInfo, reason: str, decision: EgressDecision
     ) -> None:
         """A refusal after the 200 of a CONNECT: recorded and counted, then the connection closes."""
         event = self._event(c, req, None, Outcome(), decision, "deny", reason)
@@ -586,7 +529,12 @@ class Proxy:
         await self._hooks.denied()
 
     async def _fail(
-        self, c: _Client, req: _Request, decision: EgressDecision, reason: str, outcome: Outcome | None = None
+        self,
+        c: _Client,
+        req: RequestInfo,
+        decision: EgressDecision,
+        reason: str,
+        outcome: Outcome | None = None,
     ) -> bool:
         """An allowed request the upstream could not serve: 502, recorded when answered."""
         outcome = outcome or Outcome()
@@ -609,25 +557,13 @@ class Proxy:
         """Send the proxy's own answer; whether the connection may carry another request."""
         if c.h.our_state is not h11.SEND_RESPONSE:
             return False
-        body = (text + "\n").encode("utf-8", "replace")
-        headers = [
-            (b"content-type", b"text/plain; charset=utf-8"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        if not keep:
-            headers.append((b"connection", b"close"))
-        if verdict is not None or status in (400, 403, 431):
-            headers.append((b"x-stockade-verdict", b"deny"))
-            headers.append((b"x-stockade-rule", _header_safe(rule or "none")))
         try:
-            c.writer.write(c.h.send(h11.Response(status_code=status, headers=headers)))
-            c.writer.write(c.h.send(h11.Data(data=body)))
-            c.writer.write(c.h.send(h11.EndOfMessage()))
+            c.writer.write(own_answer(c.h, status, text, deny=verdict is not None, rule=rule, keep=keep))
         except h11.LocalProtocolError:
             return False
         return keep
 
-    async def _flush_unrecorded(self, c: _Client, req: _Request) -> bool:
+    async def _flush_unrecorded(self, c: _Client, req: RequestInfo) -> bool:
         """Store what a failed background record left; False (after a 503) while the store cannot."""
         if not self._unrecorded:
             return True
@@ -656,7 +592,7 @@ class Proxy:
     def _event(
         self,
         c: _Client,
-        req: _Request,
+        req: RequestInfo,
         status: int | None,
         outcome: Outcome,
         decision: EgressDecision | None,
@@ -666,76 +602,17 @@ class Proxy:
         rule: str | None = None,
     ) -> Event:
         rule = rule if rule is not None else (decision.rule if decision is not None else None)
-        scrub = self._secrets.scrub
-        url = scrub(req.url())
-        path = scrub(req.path) if req.path is not None and req.scheme != "tunnel" else None
-        reason = scrub(reason)
-        if verdict == "allow":
-            what = f"{status}" if status is not None else "no answer"
-            size = _size(outcome.bytes_down)
-            summary = f"{req.method} {url} allowed by {rule or 'network.allow'}: {what}, {size}"
-            if outcome.error:
-                summary += f" ({scrub(outcome.error)})"
-        else:
-            summary = f"{req.method} {url} refused: {reason}"
-        return Event(
-            kind="http.request",
-            cell=c.cell,
-            layer="gateway",
-            outcome="allowed" if verdict == "allow" else "denied",
-            detail={
-                "method": scrub(req.method),
-                "scheme": req.scheme,
-                "host": req.host,
-                "port": req.port,
-                "path": path,
-                "address": req.address,
-                "status": status,
-                "bytes_up": outcome.bytes_up,
-                "bytes_down": outcome.bytes_down,
-                "duration": round(time.monotonic() - req.began, 6),
-                "verdict": verdict,
-                "rule": rule,
-                "reason": reason,
-            },
-            time=req.start,
-            summary=summary,
+        return request_event(
+            req,
             run=self.run_id,
+            cell=c.cell,
+            status=status,
+            outcome=outcome,
+            verdict=verdict,
+            reason=reason,
+            rule=rule,
+            scrub=self._secrets.scrub,
         )
-
-
-def _header(event: h11.Request, name: bytes) -> str | None:
-    for key, value in event.headers:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _is_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _header_safe(text: str) -> bytes:
-    return "".join(ch if " " <= ch < "\x7f" else "?" for ch in text).encode("ascii")
-
-
-def _size(n: int) -> str:
-    if n < 1000:
-        return f"{n} B"
-    value = n / 1000
-    for unit in ("kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            break
-        value /= 1000
-    return f"{value:.1f} {unit}"
 
 
 def _store_failed(exc: BaseException) -> str:
@@ -743,12 +620,6 @@ def _store_failed(exc: BaseException) -> str:
         f"stockade: the record cannot be written ({exc}); nothing is forwarded until it can, "
         "so fix the daemon's store (disk space, permissions) and retry"
     )
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return str(exc) or type(exc).__name__
 
 
 __all__ = ["GatewayHooks", "Proxy"]

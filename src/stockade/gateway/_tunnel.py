@@ -11,6 +11,7 @@ was never meant to reach).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from dataclasses import dataclass
 
 # A ClientHello is a few hundred bytes, 1-2 KiB with post-quantum key shares;
@@ -128,6 +129,49 @@ def _server_name(body: bytes) -> str | None:
                     raise ClientHelloError("the ClientHello's server name is not a host name")
                 return text.lower().rstrip(".")
         return None
+    return None
+
+
+async def read_client_hello(
+    reader: asyncio.StreamReader, first: bytes, timeout: float
+) -> tuple[ClientHello | None, bytes]:
+    """The client's ClientHello and every byte read for it (``first`` included);
+    ``None`` when the client closed before sending one.
+
+    Raises:
+        ClientHelloError: the bytes are not a ClientHello (see ``parse_client_hello``).
+        TimeoutError: no complete ClientHello within ``timeout`` seconds.
+    """
+    buffer = bytearray(first)
+    async with asyncio.timeout(timeout):
+        while True:
+            hello = parse_client_hello(bytes(buffer))
+            if hello is not None:
+                return hello, bytes(buffer)
+            # Large reads: whatever the StreamReader holds comes out whole,
+            # so nothing stays behind in it when the relay takes the transport.
+            data = await reader.read(4 * MAX_CLIENT_HELLO)
+            if not data:
+                return None, bytes(buffer)
+            buffer += data
+
+
+def sni_mismatch(hello: ClientHello, host: str) -> str | None:
+    """Why ``hello`` does not fit a CONNECT to ``host`` (normalised), or ``None`` when it does.
+
+    A name must come as the SNI itself; an IP address comes without SNI (a
+    client never sends an address there, so one that sends a name is reaching
+    for another server at that address).
+    """
+    try:
+        ipaddress.ip_address(host)
+        literal = True
+    except ValueError:
+        literal = False
+    if (hello.sni is None and not literal) or (hello.sni is not None and hello.sni != host):
+        said = "no server name (SNI)" if hello.sni is None else f"the server name {hello.sni!r}"
+        wanted = "none, since the CONNECT named an address" if literal else repr(host)
+        return f"the TLS ClientHello carries {said}, not {wanted}; connect to the host you named"
     return None
 
 
@@ -249,4 +293,6 @@ __all__ = [
     "ClientHelloError",
     "Relay",
     "parse_client_hello",
+    "read_client_hello",
+    "sni_mismatch",
 ]
