@@ -44,6 +44,7 @@ POLICY = PACKAGE / "policy.yaml"
 AGENT = PACKAGE / "agent.py"
 PYTHON = "/usr/bin/python3"
 OTHER_AGENT = "/var/lib/stockade/workspaces/stockade-demo-other"
+LOCK = "/run/stockade-demo.lock"
 DOCS_TOKEN_ENV = "STOCKADE_DEMO_DOCS_TOKEN"
 LLM_KEY_ENV = "STOCKADE_DEMO_LLM_KEY"
 TASK = (
@@ -118,6 +119,7 @@ def run_agent_demo(
     docs_token = "docs-" + secrets.token_hex(16)
     llm_key = "sk-demo-" + secrets.token_hex(16)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_one_at_a_time())
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="stockade-demo-"))
         stack.enter_context(_environ({DOCS_TOKEN_ENV: docs_token, LLM_KEY_ENV: llm_key}))
         from stockade.demo._world import DOCS_HOST, DemoWorld, ModelServer
@@ -262,6 +264,19 @@ def _closing(thing: Any) -> Iterator[Any]:
         yield thing
     finally:
         thing.close()
+
+
+@contextlib.contextmanager
+def _one_at_a_time() -> Iterator[None]:
+    """Demos on one host take turns: they share the other agent's workspace (a fixed path)."""
+    import fcntl
+
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
