@@ -122,7 +122,7 @@ def test_a_helper_is_spawned_and_they_message_each_other(tmp_path: Path) -> None
     with daemon_at(tmp_path) as dt:
         wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
         events.call("events.subscribe")
-        info, lines = run_to_end(wire, events, policy)
+        info, lines = run_to_end(wire, events, policy, unattended=True)
         assert info["exit_code"] == 0, lines
         spawned = lines[0]["out"]["result"]
         assert spawned["verdict"] == "allow" and spawned["rule"] == "spawn"
@@ -138,7 +138,7 @@ def test_a_helper_is_spawned_and_they_message_each_other(tmp_path: Path) -> None
         mine = run_info(wire, helper)
         assert mine["parent"] == info["id"] and info["children"] == [helper]
         assert mine["workspace"] == info["workspace"] == str(ws)
-        assert mine["exit_code"] == 0
+        assert mine["exit_code"] == 0 and mine["unattended"] is True  # as its parent is
         heard = lines_of(wire, helper)[0]["out"]["result"]["value"]
         assert (heard["from"], heard["message"]) == (info["id"], "ping")
         # Every message is recorded, as the sender's event.
@@ -296,7 +296,7 @@ def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents
 
 
 ALLOW = Decision("allow", "s", "allowed")
-HELPER = "name: h\nfilesystem: {read: [/usr/lib]}\n"
+HELPER = "name: h\ncommand: [true]\nfilesystem: {read: [/usr/lib]}\n"
 
 
 def test_family_is_parent_siblings_and_helpers_never_strangers() -> None:
@@ -347,12 +347,16 @@ def test_helpers_go_four_levels_deep_and_sixteen_at_once() -> None:
 def test_a_spawn_is_proven_even_when_it_would_ask_and_a_bad_policy_is_bad_params() -> None:
     agents, r = _runs_of("root")
     ask = Decision("ask", "s", "ask first")
-    wide = agents.decide(r["root"], "agent.spawn", {"policy": "name: h\nmode: audit\n"}, ask)
+    wide = agents.decide(r["root"], "agent.spawn", {"policy": "name: h\ncommand: [true]\nmode: audit\n"}, ask)
     assert wide.verdict == "deny" and wide.rule == "s" and "mode 'audit'" in wide.reason
     assert agents.decide(r["root"], "agent.spawn", {"policy": HELPER}, ask) is ask
     with pytest.raises(RequestError, match="'policy' is not a valid policy") as info:
         agents.decide(r["root"], "agent.spawn", {"policy": "mode: enforce\n"}, Decision("deny", None, "x"))
     assert info.value.code == "bad_params"
+    with pytest.raises(RequestError, match="give 'argv', or a command in the policy") as info:
+        agents.decide(r["root"], "agent.spawn", {"policy": "name: h\n"}, ALLOW)
+    assert info.value.code == "bad_params"
+    assert agents.decide(r["root"], "agent.spawn", {"policy": "name: h\n", "argv": ["true"]}, ALLOW) == ALLOW
 
 
 def test_a_mailbox_keeps_order_wakes_its_reader_and_is_bounded() -> None:

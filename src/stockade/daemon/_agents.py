@@ -170,6 +170,11 @@ class Agents:
             policy = loads_policy(parsed.policy, source="<agent.spawn>", environ=run.environ)
         except PolicyError as exc:
             raise RequestError("bad_params", f"agent.spawn: 'policy' is not a valid policy: {exc}") from exc
+        if parsed.argv is None and not policy.command:
+            raise RequestError(
+                "bad_params",
+                "agent.spawn: the helper has nothing to run; give 'argv', or a command in the policy",
+            )
         if parsed.name is not None:
             policy = dataclasses.replace(policy, name=parsed.name)
         parent_file = run.policy.source

@@ -12,8 +12,9 @@ Each intent on a run's broker socket goes through ``Runs.intent``:
 
 1. a halted run refuses it (``denied``), recorded;
 2. the token must be this run's and live (``unauthorized``), recorded as a denial;
-3. the policy's ``tools`` rules decide (``Rules``); unattended runs deny what
-   would ask;
+3. the policy's ``tools`` rules decide (``Rules``), and for ``agent.*`` then
+   ``_agents`` (the subset proof of a helper's policy, the family of a
+   message's recipient); unattended runs deny what would ask;
 4. the ``intent`` event is stored, durably, before anything else happens;
 5. ``allow`` runs the intent (``IntentExecutor``), ``ask`` waits for the
    operator (``Approvals``), ``deny`` answers at once; every denial counts
