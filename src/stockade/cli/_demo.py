@@ -183,13 +183,22 @@ class _View:
             live = "refused"  # the kernel's record comes when the cell ends
         self._line(call, live)
         if call.category == "kernel" and not call.denials:
-            c.print(
-                f"{' ' * 10}[cyan]○[/cyan] [bold]kernel[/bold]: {_esc(_last_line(call.error))} "
-                "[dim](its record is read from the audit log when the cell ends)[/dim]"
+            self._body(
+                f"[cyan]○[/cyan] [bold]kernel[/bold]: {_esc(_last_line(call.error))} "
+                "[dim](its record comes from the audit log when the cell ends)[/dim]"
             )
         else:
-            c.print(f"{' ' * 10}{_stopped_by(call)}")
+            self._body(_stopped_by(call))
         self._flush()
+
+    def _body(self, text: str) -> None:
+        from rich.table import Table
+
+        body = Table.grid(padding=(0, 1), expand=True)
+        body.add_column(width=9, no_wrap=True)
+        body.add_column(ratio=1)
+        body.add_row("", text)
+        self.console.print(body)
 
     def _line(self, call: Call, verdict: str) -> None:
         from rich.table import Table
@@ -225,7 +234,7 @@ class _View:
                 c.print()
                 c.print("[bold]The call the tripwire interrupted[/bold], from the record:")
                 self._line(call, call.verdict)
-                c.print(f"{' ' * 10}{_stopped_by(call)}")
+                self._body(_stopped_by(call))
         kernel = [x for x in calls if x.category == "kernel"]
         if kernel:
             c.print()
@@ -234,7 +243,7 @@ class _View:
             )
             for call in kernel:
                 self._line(call, call.verdict)
-                c.print(f"{' ' * 10}{_stopped_by(call)}")
+                self._body(_stopped_by(call))
         c.print()
         s = report.summary()
         table = Table(title="Containment report", title_justify="left", show_header=False, box=None)
@@ -319,7 +328,7 @@ class _View:
 
 def _stopped_by(call: Call) -> str:
     verdict = call.verdict
-    how = _esc(call.how[:240])
+    how = _esc(call.how[:320])
     if verdict == "refused":
         layer = _LAYERS.get(call.layer, call.layer)
         rule = f" [dim]({_esc(call.rule[:120])})[/dim]" if call.rule and call.rule not in call.how else ""
@@ -364,10 +373,12 @@ def _own_title(call: Call) -> str:
 
 
 def _last_line(text: str) -> str:
+    """What the agent saw, short: the exit code and the last line of a traceback."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        return ""
-    return lines[0][:160] if len(lines) == 1 else f"{lines[0][:60]} … {lines[-1][:100]}"
+    if len(lines) <= 1:
+        return text.strip().removeprefix("RuntimeError: ")[:160]
+    head = lines[0].split("Traceback")[0].removeprefix("RuntimeError: ").strip()
+    return f"{head} {lines[-1][:120]}".strip()
 
 
 def _count(n: int, total: int) -> str:

@@ -87,7 +87,8 @@ class Call:
             if event.get("layer") in KERNEL:
                 return _kernel_rule(detail)
             if detail.get("reason"):
-                return str(detail["reason"])
+                # Its first clause: what was refused (the rest names the fix).
+                return str(detail["reason"]).split("; ")[0]
         return ""
 
     @property
