@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import select
 import socket
 import ssl
@@ -106,6 +107,8 @@ class Origin:
     connections: int = 0
     open: int = 0
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    sent: int = 0
+    """Body bytes of /bytes/N written so far."""
     _servers: list[asyncio.Server] = field(default_factory=list)
 
     async def listen(self, host: str, port: int) -> Origin:
@@ -166,6 +169,7 @@ class Origin:
                         part = chunk[: min(left, len(chunk))]
                         writer.write(conn.send(h11.Data(data=part)))
                         left -= len(part)
+                        self.sent += len(part)
                         await writer.drain()
                 elif path == "/hang":
                     writer.write(
@@ -730,6 +734,7 @@ async def _until(check: Callable[[], bool]) -> None:
 
 def test_client_hanging_up_mid_request_leaks_nothing(tmp_path: Path) -> None:
     async def body(w: World) -> None:
+        fds = _open_fds()
         # Mid-headers, mid-body, mid-response, mid-tunnel.
         _, writer = await w.raw()
         writer.write(b"GET http://api.example.com/echo HTTP/1.1\r\nHost: api.exa")
@@ -760,6 +765,47 @@ def test_client_hanging_up_mid_request_leaks_nothing(tmp_path: Path) -> None:
         # The two requests that reached the upstream and the tunnel are recorded, with their errors.
         events = await w.hooks.wait_events(3)
         assert all(e.outcome == "allowed" for e in events)
+        await _until(lambda: _open_fds() == fds)  # every socket of those connections closed
+
+    in_world(body, tmp_path)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_slow_reader_holds_the_upstream_back(tmp_path: Path) -> None:
+    async def body(w: World) -> None:
+        size = 64 * 1024 * 1024
+        for raw in (
+            b"GET http://api.example.com/bytes/%d HTTP/1.1\r\nHost: api.example.com\r\n\r\n" % size,
+            None,  # the same through a tunnel
+        ):
+            w.origin.sent = w.tls_origin.sent = 0
+            reader, writer = await w.raw()
+            if raw is None:
+                origin = w.tls_origin
+                writer.write(b"CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+                await reader.readuntil(b"\r\n\r\n")
+                ctx = ssl.create_default_context(cadata=w.pki.ca_pem.decode())
+                await writer.start_tls(ctx, server_hostname="api.example.com")
+                writer.write(b"GET /bytes/%d HTTP/1.1\r\nHost: api.example.com\r\n\r\n" % size)
+            else:
+                origin = w.origin
+                writer.write(raw)
+            # The client reads slowly, a little per turn of the loop while the origin
+            # writes 256 KiB per turn: only flow control along the way keeps the
+            # origin from racing ahead by the whole 64 MiB.
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            got = ahead = 0
+            while got < size:
+                got += len(await reader.read(16384))
+                ahead = max(ahead, origin.sent - got)
+                await asyncio.sleep(0)
+            assert got == size and origin.sent == size
+            assert ahead < 24 * 1024 * 1024, ahead
+            writer.close()
 
     in_world(body, tmp_path)
 
