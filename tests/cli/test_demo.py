@@ -291,7 +291,9 @@ def _stored(seq: int, when: float, layer: str, outcome: str = "denied") -> dict[
         (10.05, "broker", 1),  # inside the first call
         (10.1005, "broker", 1),  # just after its end (rounding)
         (10.195, "landlock", 2),  # a kernel record stamped a tick before the second call started
-        (10.15, "landlock", None),  # between the calls, too early for either: stray
+        (10.15, "landlock", 2),  # between the calls: kernel times only lag, so the next call's
+        (10.15, "broker", None),  # between the calls, from neither: stray
+        (9.5, "landlock", None),  # before the first call
         (10.25, "seccomp", 2),
         (10.5, "gateway", 2),  # after the last call's start, it never ended: the run ended at 11
         (11.5, "gateway", None),

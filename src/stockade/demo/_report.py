@@ -19,10 +19,10 @@ from stockade.demo._attempts import KERNEL, Planned
 Verdict = Literal["done", "failed", "refused", "unrecorded", "escaped", "allowed"]
 SLACK = 0.002
 """Seconds after a call's end that still count as the call's (times are rounded)."""
-KERNEL_LAG = 0.011
-"""Seconds a kernel record's time may lag behind the system call: the audit log
-stamps records with the coarse clock (``ktime_get_coarse_real_ts64``), one tick
-(4 ms at HZ=250, 10 ms at HZ=100) late at worst, in milliseconds."""
+KERNEL_TICK = 0.011
+"""How much earlier than its system call a kernel record may look: one tick of
+the coarse clock the audit log uses (10 ms at HZ=100). Used only before the
+first call, which has no previous call to bound it."""
 
 
 @dataclass
@@ -190,14 +190,19 @@ def pair(calls: list[Call], events: list[dict[str, Any]], ended: float) -> list[
             continue
         when = float(event.get("time", 0.0))
         # The calls come one after another, so the first whose end is not
-        # before the event holds it (if it had started by then).
-        lag = KERNEL_LAG if event.get("layer") in KERNEL else SLACK
+        # before the event holds it, if it had started by then. A kernel
+        # record may look earlier than its call's start: the audit log stamps
+        # records with the coarse clock (ktime_get_coarse_real_ts64), up to a
+        # tick late, in milliseconds. It cannot be the previous call's, which
+        # ended before, so a kernel record between two calls is the next one's.
         owner = next(
             (c for c in calls if when <= (c.end if c.end is not None else ended) + SLACK),
             None,
         )
-        if owner is not None and when < owner.start - lag:
-            owner = None
+        if owner is not None and when < owner.start - SLACK:
+            first = owner is calls[0]
+            if event.get("layer") not in KERNEL or (first and when < owner.start - KERNEL_TICK):
+                owner = None
         if owner is not None:
             owner.events.append(event)
         elif event.get("outcome") == "denied":
