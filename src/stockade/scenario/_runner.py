@@ -49,7 +49,6 @@ EXIT_FAILED = 1
 """An agent failed (after its restarts), or could not start."""
 EXIT_STOPPED = 130
 """The scenario was stopped (``stockade scenario stop``, Ctrl-C)."""
-_ENDS_KEPT = 10_000
 
 
 class ScenarioError(StockadeError):
@@ -442,7 +441,6 @@ class ScenarioRunner:
         self.unattended = unattended
         self.environ = dict(os.environ if environ is None else environ)
         self.on_change = on_change or (lambda _s: None)
-        self._ends: dict[str, Ended] = {}
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._client: Client | None = None
 
@@ -510,15 +508,11 @@ class ScenarioRunner:
         run_id = event.get("run")
         if not isinstance(run_id, str):
             return
-        if event.get("kind") == "run.end":
-            end = Ended.from_detail(event.get("detail") or {})
-            if self.scheduler.unit_of(run_id) is None:
-                # Ended before run.start answered us, or not ours: keep the latest few.
-                if len(self._ends) >= _ENDS_KEPT:
-                    del self._ends[next(iter(self._ends))]
-                self._ends[run_id] = end
-                return
-            self._ended(run_id, end)
+        # A run.end is never ours-but-unknown: events are handled on this thread,
+        # between launches, and a launch registers its run as soon as
+        # run.start answers; one that ended that fast waits in the inbox.
+        if event.get("kind") == "run.end" and self.scheduler.unit_of(run_id) is not None:
+            self._ended(run_id, Ended.from_detail(event.get("detail") or {}))
         elif event.get("kind") == "intent" and event.get("outcome") == "denied":
             self.scheduler.denied(run_id)
 
@@ -578,9 +572,6 @@ class ScenarioRunner:
                 {"id": run_id, "agent": unit.agent, "unit": unit.name, "attempt": unit.restarts + 1}
             )
         self.scheduler.started(unit, run_id)
-        early = self._ends.pop(run_id, None)
-        if early is not None:
-            self._ended(run_id, early)
 
     def _resubscribe(self, client: Client) -> None:
         """Our event stream fell behind and was dropped: subscribe again, then
