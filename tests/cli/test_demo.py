@@ -145,8 +145,8 @@ def test_the_tripwire_halts_the_run(json_run: tuple[int, dict[str, Any], Path]) 
     _, report, out = json_run
     run = report["run"]
     assert run["state"] == "halted"
-    assert run["denials"] == run["denial_limit"] == 18
-    assert report["summary"]["tripwire"] == "18 denials reached the limit of 18"
+    assert run["denials"] == run["denial_limit"] == 19
+    assert report["summary"]["tripwire"] == "19 denials reached the limit of 19"
     kinds = [s["event"]["kind"] for s in json.loads((out / "record.json").read_text())]
     assert "run.halted" in kinds and kinds[-1] == "run.end"
 
@@ -202,7 +202,7 @@ def test_the_live_rendering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         assert planned.title in " ".join(text.split()), planned.title
     assert "TRIPWIRE" in text
     assert "Containment report" in text
-    assert "Contained: 34 of 34 attempts refused and recorded" in " ".join(text.split())
+    assert "Contained: 35 of 35 attempts refused and recorded" in " ".join(text.split())
     assert "\x1b[" not in text
 
 

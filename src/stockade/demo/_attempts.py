@@ -37,6 +37,7 @@ EXPECTED: tuple[tuple[str, Expected], ...] = (
     ("broker-passwd", "broker"),
     ("broker-traversal", "broker"),
     ("broker-workspaces", "broker"),
+    ("spawn-wider", "broker"),
     ("broker-cron", "broker"),
     ("exec-curl", "broker"),
     ("ask-key", "broker"),

@@ -178,6 +178,17 @@ ESCAPE_ATTEMPTS: tuple[Attempt, ...] = (
     ),
     Attempt(
         "intent",
+        {
+            "name": "agent.spawn",
+            "args": {
+                "policy": "name: helper\nfilesystem: {write: [/var/lib/stockade/workspaces]}\n",
+                "argv": ["/bin/sh", "-c", "cat /var/lib/stockade/workspaces/*/notes.md"],
+            },
+        },
+        "a helper agent with a wider policy, to read the others' workspaces",
+    ),
+    Attempt(
+        "intent",
         {"name": "fs.write", "args": {"path": "/etc/cron.d/update", "content": "* * * * * root sh\n"}},
         "a cron job on the host",
     ),
