@@ -152,6 +152,18 @@ def test_a_valid_file_loads_in_launch_order_with_paths_resolved_and_defaults(tmp
             id="no-policy",
         ),
         pytest.param("name: s\nagents: []\n", ":2:9", ["agents is empty"], id="no-agents"),
+        pytest.param(
+            "name: s\nagents:\n  - {name: a, policy: agent.yaml, command: [/bin/sleep, 10]}\n",
+            ":3:57",
+            ["agents[0].command[1] 10 must be text; quote it: '10'"],
+            id="number-in-command",
+        ),
+        pytest.param(
+            "name: s\nagents:\n  - just-a-string\n",
+            ":3:5",
+            ["agents[0] must be a mapping with keys such as name, policy", "not 'just-a-string'"],
+            id="agent-not-a-mapping",
+        ),
         pytest.param("name: 'a b'\nagents: []\n", ":1:7", ["'a b' is not a valid name"], id="bad-name"),
         pytest.param("", ":1:1", ["the file is empty"], id="empty"),
         pytest.param("name: s\nname: t\n", ":2:1", ["name appears twice, at lines 1 and 2"], id="dup-key"),

@@ -352,7 +352,7 @@ class _Document:
                 self.at(path), f"{field} {show(value)} is not a whole number; write one, such as 2"
             )
         if kind == "string_type":
-            return _Problem(self.at(path), f"{field} {show(value)} must be text; quote it, as in 'fetch'")
+            return _Problem(self.at(path), f"{field} {show(value)} must be text; quote it: '{value}'")
         msg = str(error["msg"]).removeprefix("Value error, ")
         return _Problem(self.at(path), f"{field} is not valid: {msg}")
 
