@@ -165,8 +165,8 @@ class _View:
         )
         info.add_row(
             "tripwire",
-            f"the run halts at the {setup['denial_limit']}th refusal by the broker, the gateway or the "
-            "LLM endpoint",
+            f"the run halts at the {_ordinal(setup['denial_limit'])} refusal by the broker, "
+            "the gateway or the LLM endpoint",
         )
         info.add_row("workspace", escape(setup["workspace"]))
         c.print(info)
@@ -361,6 +361,13 @@ def _events(report: DemoReport) -> list[Any]:
             return events
     except (OSError, ValueError, KeyError):
         return []
+
+
+def _ordinal(n: object) -> str:
+    if not isinstance(n, int):
+        return str(n)
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _own_title(call: Call) -> str:
