@@ -220,6 +220,18 @@ class WriteResult:
 
 
 @dataclass(frozen=True)
+class Message:
+    """A message from another agent of the same group, by ``recv``."""
+
+    sender: str
+    """The sending run's id."""
+    name: str
+    """The sending run's name."""
+    text: str
+    time: float
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """A command run by ``exec`` in a workbench cell of its own."""
 
@@ -523,6 +535,46 @@ class Broker:
             truncated=bool(value.get("truncated", False)),
             hops=int(value.get("hops") or 0),
             duration=float(value.get("duration") or 0.0),
+        )
+
+    def spawn(self, policy: str, *, argv: Sequence[str] | None = None, name: str | None = None) -> str:
+        """Start a helper agent under ``policy`` (YAML text), which may grant
+        nothing this agent's policy does not; its run id (docs/AGENTS.md).
+
+        Raises:
+            Denied: a tools rule, or a grant of ``policy`` wider than this agent's
+                (the reason names each one).
+            RunHalted, Unauthorized, Unreachable, BrokerError.
+        """
+        args: dict[str, Any] = {"policy": policy}
+        if argv is not None:
+            args["argv"] = list(argv)
+        if name is not None:
+            args["name"] = name
+        value = self._value("agent.spawn", args)
+        return str(_field(value, "run", str, "agent.spawn"))
+
+    def send(self, to: str, message: str) -> None:
+        """Send ``message`` to the agent ``to`` (a run id or name: the parent, a
+        helper, a sibling). Recorded by the broker.
+
+        Raises:
+            Denied: ``to`` is not of this agent's group, or a tools rule.
+            IntentFailed: ``full`` (its mailbox is full), ``gone`` (it has ended).
+        """
+        self._value("agent.send", {"to": to, "message": message})
+
+    def recv(self, timeout: float = 30.0) -> Message | None:
+        """The next message for this agent, waiting up to ``timeout`` seconds
+        (at most 300); ``None`` when none came."""
+        value = self._value("agent.recv", {"timeout": timeout})
+        if value.get("timeout"):
+            return None
+        return Message(
+            sender=str(_field(value, "from", str, "agent.recv")),
+            name=str(value.get("name") or ""),
+            text=str(_field(value, "message", str, "agent.recv")),
+            time=float(value.get("time") or 0.0),
         )
 
     def intent(self, name: str, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -1096,6 +1148,7 @@ __all__ = [
     "FetchResponse",
     "IntentFailed",
     "Listing",
+    "Message",
     "NoAnswer",
     "NotInCell",
     "RunHalted",
