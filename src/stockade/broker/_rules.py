@@ -44,6 +44,7 @@ _SUGGESTED_ARG = {
     "fs.list": "path",
     "exec": "argv",
     "http.fetch": "url",
+    "agent.send": "to",
 }
 """The argument a suggested rule names for each intent."""
 

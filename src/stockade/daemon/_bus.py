@@ -415,6 +415,7 @@ def run_start_event(run: Run) -> Event:
             "detach": run.detach,
             "unattended": run.unattended,
             "denial_limit": run.tripwire.limit,
+            "parent": run.parent,
         },
     )
 
