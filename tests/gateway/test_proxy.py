@@ -546,6 +546,44 @@ def test_oversized_headers_get_431(tmp_path: Path) -> None:
     in_world(body, tmp_path)
 
 
+def test_http_1_0_without_host_is_forwarded_with_one(tmp_path: Path) -> None:
+    async def body(w: World) -> None:
+        status, _, text = await exchange(w, b"GET http://api.example.com/echo HTTP/1.0\r\n\r\n")
+        assert status == 200
+        assert ["host", "api.example.com"] in json.loads(text)["headers"]
+
+    in_world(body, tmp_path)
+
+
+def test_close_ends_every_connection(tmp_path: Path) -> None:
+    async def body(w: World) -> None:
+        idle_reader, idle_writer = await w.raw()
+        reader, writer = await w.raw()
+        writer.write(b"CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        ctx = ssl.create_default_context(cadata=w.pki.ca_pem.decode())
+        await writer.start_tls(ctx, server_hostname="api.example.com")
+        await _until(lambda: w.tls_origin.open == 1 and w.proxy.connections == 2)
+        await w.proxy.close()
+        assert w.proxy.connections == 0
+        assert await idle_reader.read() == b""
+        await _until(lambda: w.tls_origin.open == 0)
+        (event,) = await w.hooks.wait_events(1)  # the tunnel, recorded before close returned
+        assert detail(event)["scheme"] == "tunnel"
+        idle_writer.close()
+        writer.close()
+        # Nobody is listening any more.
+        try:
+            _, late = await w.raw()
+        except ConnectionRefusedError:
+            pass
+        else:
+            late.close()
+            raise AssertionError("the proxy still accepts connections after close()")
+
+    in_world(body, tmp_path)
+
+
 def test_halted_run_refuses_everything(tmp_path: Path) -> None:
     async def body(w: World) -> None:
         w.hooks.halt = "the tripwire tripped after 3 denials"
@@ -559,6 +597,7 @@ def test_halted_run_refuses_everything(tmp_path: Path) -> None:
         assert status == 403
         assert w.origin.connections == 0 and w.tls_origin.connections == 0
         assert [e.outcome for e in w.hooks.events] == ["denied", "denied"] and w.hooks.denials == 2
+        assert w.hooks.events[1].summary.startswith("CONNECT api.example.com:443 refused: the run is halted")
 
     in_world(body, tmp_path)
 

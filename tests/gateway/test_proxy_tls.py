@@ -228,3 +228,20 @@ def test_curl_through_terminated_tls(tmp_path: Path) -> None:
             await w.hooks.wait_events(2)
 
     tls_world(body, tmp_path)
+
+
+def test_value_that_cannot_stand_in_a_url_is_refused_without_showing_it(tmp_path: Path) -> None:
+    spaced = "value with spaces"
+
+    async def body(w: World) -> None:
+        placeholder = w.secrets.env()["API_KEY"]
+        async with w.client() as client:
+            r = await client.get(f"https://api.example.com/v1/echo?k={placeholder}")
+            ok = await client.get("https://api.example.com/v1/echo", headers={"X-Key": placeholder})
+        assert r.status_code == 400 and "cannot stand where its placeholder is" in r.text
+        assert spaced not in r.text
+        assert ok.status_code == 200 and dict(w.tls_origin.seen[0]["headers"])["x-key"] == spaced
+        text = json.dumps([e.to_dict() for e in await w.hooks.wait_events(2)])
+        assert spaced not in text and placeholder not in text
+
+    in_world(body, tmp_path, network=NETWORK, secrets=SECRETS, environ={"THE_KEY": spaced})

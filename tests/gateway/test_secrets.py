@@ -57,6 +57,7 @@ def test_values_from_env_and_file_and_placeholders(tmp_path: Path) -> None:
         ),
         (SecretPolicy("K", env="E", hosts=("a.com",)), {"E": ""}, "K is empty in the environment variable E"),
         (SecretPolicy("K", env="E", hosts=("a.com",)), {"E": "a\r\nX-Evil: 1"}, "line break"),
+        (SecretPolicy("K", env="E", hosts=("a.com",)), {"E": "tab\there"}, "control character"),
         (SecretPolicy("K", env="E"), {"E": "s3cr3t-value"}, "K lists no hosts"),
         (SecretPolicy("K", env="E", hosts=("*",)), {"E": "s3cr3t-value"}, "matches every host"),
         (

@@ -242,42 +242,56 @@ class Proxy:
     async def _request(self, c: _Client, event: h11.Request, tls: Destination | None) -> bool:
         """Handle one request; whether the connection may carry another."""
         method = event.method.decode("ascii", "replace")
-        target = event.target.decode("ascii", "replace")
+        raw_target = event.target.decode("ascii", "replace")
         scheme: Scheme = "https" if tls is not None else "http"
-        req = RequestInfo(method, "tunnel" if method == "CONNECT" else scheme)
+        req = RequestInfo(method, "tunnel" if method == "CONNECT" and tls is None else scheme)
+        problem: BadRequest | None = None
+        try:  # parsed first so that even a refusal of a halted run names the host
+            if method == "CONNECT":
+                req.host, req.port = parse_authority(raw_target, None)
+            else:
+                target = _target(raw_target, tls)
+                req.host, req.port, req.path = target.host, target.port, target.path
+        except BadRequest as exc:
+            problem = exc
         halted = self._hooks.halted()
         if halted is not None:
             return await self._refuse(c, req, 403, f"the run is halted ({halted}); every request is refused")
         if not await self._flush_unrecorded(c, req):
             return False
+        if problem is not None:
+            return await self._refuse(c, req, 400, str(problem))
         if method == "CONNECT":
             if tls is not None:
                 return await self._refuse(c, req, 400, "a CONNECT inside a CONNECT is not supported")
-            return await self._connect(c, target, req)
+            return await self._connect(c, req)
+        assert req.host is not None and req.port is not None
+        host_header = header_value(event, b"host")
+        if host_header is None and event.http_version == b"1.0":
+            # HTTP/1.0 may leave Host out; the request upstream (HTTP/1.1) needs one.
+            host_header = bracket(req.host) + ("" if req.port == (443 if tls else 80) else f":{req.port}")
+            event = h11.Request(
+                method=event.method,
+                target=event.target,
+                headers=[*event.headers, (b"host", host_header.encode("ascii"))],
+                http_version=b"1.0",
+            )
+        if host_header is None:
+            return await self._refuse(
+                c, req, 400, "the request has no Host header; send one naming the URL's host"
+            )
         try:
-            if tls is not None:
-                if target.startswith("/"):
-                    target_parsed = Target(tls.host, tls.port, target)
-                else:
-                    absolute = parse_absolute("http" + target[5:] if target.startswith("https://") else "")
-                    target_parsed = Target(absolute.host, tls.port, absolute.path)
-            else:
-                target_parsed = parse_absolute(target)
-            req.host, req.port, req.path = target_parsed.host, target_parsed.port, target_parsed.path
-            host_header = header_value(event, b"host")
-            if host_header is None:
-                raise BadRequest("the request has no Host header; send one naming the URL's host")
-            named = parse_authority(host_header, 80 if tls is None else 443)
-            if named != (target_parsed.host, target_parsed.port) or (
-                tls is not None and target_parsed.host != tls.host
-            ):
-                raise BadRequest(
-                    f"the Host header {host_header!r} does not name the host of the request "
-                    f"({bracket(tls.host if tls else target_parsed.host)}:{target_parsed.port}); "
-                    "send the same host in both"
-                )
-        except BadRequest as exc:
-            return await self._refuse(c, req, 400, str(exc))
+            named = parse_authority(host_header, 443 if tls else 80)
+        except BadRequest:
+            named = None
+        if named != (req.host, req.port):
+            return await self._refuse(
+                c,
+                req,
+                400,
+                f"the Host header {host_header!r} does not name the host of the request "
+                f"({bracket(req.host)}:{req.port}); send the same host in both",
+            )
         return await self._forward(c, event, req, tls)
 
     # ------------------------------------------------------------------ plain requests
@@ -309,7 +323,20 @@ class Proxy:
                 return await self._refuse(c, req, 403, str(exc), decision.rule)
             headers = [(n, v) for n, v in headers if n != b"content-length"]
             headers.append((b"content-length", str(len(body)).encode()))
-        upstream_request = h11.Request(method=event.method, target=target, headers=forward_headers(headers))
+        try:
+            upstream_request = h11.Request(
+                method=event.method, target=target, headers=forward_headers(headers)
+            )
+        except h11.LocalProtocolError:
+            # A value put in place of a placeholder broke the request (a space in
+            # the URL...). h11's message would quote the value: not repeated here.
+            return await self._refuse(
+                c,
+                req,
+                400,
+                "a secret's value cannot stand where its placeholder is (it holds characters a URL "
+                "or header cannot); send the placeholder in a header or the body",
+            )
 
         upstream = c.upstream
         if upstream is None or upstream.key != (host, port) or not upstream.usable():
@@ -397,12 +424,9 @@ class Proxy:
 
     # ------------------------------------------------------------------ CONNECT
 
-    async def _connect(self, c: _Client, target: str, req: RequestInfo) -> bool:
-        try:
-            host, port = parse_authority(target, None)
-        except BadRequest as exc:
-            return await self._refuse(c, req, 400, str(exc))
-        req.host, req.port = host, port
+    async def _connect(self, c: _Client, req: RequestInfo) -> bool:
+        assert req.host is not None and req.port is not None
+        host, port = req.host, req.port
         # h11's view of the CONNECT ends with its EndOfMessage (it has no body).
         if not isinstance(await next_event(c.h, c.reader, self._idle), h11.EndOfMessage):
             return False
@@ -451,8 +475,8 @@ class Proxy:
         client_eof = c.reader.at_eof()
         mismatch = sni_mismatch(hello, dest.host)
         if mismatch is not None:
-            c.writer.write(UNRECOGNIZED_NAME_ALERT)
-            await self._refuse_in_tunnel(c, req, mismatch, decision)
+            if await self._refuse_in_tunnel(c, req, mismatch, decision):
+                c.writer.write(UNRECOGNIZED_NAME_ALERT)  # after the record, as every refusal
             return
         try:
             _reader, writer = await open_upstream(dest, tls=None, timeout=CONNECT_TIMEOUT)
@@ -519,14 +543,18 @@ class Proxy:
 
     async def _refuse_in_tunnel(
         self, c: _Client, req: RequestInfo, reason: str, decision: EgressDecision
-    ) -> None:
-        """A refusal after the 200 of a CONNECT: recorded and counted, then the connection closes."""
+    ) -> bool:
+        """A refusal after the 200 of a CONNECT: recorded and counted (True), then the connection closes.
+
+        False when it could not be recorded: there is no HTTP answer to give then, only the close.
+        """
         event = self._event(c, req, None, Outcome(), decision, "deny", reason)
         try:
             await self._hooks.record([event])
         except Exception:
-            return
+            return False
         await self._hooks.denied()
+        return True
 
     async def _fail(
         self,
@@ -613,6 +641,24 @@ class Proxy:
             rule=rule,
             scrub=self._secrets.scrub,
         )
+
+
+def _target(raw: str, tls: Destination | None) -> Target:
+    """Where a request goes: its absolute URL, or inside a terminated CONNECT, that host.
+
+    Raises:
+        BadRequest: not a target this proxy accepts.
+    """
+    if tls is None:
+        return parse_absolute(raw)
+    if raw.startswith("/"):
+        return Target(tls.host, tls.port, raw)
+    if raw.startswith("https://"):
+        absolute = parse_absolute("http://" + raw[len("https://") :])
+        if absolute.host != tls.host:
+            raise BadRequest(f"{raw[:200]!r} names another host than the CONNECT ({tls.host}); send a path")
+        return Target(tls.host, tls.port, absolute.path)
+    raise BadRequest(f"{raw[:200]!r} is not a request target inside TLS; send a path such as '/v1/x'")
 
 
 def _store_failed(exc: BaseException) -> str:

@@ -82,7 +82,7 @@ class Secrets:
         Raises:
             PolicyError: a secret's name or host pattern is not valid, its value
                 is missing or empty, or it holds a line break (which could smuggle
-                a header into a request).
+                a header into a request) or another control character.
         """
         loaded: list[_Secret] = []
         seen: set[str] = set()
@@ -196,10 +196,10 @@ def _read_value(spec: SecretPolicy, environ: Mapping[str, str]) -> str:
         where = f"the file {spec.file}"
     if not value:
         raise PolicyError(f"secrets: {name} is empty in {where}; give it its value there")
-    if any(c in value for c in "\r\n\0"):
+    if any(c < " " or c == "\x7f" for c in value):
         raise PolicyError(
-            f"secrets: {name} in {where} holds a line break or NUL, which could forge a header "
-            "when substituted; store the value on one line"
+            f"secrets: {name} in {where} holds a line break or another control character, which "
+            "could forge a header when substituted (or break it); store the value on one line"
         )
     return value
 
