@@ -586,7 +586,7 @@ def test_close_ends_every_connection(tmp_path: Path) -> None:
 
 def test_halted_run_refuses_everything(tmp_path: Path) -> None:
     async def body(w: World) -> None:
-        w.hooks.halt = "the tripwire tripped after 3 denials"
+        w.hooks.halt = "run r-test is halted (the tripwire tripped after 3 denials)"
         status, _, text = await exchange(
             w, b"GET http://api.example.com/echo HTTP/1.1\r\nHost: api.example.com\r\n\r\n"
         )
@@ -597,7 +597,9 @@ def test_halted_run_refuses_everything(tmp_path: Path) -> None:
         assert status == 403
         assert w.origin.connections == 0 and w.tls_origin.connections == 0
         assert [e.outcome for e in w.hooks.events] == ["denied", "denied"] and w.hooks.denials == 2
-        assert w.hooks.events[1].summary.startswith("CONNECT api.example.com:443 refused: the run is halted")
+        assert w.hooks.events[1].summary.startswith(
+            "CONNECT api.example.com:443 refused: run r-test is halted"
+        )
 
     in_world(body, tmp_path)
 

@@ -256,7 +256,7 @@ class Proxy:
             problem = exc
         halted = self._hooks.halted()
         if halted is not None:
-            return await self._refuse(c, req, 403, f"the run is halted ({halted}); every request is refused")
+            return await self._refuse(c, req, 403, f"{halted}; every request is refused")
         if not await self._flush_unrecorded(c, req):
             return False
         if problem is not None:
