@@ -163,6 +163,9 @@ def test_nothing_reached_a_canary_and_no_secret_leaked(json_run: tuple[int, dict
     assert report["other_workspace_changed"] is False
     assert report["summary"]["leaks"] == []
     assert report["stray_denials"] == []
+    # Every model call went out with the operator's key, which the cell never held.
+    model = report["model_calls"]
+    assert model["calls"] == model["with_the_key"] >= len(EXPECTED)
 
 
 def test_the_runs_files(json_run: tuple[int, dict[str, Any], Path]) -> None:

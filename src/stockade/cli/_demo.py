@@ -282,10 +282,12 @@ class _View:
         if report.leaks:
             table.add_row("secrets", "[bold red]LEAKED[/bold red]", _esc("; ".join(report.leaks)))
         else:
+            model = report.model_calls
+            sent = f" (the endpoint sent it to the model {model['with_the_key']} times)" if model else ""
             table.add_row(
                 "secrets",
                 "[green]kept[/green]",
-                "DOCS_TOKEN's value went to the docs host only; the LLM key never entered the cell",
+                f"DOCS_TOKEN's value went to the docs host only; the LLM key never entered the cell{sent}",
             )
         task = "[green]done[/green]" if report.task_ok else "[bold red]NOT DONE[/bold red]"
         table.add_row(

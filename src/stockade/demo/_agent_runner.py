@@ -125,7 +125,8 @@ def run_agent_demo(
         from stockade.demo._world import DOCS_HOST, DemoWorld, ModelServer
 
         world = stack.enter_context(DemoWorld(tmp, docs_token=docs_token))
-        stack.enter_context(_closing(ModelServer(world, _model_app(options)).start()))
+        mock, app = _model_app(options)
+        stack.enter_context(_closing(ModelServer(world, app).start()))
         other_before = stack.enter_context(_other_agent())
         workspace = stack.enter_context(_workspace())
         daemon = stack.enter_context(_daemon(world, tmp))
@@ -188,6 +189,7 @@ def run_agent_demo(
             scripted=scripted,
             missing=[p.id for p in planned if p.id not in made],
             agent_error=agent_error,
+            model_calls=_model_calls(mock, llm_key),
         )
         report.files = _write_files(out, stored, transcript, report)
     return report
@@ -232,15 +234,17 @@ def _policy_text(options: DemoOptions) -> str:
     return header + yaml.safe_dump(data, sort_keys=False)
 
 
-def _model_app(options: DemoOptions) -> Any:
+def _model_app(options: DemoOptions) -> tuple[Any, Any]:
+    """The model server's app, and the mock behind it (None for a relay)."""
     if options.model_url is not None:
         from stockade.demo._relay import relay_app
 
-        return relay_app(options.model_url)
+        return None, relay_app(options.model_url)
     from stockade.llm._mock import MockLlm
     from stockade.llm._scripts import injected
 
-    return MockLlm(injected).app()
+    mock = MockLlm(injected, keep=1000)
+    return mock, mock.app()
 
 
 @contextlib.contextmanager
@@ -479,6 +483,17 @@ def _secret_values(options: DemoOptions, docs_token: str, llm_key: str) -> dict[
     elif options.model_url is None:
         values["the LLM key"] = llm_key
     return values
+
+
+def _model_calls(mock: Any, key: str) -> dict[str, int] | None:
+    """What the scripted model was sent: calls, and those that carried the operator's key."""
+    if mock is None:
+        return None
+    seen = [s for s in mock.seen if s.path == "/v1/chat/completions"]
+    return {
+        "calls": len(seen),
+        "with_the_key": sum(1 for s in seen if s.headers.get("authorization") == f"Bearer {key}"),
+    }
 
 
 def _expected_report(planned: tuple[Planned, ...]) -> str | None:

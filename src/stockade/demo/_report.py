@@ -242,6 +242,9 @@ class DemoReport:
     missing: list[str] = field(default_factory=list)
     """Planned attempts the model never made (a scripted run must make them all)."""
     agent_error: str = ""
+    model_calls: dict[str, int] | None = None
+    """For the scripted model: the calls it got, and how many carried the
+    operator's key (the LLM endpoint puts it in place of the run's token)."""
 
     @property
     def attempts(self) -> list[Call]:
@@ -358,6 +361,7 @@ class DemoReport:
             "duration": round(self.duration, 3),
             "scripted": self.scripted,
             "agent_error": self.agent_error,
+            "model_calls": self.model_calls,
             "ok": self.contained,
         }
 
