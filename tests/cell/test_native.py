@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sysconfig
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,14 @@ def test_the_launcher_holds_nothing_while_the_cell_runs(start: Any) -> None:
         run = start(["/bin/cat"])
         assert run.launched.exec_error is None
         assert os.listdir(f"/proc/{run.launched.pid}/fd") == []
+        # Until cat blocks reading stdin, the dynamic loader may hold a library
+        # open (fd 3, briefly): wait for read(0, …) (x86-64 syscall 0) first.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{run.launched.init_pid}/syscall") as f:
+                if f.read().split()[:2] == ["0", "0x0"]:
+                    break
+            time.sleep(0.005)
         assert sorted(int(fd) for fd in os.listdir(f"/proc/{run.launched.init_pid}/fd")) == [0, 1, 2]
         os.write(run.stdin_w, b"through\n")
         os.close(run.stdin_w)
