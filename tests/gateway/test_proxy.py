@@ -187,8 +187,8 @@ class Origin:
                     writer.write(conn.send(h11.Data(data=answer)))
                 writer.write(conn.send(h11.EndOfMessage()))
                 await writer.drain()
-                if conn.our_state is not h11.DONE:
-                    return
+                if conn.our_state is not h11.DONE or path == "/bye":
+                    return  # /bye: a server closing a kept connection without a word (it may)
                 conn.start_next_cycle()
         except (ConnectionError, ssl.SSLError, h11.RemoteProtocolError):
             pass
@@ -542,6 +542,21 @@ def test_oversized_headers_get_431(tmp_path: Path) -> None:
         status, _, _ = await exchange(w, raw + b"\r\n\r\n")
         assert status == 431
         assert w.origin.connections == 0 and w.hooks.events[0].outcome == "denied"
+
+    in_world(body, tmp_path)
+
+
+def test_upstream_closing_a_kept_connection_is_not_a_failure(tmp_path: Path) -> None:
+    async def body(w: World) -> None:
+        reader, writer = await w.raw()
+        for path in ("/bye", "/echo", "/bye", "/bye", "/echo"):
+            writer.write(
+                f"GET http://api.example.com{path} HTTP/1.1\r\nHost: api.example.com\r\n\r\n".encode()
+            )
+            status, _, _ = await read_response(reader)
+            assert status == 200, path
+        writer.close()
+        assert [s["target"] for s in w.origin.seen] == ["/bye", "/echo", "/bye", "/bye", "/echo"]
 
     in_world(body, tmp_path)
 

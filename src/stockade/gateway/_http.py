@@ -160,7 +160,8 @@ class Upstream:
     conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
 
     def usable(self) -> bool:
-        return self.conn.our_state is h11.IDLE and not self.writer.is_closing()
+        """Whether another request may go on this connection (the server has not closed it)."""
+        return self.conn.our_state is h11.IDLE and not self.writer.is_closing() and not self.reader.at_eof()
 
     def close(self) -> None:
         self.writer.close()

@@ -14,7 +14,8 @@ Three kinds of request come in, each parsed by h11 and decided on its own host:
   over TLS verified against the real roots.
 
 Every refusal is recorded (and counted toward the run's tripwire) before the
-client reads it; an allowed request is recorded when it ends, off its path.
+client reads it; an allowed request is recorded when it ends, off its path
+(``_answers``).
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ import asyncio
 import logging
 import socket
 import ssl
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast
+from typing import Any, cast
 
 import h11
 
+from stockade.gateway._answers import MAX_HEADERS, Answers, Client, GatewayHooks
 from stockade.gateway._ca import RunCA
 from stockade.gateway._egress import Destination, Egress, EgressDecision, EgressRefused
 from stockade.gateway._http import (
@@ -46,11 +46,9 @@ from stockade.gateway._http import (
     forward_headers,
     header_value,
     next_event,
-    own_answer,
     parse_absolute,
     parse_authority,
     reason_of,
-    request_event,
 )
 from stockade.gateway._secrets import SecretMisuse, Secrets
 from stockade.gateway._tunnel import (
@@ -61,12 +59,9 @@ from stockade.gateway._tunnel import (
     sni_mismatch,
 )
 from stockade.gateway._upstream import open_upstream
-from stockade.record._event import Event
 
 log = logging.getLogger("stockade.gateway")
 
-MAX_HEADERS = 64 * 1024
-"""Bytes of a request's line and headers (h11's ``max_incomplete_event_size``); past it, 431."""
 MAX_SUBSTITUTED_BODY = 1024 * 1024
 """Bodies up to this size (with a Content-Length) have placeholders replaced; larger ones stream untouched."""
 CONNECT_TIMEOUT = 30.0
@@ -80,45 +75,7 @@ _TOO_MANY = (
 )
 
 
-class GatewayHooks(Protocol):
-    """What the gateway needs of the daemon: the record, the tripwire, the run's state."""
-
-    async def record(self, events: Sequence[Event]) -> None:
-        """Store ``events`` durably before returning.
-
-        Raises:
-            StoreError: the store cannot write; the proxy answers 503 and forwards nothing.
-        """
-        ...
-
-    async def denied(self) -> None:
-        """Count one denial toward the run's tripwire."""
-        ...
-
-    def halted(self) -> str | None:
-        """Why the run is halted, or ``None``: a halted run's requests are all refused."""
-        ...
-
-
-@dataclass(slots=True)
-class _Client:
-    """One client connection (or the TLS session inside one of its CONNECTs)."""
-
-    cell: str
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    h: h11.Connection = field(
-        default_factory=lambda: h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADERS)
-    )
-    upstream: Upstream | None = None
-
-    def close_upstream(self) -> None:
-        if self.upstream is not None:
-            self.upstream.close()
-            self.upstream = None
-
-
-class Proxy:
+class Proxy(Answers):
     """The egress proxy of one run, serving each of its cells on a pre-bound socket."""
 
     def __init__(
@@ -133,18 +90,14 @@ class Proxy:
         idle_timeout: float = 300.0,
         max_connections: int = 1024,
     ) -> None:
-        self.run_id = run_id
+        super().__init__(run_id=run_id, hooks=hooks, secrets=secrets)
         self._egress = egress
-        self._hooks = hooks
-        self._secrets = secrets
         self._ca = ca
         self._upstream_tls = upstream_tls
         self._idle = idle_timeout
         self._max_connections = max_connections
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[Any]] = set()
-        self._recording: set[asyncio.Task[None]] = set()
-        self._unrecorded: list[Event] = []
         self._closed = False
 
     @property
@@ -191,7 +144,7 @@ class Proxy:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        client = _Client(cell, reader, writer)
+        client = Client(cell, reader, writer)
         try:
             if self._closed or len(self._connections) > self._max_connections:
                 # Not a policy decision and not recorded: a bound on the daemon's sockets.
@@ -213,7 +166,7 @@ class Proxy:
                 writer.close()
             self._connections.discard(task)
 
-    async def _requests(self, c: _Client, tls: Destination | None) -> None:
+    async def _requests(self, c: Client, tls: Destination | None) -> None:
         """Serve requests on ``c`` until it closes; ``tls``: inside a terminated CONNECT to it."""
         while True:
             try:
@@ -239,7 +192,7 @@ class Proxy:
                 return
             c.h.start_next_cycle()
 
-    async def _request(self, c: _Client, event: h11.Request, tls: Destination | None) -> bool:
+    async def _request(self, c: Client, event: h11.Request, tls: Destination | None) -> bool:
         """Handle one request; whether the connection may carry another."""
         method = event.method.decode("ascii", "replace")
         raw_target = event.target.decode("ascii", "replace")
@@ -297,7 +250,7 @@ class Proxy:
     # ------------------------------------------------------------------ plain requests
 
     async def _forward(
-        self, c: _Client, event: h11.Request, req: RequestInfo, tls: Destination | None
+        self, c: Client, event: h11.Request, req: RequestInfo, tls: Destination | None
     ) -> bool:
         assert req.host is not None and req.port is not None and req.path is not None
         host, port, path = req.host, req.port, req.path
@@ -314,15 +267,18 @@ class Proxy:
             c.writer.write(c.h.send(h11.InformationalResponse(status_code=100, headers=[])))
         body: bytes | None = None
         length = header_value(event, b"content-length")
-        small = length is not None and length.isdigit() and int(length) <= MAX_SUBSTITUTED_BODY
-        if small and header_value(event, b"transfer-encoding") is None:
+        chunked = header_value(event, b"transfer-encoding") is not None
+        if not chunked and (length is None or (length.isdigit() and int(length) <= MAX_SUBSTITUTED_BODY)):
+            # Read whole (no body at all, or a small one): placeholders in it can be
+            # replaced, and the request can be sent again if a kept connection fails.
             body = await self._read_body(c)
-            try:
-                body = self._put_secrets(body, host, encrypted)
-            except SecretMisuse as exc:
-                return await self._refuse(c, req, 403, str(exc), decision.rule)
-            headers = [(n, v) for n, v in headers if n != b"content-length"]
-            headers.append((b"content-length", str(len(body)).encode()))
+            if body:
+                try:
+                    body = self._put_secrets(body, host, encrypted)
+                except SecretMisuse as exc:
+                    return await self._refuse(c, req, 403, str(exc), decision.rule)
+                headers = [(n, v) for n, v in headers if n != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
         try:
             upstream_request = h11.Request(
                 method=event.method, target=target, headers=forward_headers(headers)
@@ -338,59 +294,85 @@ class Proxy:
                 "or header cannot); send the placeholder in a header or the body",
             )
 
-        upstream = c.upstream
-        if upstream is None or upstream.key != (host, port) or not upstream.usable():
-            c.close_upstream()
-            dest = tls
-            if dest is None:
-                try:
-                    dest = await self._egress.destination(host, port)
-                except EgressRefused as exc:
-                    return await self._refuse(c, req, 403, exc.reason, exc.rule)
-                except Exception as exc:  # ResolveError and kin: nothing to connect to
-                    return await self._fail(c, req, decision, f"{host} could not be resolved: {exc}")
-            req.address = str(dest.address)
-            try:
-                reader, writer = await open_upstream(
-                    dest, tls=self._upstream_tls if tls is not None else None, timeout=CONNECT_TIMEOUT
-                )
-            except (OSError, TimeoutError, ssl.SSLError) as exc:
-                return await self._fail(
-                    c, req, decision, f"could not connect to {req.url()}: {reason_of(exc)}"
-                )
-            upstream = c.upstream = Upstream((host, port), str(dest.address), reader, writer)
-        req.address = upstream.address
-        outcome = Outcome()
         protocol = c.writer.transport.get_protocol()
         assert isinstance(protocol, ClientProtocol)
-        # A client that leaves while the upstream is silent would go unnoticed
-        # (nothing reads it then): end the upstream connection at once, as nginx does.
-        protocol.on_gone = upstream.writer.transport.abort
-        try:
-            await forward(
-                c.h, c.reader, c.writer, upstream_request, body, upstream, timeout=self._idle, outcome=outcome
-            )
-        except UpstreamFailed as exc:
-            c.close_upstream()
-            gone = protocol.gone
-            why = "the client closed the connection before the end of the response" if gone else str(exc)
-            outcome.error = why
-            if outcome.answered or gone:
-                self._record_later(self._event(c, req, outcome.status, outcome, decision, "allow", why))
+        while True:
+            kept = c.upstream is not None and c.upstream.key == (host, port) and c.upstream.usable()
+            if not kept:
+                c.close_upstream()
+                opened = await self._open(c, req, decision, tls)
+                if opened is None:
+                    return False
+                c.upstream = opened
+            upstream = c.upstream
+            assert upstream is not None
+            req.address = upstream.address
+            outcome = Outcome()
+            # A client that leaves while the upstream is silent would go unnoticed
+            # (nothing reads it then): end the upstream connection at once, as nginx does.
+            protocol.on_gone = upstream.writer.transport.abort
+            try:
+                await forward(
+                    c.h,
+                    c.reader,
+                    c.writer,
+                    upstream_request,
+                    body,
+                    upstream,
+                    timeout=self._idle,
+                    outcome=outcome,
+                )
+            except UpstreamFailed as exc:
+                c.close_upstream()
+                gone = protocol.gone
+                if kept and body is not None and not outcome.answered and not gone:
+                    # The server closed a kept connection as the request went out
+                    # (it may, between requests): once more, on a new connection.
+                    continue
+                why = "the client closed the connection before the end of the response" if gone else str(exc)
+                outcome.error = why
+                if outcome.answered or gone:
+                    self._record_later(self._event(c, req, outcome.status, outcome, decision, "allow", why))
+                    return False
+                return await self._fail(c, req, decision, why, outcome)
+            except ClientGone as exc:
+                c.close_upstream()
+                self._record_later(self._event(c, req, outcome.status, outcome, decision, "allow", str(exc)))
                 return False
-            return await self._fail(c, req, decision, why, outcome)
-        except ClientGone as exc:
-            c.close_upstream()
-            self._record_later(self._event(c, req, outcome.status, outcome, decision, "allow", str(exc)))
-            return False
-        finally:
-            protocol.on_gone = None
+            finally:
+                protocol.on_gone = None
+            break
         if upstream.conn.our_state is h11.DONE and upstream.conn.their_state is h11.DONE:
             upstream.conn.start_next_cycle()
         else:
             c.close_upstream()
         self._record_later(self._event(c, req, outcome.status, outcome, decision, "allow", decision.reason))
         return True
+
+    async def _open(
+        self, c: Client, req: RequestInfo, decision: EgressDecision, tls: Destination | None
+    ) -> Upstream | None:
+        """A new connection to the request's upstream; ``None`` once a refusal or a 502 went out."""
+        assert req.host is not None and req.port is not None
+        dest = tls
+        if dest is None:
+            try:
+                dest = await self._egress.destination(req.host, req.port)
+            except EgressRefused as exc:
+                await self._refuse(c, req, 403, exc.reason, exc.rule)
+                return None
+            except Exception as exc:  # ResolveError and kin: nothing to connect to
+                await self._fail(c, req, decision, f"{req.host} could not be resolved: {exc}")
+                return None
+        req.address = str(dest.address)
+        try:
+            reader, writer = await open_upstream(
+                dest, tls=self._upstream_tls if tls is not None else None, timeout=CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            await self._fail(c, req, decision, f"could not connect to {req.url()}: {reason_of(exc)}")
+            return None
+        return Upstream((req.host, req.port), str(dest.address), reader, writer)
 
     def _put_secrets(self, data: bytes, host: str, encrypted: bool) -> bytes:
         """``data`` with the values of the secrets meant for ``host`` in place of their placeholders.
@@ -408,7 +390,7 @@ class Proxy:
                 raise SecretMisuse(names, host, unencrypted=True)
         return out
 
-    async def _read_body(self, c: _Client) -> bytes:
+    async def _read_body(self, c: Client) -> bytes:
         chunks: list[bytes] = []
         while True:
             try:
@@ -424,7 +406,7 @@ class Proxy:
 
     # ------------------------------------------------------------------ CONNECT
 
-    async def _connect(self, c: _Client, req: RequestInfo) -> bool:
+    async def _connect(self, c: Client, req: RequestInfo) -> bool:
         assert req.host is not None and req.port is not None
         host, port = req.host, req.port
         # h11's view of the CONNECT ends with its EndOfMessage (it has no body).
@@ -458,7 +440,7 @@ class Proxy:
         return False
 
     async def _tunnel(
-        self, c: _Client, dest: Destination, req: RequestInfo, decision: EgressDecision, first: bytes
+        self, c: Client, dest: Destination, req: RequestInfo, decision: EgressDecision, first: bytes
     ) -> None:
         try:
             hello, first = await read_client_hello(c.reader, first, min(self._idle, HANDSHAKE_TIMEOUT))
@@ -498,7 +480,7 @@ class Proxy:
             self._record_later(self._event(c, req, 200, outcome, decision, "allow", reason))
 
     async def _terminate(
-        self, c: _Client, dest: Destination, req: RequestInfo, decision: EgressDecision, first: bytes
+        self, c: Client, dest: Destination, req: RequestInfo, decision: EgressDecision, first: bytes
     ) -> None:
         assert self._ca is not None
         if first:
@@ -514,133 +496,11 @@ class Proxy:
             outcome = Outcome(error=reason)
             self._record_later(self._event(c, req, None, outcome, decision, "allow", reason))
             return
-        inner = _Client(c.cell, c.reader, c.writer)
+        inner = Client(c.cell, c.reader, c.writer)
         try:
             await self._requests(inner, dest)
         finally:
             inner.close_upstream()
-
-    # ------------------------------------------------------------------ answers and events
-
-    async def _refuse(
-        self, c: _Client, req: RequestInfo, status: int, reason: str, rule: str | None = None
-    ) -> bool:
-        """Record a denial, count it, then answer ``status``; whether the connection may go on.
-
-        After a 403 to a request read whole, it may (the next request is
-        decided on its own); after anything malformed, or a body left unread, it ends.
-        """
-        reason = self._secrets.scrub(reason)
-        event = self._event(c, req, status, Outcome(), None, "deny", reason, rule=rule)
-        try:
-            await self._hooks.record([event])
-        except Exception as exc:
-            return self._answer(c, 503, _store_failed(exc), verdict="deny", rule=rule)
-        await self._hooks.denied()
-        keep = status == 403 and c.h.their_state is h11.DONE
-        text = f"stockade: {req.method} {self._secrets.scrub(req.url())} refused: {reason}"
-        return self._answer(c, status, text, rule=rule, keep=keep)
-
-    async def _refuse_in_tunnel(
-        self, c: _Client, req: RequestInfo, reason: str, decision: EgressDecision
-    ) -> bool:
-        """A refusal after the 200 of a CONNECT: recorded and counted (True), then the connection closes.
-
-        False when it could not be recorded: there is no HTTP answer to give then, only the close.
-        """
-        event = self._event(c, req, None, Outcome(), decision, "deny", reason)
-        try:
-            await self._hooks.record([event])
-        except Exception:
-            return False
-        await self._hooks.denied()
-        return True
-
-    async def _fail(
-        self,
-        c: _Client,
-        req: RequestInfo,
-        decision: EgressDecision,
-        reason: str,
-        outcome: Outcome | None = None,
-    ) -> bool:
-        """An allowed request the upstream could not serve: 502, recorded when answered."""
-        outcome = outcome or Outcome()
-        outcome.status = 502
-        reason = self._secrets.scrub(reason)
-        self._answer(c, 502, f"stockade: {req.method} {self._secrets.scrub(req.url())} failed: {reason}")
-        self._record_later(self._event(c, req, 502, outcome, decision, "allow", reason))
-        return False
-
-    def _answer(
-        self,
-        c: _Client,
-        status: int,
-        text: str,
-        *,
-        verdict: str | None = None,
-        rule: str | None = None,
-        keep: bool = False,
-    ) -> bool:
-        """Send the proxy's own answer; whether the connection may carry another request."""
-        if c.h.our_state is not h11.SEND_RESPONSE:
-            return False
-        try:
-            c.writer.write(own_answer(c.h, status, text, deny=verdict is not None, rule=rule, keep=keep))
-        except h11.LocalProtocolError:
-            return False
-        return keep
-
-    async def _flush_unrecorded(self, c: _Client, req: RequestInfo) -> bool:
-        """Store what a failed background record left; False (after a 503) while the store cannot."""
-        if not self._unrecorded:
-            return True
-        pending, self._unrecorded = self._unrecorded, []
-        try:
-            await self._hooks.record(pending)
-        except Exception as exc:
-            self._unrecorded = pending + self._unrecorded
-            return self._answer(c, 503, _store_failed(exc), verdict="deny")
-        return True
-
-    def _record_later(self, event: Event) -> None:
-        task = asyncio.get_running_loop().create_task(self._record_quietly(event))
-        self._recording.add(task)
-        task.add_done_callback(self._recording.discard)
-
-    async def _record_quietly(self, event: Event) -> None:
-        try:
-            await self._hooks.record([event])
-        except Exception:
-            # Kept for the next request, which stops (503) until it can be stored:
-            # nothing more is forwarded that the record could not hold.
-            if len(self._unrecorded) < 10_000:
-                self._unrecorded.append(event)
-
-    def _event(
-        self,
-        c: _Client,
-        req: RequestInfo,
-        status: int | None,
-        outcome: Outcome,
-        decision: EgressDecision | None,
-        verdict: Literal["allow", "deny"],
-        reason: str,
-        *,
-        rule: str | None = None,
-    ) -> Event:
-        rule = rule if rule is not None else (decision.rule if decision is not None else None)
-        return request_event(
-            req,
-            run=self.run_id,
-            cell=c.cell,
-            status=status,
-            outcome=outcome,
-            verdict=verdict,
-            reason=reason,
-            rule=rule,
-            scrub=self._secrets.scrub,
-        )
 
 
 def _target(raw: str, tls: Destination | None) -> Target:
@@ -659,13 +519,6 @@ def _target(raw: str, tls: Destination | None) -> Target:
             raise BadRequest(f"{raw[:200]!r} names another host than the CONNECT ({tls.host}); send a path")
         return Target(tls.host, tls.port, absolute.path)
     raise BadRequest(f"{raw[:200]!r} is not a request target inside TLS; send a path such as '/v1/x'")
-
-
-def _store_failed(exc: BaseException) -> str:
-    return (
-        f"stockade: the record cannot be written ({exc}); nothing is forwarded until it can, "
-        "so fix the daemon's store (disk space, permissions) and retry"
-    )
 
 
 __all__ = ["GatewayHooks", "Proxy"]
