@@ -625,3 +625,71 @@ def test_a_scenario_name_is_never_a_path(tmp_path: Path) -> None:
     code, _out, err = cli("stop", "../../etc/passwd", "--state", str(tmp_path / "state"))
     assert code == 2 and "is not a valid name" in err
     assert not (tmp_path / "state").exists()
+
+
+SPAWNER = textwrap.dedent(
+    """
+    import json, os, socket, struct, sys, time
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["STOCKADE_BROKER"])
+    helper = "name: helper\\ncommand: [/bin/sh, -c, 'm=86; sleep \\"$m\\"%s']\\n" % sys.argv[1]
+    params = {"token": os.environ["STOCKADE_TOKEN"], "intent": "agent.spawn", "args": {"policy": helper}}
+    body = json.dumps({"v": 1, "id": 1, "method": "intent", "params": params}).encode()
+    s.sendall(struct.pack(">I", len(body)) + body)
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    answer = json.loads(s.recv(n, socket.MSG_WAITALL))
+    print(json.dumps(answer), flush=True)
+    with open("ready", "w") as f:
+        f.write(answer["result"]["verdict"] + "\\n")
+    time.sleep(3600)
+    """
+)
+
+
+def test_scenario_stop_ends_the_helpers_its_agents_spawned(tmp_path: Path, daemon: DaemonThread) -> None:
+    marker = f"86{os.getpid()}"
+    path = scenario_file(
+        tmp_path,
+        [{"name": "boss", "command": ["/usr/bin/python3", "-c", SPAWNER, str(os.getpid())]}],
+        name="family",
+    )
+    # The shared policy, with a rule that lets its agents start helpers.
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(shared.read_text() + "tools:\n  - {id: spawn, intent: agent.spawn, verdict: allow}\n")
+    fifo = tmp_path / "ws" / "ready"
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o666)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    runner = ScenarioRunner(
+        load_scenario(path), socket_path=daemon.socket_path, state_dir=str(tmp_path / "state")
+    )
+    result: dict[str, int] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", runner.run()))
+    thread.start()
+    try:
+        poller = select.poll()
+        poller.register(reader, select.POLLIN)
+        assert poller.poll(WAIT * 1000), "the agent never spawned its helper"
+        assert os.read(reader, 64) == b"allow\n"
+        code, _out, err = cli(
+            "stop",
+            "family",
+            "--grace",
+            "0",
+            "--state",
+            str(tmp_path / "state"),
+            "--socket",
+            daemon.socket_path,
+        )
+        assert code == 0, err
+    finally:
+        thread.join(WAIT)
+        os.close(reader)
+        os.close(keep)
+    assert result["code"] == EXIT_STOPPED
+    boss = runner.scheduler.units["boss"].run_id
+    helpers = [r for r in runs_of(daemon).values() if r.get("parent") == boss]
+    assert len(helpers) == 1, "the agent started one helper"
+    assert helpers[0]["state"] == "ended" and helpers[0]["stopped_by"], helpers[0]
+    assert _processes_with(marker) == [], "the helper's process outlived the group's stop"

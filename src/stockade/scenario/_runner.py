@@ -361,8 +361,9 @@ def stop_group(
     state_dir: str, name: str, socket_path: str, *, grace: float = 10.0, by: str = "scenario stop"
 ) -> list[dict[str, Any]]:
     """Stop scenario ``name``: nothing more starts, and every run it started is
-    stopped, with the runs those started (their ``parent``, when the daemon says
-    so); the final ``run.list`` entries of the runs that were still live.
+    stopped, with the helpers those spawned (their ``parent``; the daemon stops
+    them with their parent too); the final ``run.list`` entries of the runs
+    that were still live.
 
     Raises:
         ScenarioNotFound: no scenario of that name.
