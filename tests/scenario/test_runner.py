@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from stockade.cell._cell import WORKSPACES_ROOT
 from stockade.daemon._client import Client
 from stockade.daemon._server import DaemonThread
 from stockade.errors import StockadeError
@@ -541,12 +543,15 @@ def test_the_live_table_shows_every_column(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("example", ["pipeline", "fanout"])
 def test_the_examples_run(tmp_path: Path, daemon: DaemonThread, example: str) -> None:
-    import shutil
-
     source = Path(__file__).parents[2] / "examples" / "scenarios" / example
     copy = tmp_path / example
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("*.txt", "*.csv", "part-*"))
     runner = run_scenario(tmp_path, daemon, copy / "scenario.yaml")
+    # The fan-out's replicas each had a fresh workspace, which the daemon keeps: not a test's to keep.
+    for run_id in (r for u in runner.scheduler.units.values() for r in u.runs):
+        kept = runs_of(daemon)[run_id]["workspace"]
+        if kept.startswith(WORKSPACES_ROOT + "/"):
+            shutil.rmtree(kept)
     assert runner.code == EXIT_OK, runner.scheduler.units  # type: ignore[attr-defined]
     if example == "pipeline":
         assert states(runner) == {"fetch": "succeeded", "summarise": "succeeded", "report": "skipped"}
