@@ -245,3 +245,18 @@ def test_value_that_cannot_stand_in_a_url_is_refused_without_showing_it(tmp_path
         assert spaced not in text and placeholder not in text
 
     in_world(body, tmp_path, network=NETWORK, secrets=SECRETS, environ={"THE_KEY": spaced})
+
+
+def test_placeholder_in_a_host_name_is_not_recorded(tmp_path: Path) -> None:
+    async def body(w: World) -> None:
+        placeholder = w.secrets.env()["API_KEY"]
+        host = f"{placeholder}.evil.example"
+        async with w.client() as client:
+            r = await client.get(f"http://{host}/x")
+        assert r.status_code == 403
+        (event,) = w.hooks.events
+        text = json.dumps(event.to_dict())
+        assert placeholder.lower() not in text.lower()
+        assert detail(event)["host"] == "[placeholder API_KEY].evil.example"
+
+    tls_world(body, tmp_path)

@@ -376,7 +376,7 @@ def request_event(
         detail={
             "method": scrub(req.method),
             "scheme": req.scheme,
-            "host": req.host,
+            "host": scrub(req.host) if req.host is not None else None,
             "port": req.port,
             "path": path,
             "address": req.address,

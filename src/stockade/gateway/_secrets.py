@@ -67,13 +67,13 @@ class Secrets:
         self._pattern = (
             re.compile(b"|".join(re.escape(p) for p in self._by_placeholder)) if self._secrets else None
         )
-        # Longest values first, so that a value holding another one is scrubbed whole.
-        self._scrub = sorted(
-            [(s.value, f"[secret {s.name}]") for s in self._secrets]
-            + [(s.placeholder, f"[placeholder {s.name}]") for s in self._secrets],
-            key=lambda pair: len(pair[0]),
-            reverse=True,
-        )
+        # Longest first, so that a value holding another one is scrubbed whole; a
+        # placeholder also in lower case, as it comes back from a host name.
+        pairs = {s.value: f"[secret {s.name}]" for s in self._secrets}
+        for s in self._secrets:
+            pairs.setdefault(s.placeholder, f"[placeholder {s.name}]")
+            pairs.setdefault(s.placeholder.lower(), f"[placeholder {s.name}]")
+        self._scrub = sorted(pairs.items(), key=lambda pair: len(pair[0]), reverse=True)
 
     @classmethod
     def load(cls, secrets: Sequence[SecretPolicy], environ: Mapping[str, str]) -> Secrets:
