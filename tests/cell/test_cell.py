@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -207,12 +208,14 @@ def test_workspace_must_be_a_directory(tmp_path: Path) -> None:
 
 def test_nothing_of_the_cell_remains_after_it(tmp_path: Path) -> None:
     marker = tmp_path / "pid"
+    # A duration no other program on the host would be sleeping for.
+    seconds = f"60.{os.getpid()}{time.monotonic_ns() % 1000}"
     with Cell(workspace=tmp_path) as cell:
         result = cell.run(
             [
                 "/bin/sh",
                 "-c",
-                f"(setsid sh -c 'echo $$ > {marker}.inner; exec sleep 60' &) ; sleep 0.2; echo done",
+                f"(setsid sh -c 'echo $$ > {marker}.inner; exec sleep {seconds}' &) ; sleep 0.2; echo done",
             ]
         )
     assert result.stdout == b"done\n"
@@ -224,7 +227,7 @@ def test_nothing_of_the_cell_remains_after_it(tmp_path: Path) -> None:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            assert cmdline != b"sleep\x0060\x00", f"pid {entry} outlived its cell"
+            assert cmdline != f"sleep\x00{seconds}\x00".encode(), f"pid {entry} outlived its cell"
 
 
 def test_workspace_mode_is_untouched(tmp_path: Path) -> None:
@@ -283,3 +286,40 @@ def test_the_callers_umask_does_not_reach_the_view(tmp_path: Path) -> None:
         os.umask(previous)
     assert result.exit_code == 0, result.stderr
     assert result.stdout == b"0022\nstockade\nx\n"
+
+
+def test_cells_sharing_a_workspace_share_its_placeholders(tmp_path: Path) -> None:
+    """A Cell that ends must not remove a placeholder another Cell's running cell
+    relies on: the read-only mount over it would be detached, and the agent could
+    create the protected name (a git hook) after all."""
+    import threading
+
+    first, second = Cell(workspace=tmp_path), Cell(workspace=tmp_path)
+    results: list[bytes] = []
+    started = tmp_path / "started"
+
+    def run_second() -> None:
+        script = (
+            f"touch {started}; sleep 1; "
+            "mkdir -p .git/hooks 2>/dev/null; (echo evil > .git/hooks/pre-commit) 2>/dev/null; echo hook=$?; "
+            "(mkdir -p .git/hooks/x) 2>/dev/null; echo dir=$?"
+        )
+        results.append(second.run(["/bin/sh", "-c", script]).stdout)
+
+    thread = threading.Thread(target=run_second)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert started.exists()
+        assert first.run(["/bin/true"]).exit_code == 0
+        first.close()  # while the second cell still runs
+        assert (tmp_path / ".git" / "hooks").is_dir()
+    finally:
+        thread.join()
+    hook, made_dir = results[0].decode().split()
+    assert hook != "hook=0" and made_dir != "dir=0", results  # both refused
+    assert not (tmp_path / ".git" / "hooks" / "pre-commit").exists()
+    second.close()
+    assert not (tmp_path / ".git").exists()  # the last user removed what was made

@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import stat
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -168,9 +169,9 @@ class Cell:
         )
         self._prepared: tuple[float, CellPlan, object, tuple[tuple[bytes, bool], ...]] | None = None
         self._placeholders: list[str] = []
-        """Protected paths this Cell created empty; kept between its runs (the
-        agent cannot touch them: they are read-only mounts in every cell) and
-        removed, where still empty, by ``close``."""
+        """Protected paths this Cell holds (``_Placeholders``): kept between its
+        runs (the agent cannot touch them: they are read-only mounts in every
+        cell) and let go by ``close``."""
 
     # ------------------------------------------------------------------ running
 
@@ -340,11 +341,7 @@ class Cell:
         return attach
 
     def _ensure_placeholders(self, plan: CellPlan) -> None:
-        # A cheap lstat each run: the host may have removed one since, and a
-        # missing placeholder would leave its protected name uncovered.
-        missing = tuple(p for p in plan.placeholders if not os.path.lexists(p.path))
-        if missing:
-            self._placeholders.extend(_create_placeholders(plan.workspace, missing))
+        self._placeholders = _PLACEHOLDERS.hold(plan.workspace, plan.placeholders, self._placeholders)
 
     def __del__(self) -> None:
         try:
@@ -352,14 +349,14 @@ class Cell:
         except AttributeError:
             return  # __init__ did not finish
         if placeholders:
-            _remove_placeholders(self.workspace, placeholders)
+            _PLACEHOLDERS.release(self.workspace, placeholders)
 
     def close(self) -> None:
         """Let go of the prepared layers, and remove a fresh workspace unless
         asked to keep it. Idempotent."""
         self._prepared = None  # closes the host descriptors its rules hold
         placeholders, self._placeholders = self._placeholders, []
-        _remove_placeholders(self.workspace, placeholders)
+        _PLACEHOLDERS.release(self.workspace, placeholders)
         if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
             import shutil  # only here: it is not on the path of a run
 
@@ -447,6 +444,60 @@ def _cap_last() -> int:
         except (OSError, ValueError):
             _CAP_LAST = 40
     return _CAP_LAST
+
+
+class _Placeholders:
+    """The protected placeholders of every Cell of this process, counted.
+
+    Cells that share a workspace (a scenario's fan-out, an agent and its
+    helper) share its placeholders: one made for the first must not be removed
+    while another still runs, since removing a directory that is a mount point
+    in a running cell's namespace detaches that read-only mount, and the name
+    it protected (``.git/hooks``) would be the agent's to create.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users: dict[str, int] = {}
+        self._made: dict[str, list[str]] = {}
+        """For each placeholder this process made, the paths made for it."""
+
+    def hold(self, workspace: str, wanted: tuple[ProtectPlaceholder, ...], held: list[str]) -> list[str]:
+        """Make the missing ones and count this Cell as a user of each; the paths now held.
+
+        Raises:
+            CellError: one could not be made (a link or a file stands on the way).
+        """
+        with self._lock:
+            # A cheap lstat each run: the host may have removed one since, and
+            # a missing placeholder would leave its protected name uncovered.
+            for item in wanted:
+                if os.path.lexists(item.path):
+                    continue
+                made = _create_placeholders(workspace, (item,))
+                if made:
+                    self._made.setdefault(item.path, []).extend(made)
+            now = list(held)
+            for item in wanted:
+                if item.path not in now:
+                    now.append(item.path)
+                    self._users[item.path] = self._users.get(item.path, 0) + 1
+            return now
+
+    def release(self, workspace: str, held: list[str]) -> None:
+        """This Cell no longer uses ``held``; the last user's release removes
+        what was made for them, where still empty."""
+        with self._lock:
+            for path in reversed(held):
+                users = self._users.get(path, 0) - 1
+                if users > 0:
+                    self._users[path] = users
+                    continue
+                self._users.pop(path, None)
+                _remove_placeholders(workspace, self._made.pop(path, []))
+
+
+_PLACEHOLDERS = _Placeholders()
 
 
 def _create_placeholders(workspace: str, placeholders: tuple[ProtectPlaceholder, ...]) -> list[str]:
