@@ -388,3 +388,16 @@ def test_runs_started_at_once_each_get_their_own_cell_socket_and_token(tmp_path:
             ended.add(events.until(lambda e: e["event"]["kind"] == "run.end")[-1]["event"]["run"])
         for run in wire.call("run.list")["runs"]:
             assert run["exit_code"] == 0 and run["intents"] == 2 and run["denials"] == 0, run
+
+
+def test_run_start_takes_a_name_and_refuses_a_missing_workspace(tmp_path: Path) -> None:
+    policy = agent_policy(tmp_path, [])
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        info, _lines = run_to_end(wire, events, policy, name="pipeline/summarise-2")
+        assert info["name"] == "pipeline/summarise-2"
+        missing = wire.request("run.start", {"policy_path": str(policy), "workspace": str(tmp_path / "nope")})
+        assert missing["error"]["code"] == "bad_params" and "not a directory" in missing["error"]["message"]
+        bad = wire.request("run.start", {"policy_path": str(policy), "name": "../x"})
+        assert bad["error"]["code"] == "bad_params" and "not a run name" in bad["error"]["message"]

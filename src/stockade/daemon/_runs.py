@@ -32,6 +32,7 @@ import contextlib
 import hmac
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
 RunState = Literal["running", "stopping", "halted", "ended", "failed", "lost"]
 """``halted``: ended by its tripwire or by a store failure; ``lost``: the
 daemon died before the run ended (found so at the next start)."""
+
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+"""A name given to ``run.start`` (a scenario's ``pipeline/summarise-2``)."""
 
 TRANSCRIPT_MAX = 64 * 1024 * 1024
 """Transcript bytes kept when the policy sets no ``limits.output``."""
@@ -409,7 +413,7 @@ class Runs:
         sock_path = _paths.broker_socket_path(self.state_dir, run_id)
         run = Run(
             id=run_id,
-            name=policy.name,
+            name=opts["name"] or policy.name,
             policy=policy,
             argv=tuple(opts["argv"] or policy.command),
             workspace=opts["workspace"] or policy.workspace or "",
@@ -969,6 +973,19 @@ def _start_params(params: Mapping[str, Any]) -> dict[str, Any]:
     workspace = params.get("workspace")
     if workspace is not None and (not isinstance(workspace, str) or not os.path.isabs(workspace)):
         raise RequestError("bad_params", f"'workspace' must be an absolute path, not {workspace!r}")
+    if workspace is not None and not os.path.isdir(workspace):
+        raise RequestError(
+            "bad_params",
+            f"the workspace {workspace!r} is not a directory; create it, or leave 'workspace' out "
+            "for a fresh one",
+        )
+    name = params.get("name")
+    if name is not None and not (isinstance(name, str) and _RUN_NAME.fullmatch(name)):
+        raise RequestError(
+            "bad_params",
+            f"'name' {name!r} is not a run name; use 1 to 128 letters, digits, '.', '_', '-' or '/', "
+            "starting with a letter or digit",
+        )
     env = params.get("env")
     if env is not None and not (
         isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
@@ -985,6 +1002,7 @@ def _start_params(params: Mapping[str, Any]) -> dict[str, Any]:
         "env": env,
         "detach": bool(params.get("detach", False)),
         "unattended": bool(params.get("unattended", False)),
+        "name": name,
     }
 
 
