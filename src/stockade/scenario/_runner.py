@@ -564,6 +564,7 @@ class ScenarioRunner:
                     detach=False,
                     unattended=self.unattended,
                     env=env,
+                    name=f"{self.group.name}/{unit.name}"[:128],
                 )
             except RemoteError as exc:
                 self.scheduler.start_failed(unit, exc.message)
