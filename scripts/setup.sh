@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# curl: the gateway's tests and examples use it inside cells, as agents do.
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing system packages: ${need_apt[*]}; run 'sudo apt-get install -y ${need_apt[*]}' and try again" >&2
@@ -31,7 +34,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   || ! .venv/bin/python -c "import stockade.cell._native" 2>/dev/null; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" >&2 || true
-  .venv/bin/python -c "import stockade, stockade.cell._native, pydantic, yaml, click, rich, pytest, hypothesis" \
+  .venv/bin/python -c "import stockade, stockade.cell._native, pydantic, yaml, click, rich, pytest, hypothesis, h11, httpx, starlette, uvicorn, cryptography, dns" \
     || { echo "setup: installing the package failed (the C extension needs gcc and the Python headers)" >&2; exit 1; }
   touch "$stamp"
 fi
