@@ -1,0 +1,277 @@
+"""Each example of examples/ runs the way its README says, and does what it says.
+
+Every example is copied to the test's own directory first (its workspace is its
+folder, so running it in place would write into the repository). Examples that
+need the network or a model run where nothing can leave the machine: in a
+network namespace the test makes, holding the test's DNS server, its "internet"
+(servers on addresses put on that namespace's ``lo``) and the mock model.
+
+Two ways of running, as the READMEs say:
+
+- ``stockade exec --policy …``: no daemon. A process that needs the test's
+  internet (the web fetcher) is started inside the namespace with ``nsenter``.
+- ``stockade run -f …``: the CLI finds the daemon the test started. That daemon
+  runs in this process, its threads started from a thread inside the
+  namespace (so its gateway and LLM endpoint reach only the test's world), but
+  its kernel audit reader is opened in the host's namespace first: the kernel
+  sends audit records only there, and without them the record would lack the
+  kernel's refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from stockade.cell._cell import shared_audit_reader
+from stockade.daemon._server import DaemonThread
+from stockade.gateway import GatewayOptions
+from tests._netns import TestNetns
+from tests.gateway._dns import TestDns
+from tests.gateway._servers import Canary, HttpServer, Reply
+from tests.gateway._tls import TestPki
+
+ROOT = Path(__file__).parents[2]
+EXAMPLES = ROOT / "examples"
+STOCKADE = str(Path(sys.executable).with_name("stockade"))
+PUBLIC = "93.184.216.34"
+ATTACKER = "93.184.216.36"
+WAIT = 120.0
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def copy_example(name: str, tmp_path: Path) -> Path:
+    """The example's folder, copied under ``tmp_path`` (without files a run left)."""
+    target = tmp_path / name
+    shutil.copytree(EXAMPLES / name, target, ignore=shutil.ignore_patterns("__pycache__", "pages", "*.out"))
+    return target
+
+
+def readme_commands(name: str) -> list[str]:
+    """The ``.venv/bin/stockade …`` lines of the example's README code blocks."""
+    text = (EXAMPLES / name / "README.md").read_text()
+    blocks = re.findall(r"```(?:sh|console)?\n(.*?)```", text, re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if "stockade " in line]
+
+
+def stockade(
+    *args: str, env: dict[str, str] | None = None, ns: TestNetns | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = [STOCKADE, *args]
+    return subprocess.run(
+        ns.argv(argv) if ns else argv,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class LoopIn:
+    """An event loop in a thread that lives inside ``ns``: servers it starts listen there."""
+
+    def __init__(self, ns: TestNetns) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, args=(ns,), daemon=True)
+        self._thread.start()
+
+    def _main(self, ns: TestNetns) -> None:
+        with ns.entered():
+            self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
+        self.loop.close()
+
+
+@contextmanager
+def daemon_in(ns: TestNetns, tmp_path: Path, **gateway: Any) -> Iterator[DaemonThread]:
+    """A daemon whose threads live in ``ns``, its audit reader in the host's namespace."""
+    shared_audit_reader()
+    with ns.entered():
+        dt = DaemonThread(
+            state=str(tmp_path / "state"),
+            socket_path=str(tmp_path / "d.sock"),
+            gateway=GatewayOptions(**gateway),
+        ).start()
+    try:
+        yield dt
+    finally:
+        dt.stop()
+
+
+def daemon_flags(tmp_path: Path) -> list[str]:
+    return ["--state", str(tmp_path / "state"), "--socket", str(tmp_path / "d.sock")]
+
+
+@contextmanager
+def mock_llm(ns: TestNetns, script: Path | str) -> Iterator[str]:
+    """``stockade mock-llm --port 0 --script SCRIPT`` inside ``ns``; yields its URL."""
+    proc = ns.popen(
+        [STOCKADE, "mock-llm", "--port", "0", "--script", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once it accepts connections
+        match = re.search(r"listening on (http://\S+)", line)
+        assert match, f"mock-llm did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+@dataclass
+class Exported:
+    text: str
+    events: list[dict[str, Any]]
+
+
+def export(tmp_path: Path) -> Exported:
+    """The record as ``stockade export`` gives it: text, and JSON lines."""
+    db = str(tmp_path / "state" / "events.db")
+    text = stockade("export", "--format", "text", "--db", db)
+    lines = stockade("export", "--format", "jsonl", "--db", db)
+    assert text.returncode == 0 and lines.returncode == 0, text.stderr + lines.stderr
+    events = [json.loads(line)["event"] for line in lines.stdout.splitlines()]
+    return Exported(text.stdout, events)
+
+
+def test_every_example_has_a_readme_with_its_command() -> None:
+    names = ["quickstart", "prompt-injection", "code-runner", "web-fetcher", "openai-tool-loop"]
+    names.append("wrap-existing-agent")
+    for name in names:
+        commands = readme_commands(name)
+        assert commands, f"examples/{name}/README.md shows no stockade command"
+        assert any(f"examples/{name}/" in c for c in commands), commands
+        assert (EXAMPLES / name / "policy.yaml").is_file()
+    index = (EXAMPLES / "README.md").read_text()
+    for name in [*names, "scenarios/pipeline", "scenarios/fanout"]:
+        assert f"]({name}/" in index, f"examples/README.md does not link {name}"
+    recipes = (ROOT / "docs" / "RECIPES.md").read_text()
+    assert "examples/openai-tool-loop/" in recipes and "examples/wrap-existing-agent/" in recipes
+
+
+def test_every_example_policy_is_valid() -> None:
+    for policy in sorted(EXAMPLES.glob("*/policy.yaml")):
+        done = stockade("validate", str(policy))
+        assert done.returncode == 0, (policy, done.stdout, done.stderr)
+
+
+# --------------------------------------------------------------------------- quickstart
+
+
+def test_quickstart(tmp_path: Path) -> None:
+    assert ".venv/bin/stockade exec --policy examples/quickstart/policy.yaml" in readme_commands("quickstart")
+    example = copy_example("quickstart", tmp_path)
+    done = stockade("exec", "--policy", str(example / "policy.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (example / "summary.txt").read_text() == "Quarterly notes: 3 lines, 18 words\n"
+    assert "read /etc/shadow: refused" in done.stdout
+    assert "plant /usr/bin/update-helper: refused" in done.stdout
+    assert not Path("/usr/bin/update-helper").exists()
+    # Both refusals were recorded by the kernel and summarised by stockade.
+    assert "stockade: 2 refusal(s) in this cell" in done.stderr
+    assert "read of /etc/shadow refused by landlock (fs.read_file)" in done.stderr
+    assert "creation of a file in /usr/bin refused by landlock (fs.make_reg)" in done.stderr
+
+
+# --------------------------------------------------------------------------- web fetcher
+
+
+WEB_HOSTS = ["docs.python.org", "pypi.org", "example.com"]
+
+
+def test_web_fetcher_reaches_its_three_hosts_and_no_other(tmp_path: Path) -> None:
+    commands = readme_commands("web-fetcher")
+    assert ".venv/bin/stockade exec --policy examples/web-fetcher/policy.yaml" in commands
+    example = copy_example("web-fetcher", tmp_path)
+    pki = TestPki(tmp_path)
+    with TestNetns([PUBLIC, ATTACKER]) as ns:
+        loop = LoopIn(ns)
+        dns = TestDns({**{host: [PUBLIC] for host in WEB_HOSTS}, "www.wikipedia.org": [ATTACKER]})
+        pages = {
+            "/3/": Reply(body=b"<h1>Python 3 documentation</h1>"),
+            "/simple/": Reply(body=b"<h1>Simple index</h1>"),
+            "/": Reply(body=b"<h1>Example Domain</h1>"),
+        }
+        web = HttpServer(pages, tls=pki.server_context(WEB_HOSTS))
+        canary = Canary()
+
+        async def start() -> None:
+            await dns.start()
+            await web.listen(PUBLIC, 443)
+            await canary.listen(ATTACKER, 443)
+
+        loop.run(start())
+        env = {"STOCKADE_DNS": dns.spec, "STOCKADE_UPSTREAM_CA": pki.ca_file}
+        try:
+            done = stockade("exec", "--policy", str(example / "policy.yaml"), env=env, ns=ns)
+            # The README's second command: a host it does not name, a path its rule does not allow.
+            refused = stockade(
+                "exec",
+                "--policy",
+                str(example / "policy.yaml"),
+                "--",
+                "/usr/bin/python3",
+                "fetch.py",
+                "https://www.wikipedia.org/",
+                "https://pypi.org/project/stockade/",
+                env=env,
+                ns=ns,
+            )
+        finally:
+            loop.run(web.close())
+            loop.run(canary.close())
+            loop.run(dns.close())
+            loop.close()
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "OK      https://docs.python.org/3/: 31 bytes -> pages/docs.python.org_3.html",
+        "OK      https://pypi.org/simple/: 21 bytes -> pages/pypi.org_simple.html",
+        "OK      https://example.com/: 23 bytes -> pages/example.com.html",
+    ]
+    assert (example / "pages" / "docs.python.org_3.html").read_bytes() == b"<h1>Python 3 documentation</h1>"
+    # Every request arrived as a GET, each for its own host (the gateway looked inside TLS).
+    assert [(s.method, s.headers["host"], s.target) for s in web.seen] == [
+        ("GET", "docs.python.org", "/3/"),
+        ("GET", "pypi.org", "/simple/"),
+        ("GET", "example.com", "/"),
+    ]
+
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    lines = refused.stdout.splitlines()
+    assert lines[0].startswith("FAILED  https://www.wikipedia.org/: Tunnel connection failed: 403"), lines
+    assert lines[1].startswith("REFUSED https://pypi.org/project/stockade/: 403 stockade: GET"), lines
+    assert "paths" in lines[1] or "/simple/" in lines[1], lines
+    assert canary.hits == []  # nothing reached the host the policy does not name
+    assert [s.target for s in web.seen].count("/project/stockade/") == 0
+    assert "stockade: 2 refusal(s) in this cell" in refused.stderr, refused.stderr
+    assert "www.wikipedia.org" in refused.stderr and "pypi.org" in refused.stderr
