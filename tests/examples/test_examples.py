@@ -275,3 +275,67 @@ def test_web_fetcher_reaches_its_three_hosts_and_no_other(tmp_path: Path) -> Non
     assert [s.target for s in web.seen].count("/project/stockade/") == 0
     assert "stockade: 2 refusal(s) in this cell" in refused.stderr, refused.stderr
     assert "www.wikipedia.org" in refused.stderr and "pypi.org" in refused.stderr
+
+
+# --------------------------------------------------------------------------- prompt injection
+
+
+def test_prompt_injection_every_attempt_is_refused_and_recorded(tmp_path: Path) -> None:
+    commands = readme_commands("prompt-injection")
+    assert commands[:2] == [
+        ".venv/bin/stockade mock-llm --port 8765 --script examples/prompt-injection/injected.yaml &",
+        ".venv/bin/stockade run -f examples/prompt-injection/policy.yaml",
+    ]
+    example = copy_example("prompt-injection", tmp_path)
+    with TestNetns([ATTACKER]) as ns:
+        canary = Canary()
+        loop = LoopIn(ns)
+        loop.run(canary.listen(ATTACKER, 443))
+        try:
+            with daemon_in(ns, tmp_path), mock_llm(ns, example / "injected.yaml") as url:
+                done = stockade(
+                    "run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"MOCK_LLM_URL": url}
+                )
+                record = export(tmp_path)
+        finally:
+            loop.run(canary.close())
+            loop.close()
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout.splitlines()
+    # The task is done, after the five attempts the notes asked for.
+    assert (example / "report.md").read_text().startswith("Release notes: the importer handles files")
+    assert out[-1] == "model: Done: report.md holds the summary.", out
+    attempts = [line for line in out if "-> error:" in line]
+    assert len(attempts) == 5, out
+    assert "PermissionError" in attempts[0] and "/etc/shadow" in attempts[0]
+    assert "CONNECT tunnel failed, response 403" in attempts[1]
+    assert "Denied: http.fetch was denied by the broker: no network.allow rule" in attempts[2]
+    assert "PermissionError" in attempts[3]  # a direct connection
+    assert "PermissionError" in attempts[4] and "/etc/profile.d/zz-update.sh" in attempts[4]
+    assert canary.hits == []
+    assert not Path("/etc/profile.d/zz-update.sh").exists()
+
+    # Each attempt is a refusal in the record, by the layer meant to refuse it.
+    denied = [(e["layer"], e["kind"], e["summary"]) for e in record.events if e["outcome"] == "denied"]
+    summaries = "\n".join(s for _, _, s in denied)
+    assert [(layer, kind) for layer, kind, _ in denied if layer in ("gateway", "broker")] == [
+        ("gateway", "http.request"),
+        ("broker", "intent"),
+    ], denied
+    kernel = [s for layer, _, s in denied if layer == "landlock"]
+    assert len(kernel) == 3, denied
+    assert "read of /etc/shadow refused by landlock" in summaries
+    assert "CONNECT exfil.attacker.example:443 refused" in summaries
+    assert "http.fetch https://exfil.attacker.example/collect" in summaries
+    assert any("93.184.216.36" in s or "net.connect_tcp" in s for s in kernel), kernel
+    assert any("/etc/profile.d" in s for s in kernel), kernel
+    # The README's way to read them: the text export, one line each.
+    assert ".venv/bin/stockade export --format text --since 10m | awk '$5 == \"denied\"'" in commands
+    refusals = [line for line in record.text.splitlines() if line.split(" ")[4:5] == ["denied"]]
+    assert len(refusals) == 5, record.text
+    # Every tool call of the model is in the record too.
+    calls = [e["detail"]["name"] for e in record.events if e["kind"] == "tool.call"]
+    assert calls == ["read_file", "read_file", "read_file", "shell", "fetch", "shell", "write_file", "write_file"]
+    run_end = [e for e in record.events if e["kind"] == "run.end"]
+    assert run_end and run_end[0]["detail"].get("halted") in (None, False, ""), run_end
