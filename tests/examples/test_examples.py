@@ -339,3 +339,40 @@ def test_prompt_injection_every_attempt_is_refused_and_recorded(tmp_path: Path) 
     assert calls == ["read_file", "read_file", "read_file", "shell", "fetch", "shell", "write_file", "write_file"]
     run_end = [e for e in record.events if e["kind"] == "run.end"]
     assert run_end and run_end[0]["detail"].get("halted") in (None, False, ""), run_end
+
+
+# --------------------------------------------------------------------------- code runner
+
+
+def test_code_runner_runs_the_models_code_in_a_workbench_with_no_network(tmp_path: Path) -> None:
+    commands = readme_commands("code-runner")
+    assert commands == [
+        ".venv/bin/stockade mock-llm --port 8765 --script examples/code-runner/model.yaml &",
+        ".venv/bin/stockade run -f examples/code-runner/policy.yaml",
+    ]
+    example = copy_example("code-runner", tmp_path)
+    with TestNetns() as ns, daemon_in(ns, tmp_path), mock_llm(ns, example / "model.yaml") as url:
+        done = stockade("run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"MOCK_LLM_URL": url})
+        record = export(tmp_path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "run_python -> exit code 0",
+        "1060",
+        "run_python -> exit code 0",
+        "network: unreachable: <urlopen error [Errno -3] Temporary failure in name resolution>",
+        "write_file -> wrote 41 characters to answer.md",
+        "model: Done: answer.md holds the answer.",
+    ]
+    assert (example / "answer.md").read_text() == "The sum of the primes below 100 is 1060.\n"
+    execs = [e for e in record.events if e["kind"] == "intent" and e["detail"]["intent"] == "exec"]
+    assert [(e["outcome"], e["detail"]["rule"]) for e in execs] == [("allowed", "run-python")] * 2
+    # Each ran in a cell of its own, not the agent's.
+    agent_cell = next(e["cell"] for e in record.events if e["kind"] == "llm.call")
+    workbenches = [e["cell"] for e in record.events if e["kind"] == "cell.start" and e["cell"] != agent_cell]
+    assert len(set(workbenches)) == 2, workbenches
+    # The one refusal: the resolver's UDP socket, in the second workbench cell (the kernel's record).
+    denied = [e for e in record.events if e["outcome"] == "denied"]
+    assert [(e["layer"], e["summary"], e["cell"]) for e in denied] == [
+        ("seccomp", "socket refused by seccomp", workbenches[1])
+    ], record.text
