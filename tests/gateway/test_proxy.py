@@ -547,6 +547,21 @@ def test_oversized_headers_get_431(tmp_path: Path) -> None:
     in_world(body, tmp_path)
 
 
+def test_upstream_connections_outlive_their_client_connection(tmp_path: Path) -> None:
+    async def body(w: World) -> None:
+        for _ in range(3):  # a new client connection each time, as curl in a loop
+            request = b"GET http://api.example.com/echo HTTP/1.1\r\nHost: api.example.com\r\n"
+            status, _, _ = await exchange(w, request + b"Connection: close\r\n\r\n")
+            assert status == 200
+        assert w.origin.connections == 1 and len(w.origin.seen) == 3
+        # Each request was still decided and its address checked: a refused host gets nothing.
+        status, _, _ = await exchange(w, b"GET http://evil.example/ HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+        assert status == 403 and len(w.origin.seen) == 3
+        assert [e.outcome for e in await w.hooks.wait_events(4)].count("allowed") == 3
+
+    in_world(body, tmp_path)
+
+
 def test_upstream_closing_a_kept_connection_is_not_a_failure(tmp_path: Path) -> None:
     async def body(w: World) -> None:
         reader, writer = await w.raw()

@@ -71,7 +71,8 @@ class Answers:
         self.run_id = run_id
         self._hooks = hooks
         self._secrets = secrets
-        self._recording: set[asyncio.Task[None]] = set()
+        self._pending: list[Event] = []
+        self._recorder: asyncio.Task[None] | None = None
         self._unrecorded: list[Event] = []
 
     async def _refuse(
@@ -156,18 +157,25 @@ class Answers:
         return True
 
     def _record_later(self, event: Event) -> None:
-        task = asyncio.get_running_loop().create_task(self._record_quietly(event))
-        self._recording.add(task)
-        task.add_done_callback(self._recording.discard)
+        """Record ``event`` off the request's path: one task stores what gathered, in batches."""
+        self._pending.append(event)
+        if self._recorder is None or self._recorder.done():
+            self._recorder = asyncio.get_running_loop().create_task(self._record_pending())
 
-    async def _record_quietly(self, event: Event) -> None:
-        try:
-            await self._hooks.record([event])
-        except Exception:
-            # Kept for the next request, which stops (503) until it can be stored:
-            # nothing more is forwarded that the record could not hold.
-            if len(self._unrecorded) < MAX_UNRECORDED:
-                self._unrecorded.append(event)
+    async def _record_pending(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await self._hooks.record(batch)
+            except Exception:
+                # Kept for the next request, which stops (503) until it can be stored:
+                # nothing more is forwarded that the record could not hold.
+                self._unrecorded.extend(batch[: max(0, MAX_UNRECORDED - len(self._unrecorded))])
+
+    async def _recorded(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for what ``_record_later`` was given."""
+        if self._recorder is not None and not self._recorder.done():
+            await asyncio.wait([self._recorder], timeout=timeout)
 
     def _event(
         self,

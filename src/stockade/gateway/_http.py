@@ -153,7 +153,8 @@ async def next_event(conn: h11.Connection, reader: asyncio.StreamReader, timeout
 class Upstream:
     """A connection to one upstream, kept across the requests of one client connection."""
 
-    key: tuple[str, int]
+    key: tuple[str, int, str, bool]
+    """Where it goes: host, port, the checked address, and whether over TLS."""
     address: str
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter

@@ -66,6 +66,10 @@ MAX_SUBSTITUTED_BODY = 1024 * 1024
 """Bodies up to this size (with a Content-Length) have placeholders replaced; larger ones stream untouched."""
 CONNECT_TIMEOUT = 30.0
 LISTEN_BACKLOG = 1024
+POOL_PER_PLACE = 16
+"""Idle upstream connections kept per (host, port, address, TLS)."""
+POOL_SIZE = 256
+"""Idle upstream connections kept in all."""
 HANDSHAKE_TIMEOUT = 30.0
 
 _TOO_MANY_TEXT = b"stockade: too many connections to the gateway; close some and retry\n"
@@ -98,6 +102,7 @@ class Proxy(Answers):
         self._max_connections = max_connections
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[Any]] = set()
+        self._pool: dict[tuple[str, int, str, bool], list[Upstream]] = {}
         self._closed = False
 
     @property
@@ -130,8 +135,11 @@ class Proxy(Answers):
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
-        if self._recording:
-            await asyncio.wait(self._recording, timeout=5.0)
+        await self._recorded(timeout=5.0)
+        for kept in self._pool.values():
+            for upstream in kept:
+                upstream.close()
+        self._pool.clear()
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
@@ -159,7 +167,7 @@ class Proxy(Answers):
         except Exception:  # a bug: log it, never take the daemon's loop down
             log.exception("the gateway's connection handler failed")
         finally:
-            client.close_upstream()
+            self._release(client)
             if self._closed:
                 writer.transport.abort()
             else:
@@ -297,9 +305,9 @@ class Proxy(Answers):
         protocol = c.writer.transport.get_protocol()
         assert isinstance(protocol, ClientProtocol)
         while True:
-            kept = c.upstream is not None and c.upstream.key == (host, port) and c.upstream.usable()
+            kept = c.upstream is not None and c.upstream.key[:2] == (host, port) and c.upstream.usable()
             if not kept:
-                c.close_upstream()
+                self._release(c)
                 opened = await self._open(c, req, decision, tls)
                 if opened is None:
                     return False
@@ -365,6 +373,13 @@ class Proxy(Answers):
                 await self._fail(c, req, decision, f"{req.host} could not be resolved: {exc}")
                 return None
         req.address = str(dest.address)
+        key = (dest.host, dest.port, str(dest.address), tls is not None)
+        idle = self._pool.get(key)
+        while idle:
+            upstream = idle.pop()
+            if upstream.usable():
+                return upstream
+            upstream.close()
         try:
             reader, writer = await open_upstream(
                 dest, tls=self._upstream_tls if tls is not None else None, timeout=CONNECT_TIMEOUT
@@ -372,7 +387,25 @@ class Proxy(Answers):
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             await self._fail(c, req, decision, f"could not connect to {req.url()}: {reason_of(exc)}")
             return None
-        return Upstream((req.host, req.port), str(dest.address), reader, writer)
+        return Upstream(key, str(dest.address), reader, writer)
+
+    def _release(self, c: Client) -> None:
+        """Keep ``c``'s upstream connection for a later request to the same place, or close it.
+
+        Opening one costs more than the rest of a small request; a client that
+        opens a connection per request (curl in a loop, ``Connection: close``)
+        then still finds the upstream's open. Only the run's own clients share
+        them, and only toward the same checked address.
+        """
+        upstream, c.upstream = c.upstream, None
+        if upstream is None:
+            return
+        kept = self._pool.setdefault(upstream.key, [])
+        total = sum(len(v) for v in self._pool.values())
+        if self._closed or not upstream.usable() or len(kept) >= POOL_PER_PLACE or total >= POOL_SIZE:
+            upstream.close()
+        else:
+            kept.append(upstream)
 
     def _put_secrets(self, data: bytes, host: str, encrypted: bool) -> bytes:
         """``data`` with the values of the secrets meant for ``host`` in place of their placeholders.
@@ -500,7 +533,7 @@ class Proxy(Answers):
         try:
             await self._requests(inner, dest)
         finally:
-            inner.close_upstream()
+            self._release(inner)
 
 
 def _target(raw: str, tls: Destination | None) -> Target:
