@@ -376,3 +376,82 @@ def test_code_runner_runs_the_models_code_in_a_workbench_with_no_network(tmp_pat
     assert [(e["layer"], e["summary"], e["cell"]) for e in denied] == [
         ("seccomp", "socket refused by seccomp", workbenches[1])
     ], record.text
+
+
+# --------------------------------------------------------------------------- recipes
+
+
+def test_openai_tool_loop_records_each_call_with_the_models_id(tmp_path: Path) -> None:
+    commands = readme_commands("openai-tool-loop")
+    assert commands[:2] == [
+        ".venv/bin/stockade mock-llm --port 8765 --script examples/openai-tool-loop/model.yaml &",
+        ".venv/bin/stockade run -f examples/openai-tool-loop/policy.yaml",
+    ]
+    example = copy_example("openai-tool-loop", tmp_path)
+    with TestNetns() as ns, daemon_in(ns, tmp_path), mock_llm(ns, example / "model.yaml") as url:
+        done = stockade("run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"MOCK_LLM_URL": url})
+        record = export(tmp_path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout.splitlines()
+    assert out[0] == "client: MiniOpenAI (the openai package is not installed)"  # /usr/bin/python3 has none
+    assert out[1].startswith('list_docs({"path": "/usr/share/common-licenses"}) -> Apache-2.0 '), out
+    assert out[2] == 'read_doc({"path": "/usr/share/common-licenses/Apache-2.0"}) -> 11358 characters', out
+    assert out[4].startswith("read_doc({\"path\": \"/etc/passwd\"}) -> denied by the policy: no tools rule"), out
+    assert out[-1] == "model: Done: summary.md has two lines."
+    assert (example / "summary.md").read_text().startswith("- Apache-2.0: permissive")
+
+    intents = [(e["detail"]["intent"], e["outcome"], e["detail"]["rule"]) for e in record.events if e["kind"] == "intent"]
+    assert intents == [
+        ("fs.list", "allowed", "list-licenses"),
+        ("fs.read", "allowed", "read-licenses"),
+        ("fs.read", "allowed", "read-licenses"),
+        ("fs.read", "denied", None),
+    ]
+    # Each tool.call carries the model's own id for the call, as the model's answer gave it.
+    model_ids = [
+        call["id"]
+        for e in record.events
+        if e["kind"] == "llm.call"
+        for call in (e["detail"]["response"] or {}).get("tool_calls") or []
+    ]
+    recorded = [(e["detail"]["name"], e["detail"]["tool_call"]) for e in record.events if e["kind"] == "tool.call"]
+    assert [name for name, _ in recorded] == ["list_docs", "read_doc", "read_doc", "read_doc", "write_summary"]
+    assert [call_id for _, call_id in recorded] == model_ids
+
+
+def test_wrapping_an_existing_agent_needs_only_a_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    commands = readme_commands("wrap-existing-agent")
+    assert "OPENAI_API_KEY=sk-... .venv/bin/stockade run -f examples/wrap-existing-agent/policy.yaml" in commands
+    assert (
+        "LLM_URL=http://127.0.0.1:8765/v1 OPENAI_API_KEY=unused "
+        ".venv/bin/stockade run -f examples/wrap-existing-agent/policy.yaml"
+    ) in commands
+    example = copy_example("wrap-existing-agent", tmp_path)
+    original = (EXAMPLES / "wrap-existing-agent" / "agent" / "triage.py").read_bytes()
+    assert b"stockade" not in original  # nothing in the program knows about stockade
+    key = "sk-operator-key-never-in-the-cell"
+    monkeypatch.setenv("OPENAI_API_KEY", key)  # the daemon's (this process's) environment
+    with TestNetns() as ns, daemon_in(ns, tmp_path), mock_llm(ns, example / "model.yaml") as url:
+        done = stockade(
+            "run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"LLM_URL": url}
+        )
+        record = export(tmp_path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "#101 bug: Crash when the config file is empty",
+        "#102 feature: Support for TOML configuration",
+        "#103 question: Where do the logs go?",
+    ]
+    labels = json.loads((example / "agent" / "labels.json").read_text())
+    assert labels == {"101": "bug", "102": "feature", "103": "question"}
+    assert (example / "agent" / "triage.py").read_bytes() == original
+    calls = [e for e in record.events if e["kind"] == "llm.call"]
+    assert [(e["outcome"], e["detail"]["model"], e["detail"]["requested_model"]) for e in calls] == [
+        ("allowed", "gpt-4o-mini", "gpt-4o-mini")
+    ] * 3
+    assert calls[-1]["detail"]["budget"]["requests"] == 3 and calls[-1]["detail"]["budget"]["max_requests"] == 20
+    # The operator's key went nowhere the agent or the record holds.
+    assert key not in json.dumps(record.events) and key not in done.stdout + done.stderr
+    assert all(key.encode() not in p.read_bytes() for p in (example / "agent").iterdir())
