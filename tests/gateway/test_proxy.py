@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import select
 import socket
@@ -338,15 +339,32 @@ async def _world(
     world = World(
         ns, pki, dns, hooks, proxy, sock.getsockname()[1], origin, tls_origin, canaries, secrets, ca
     )
+    # The proxy logs only what it did not expect (a bug), asyncio a task that
+    # failed unseen: no test may cause either.
+    errors = _Errors()
+    for name in ("stockade.gateway", "asyncio"):
+        logging.getLogger(name).addHandler(errors)
     try:
         await body(world)
+        assert errors.records == [], [r.getMessage() for r in errors.records]
     finally:
+        for name in ("stockade.gateway", "asyncio"):
+            logging.getLogger(name).removeHandler(errors)
         await proxy.close()
         await origin.close()
         await tls_origin.close()
         for canary in canaries:
             await canary.close()
         await dns.close()
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 async def exchange(world: World, raw: bytes) -> tuple[int, dict[str, str], bytes]:

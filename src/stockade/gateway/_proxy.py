@@ -159,7 +159,7 @@ class Proxy(Answers):
                 writer.write(_TOO_MANY)
                 return
             await self._requests(client, None)
-        except (ConnectionError, TimeoutError, ssl.SSLError, ClientGone):
+        except (ConnectionError, TimeoutError, ssl.SSLError, h11.RemoteProtocolError, ClientGone):
             pass  # the client went away: nothing to answer
         except asyncio.CancelledError:
             if not self._closed:
