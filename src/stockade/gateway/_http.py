@@ -358,24 +358,25 @@ def request_event(
     scrub: Callable[[str], str],
 ) -> Event:
     """The ``http.request`` event of ``req`` (docs/EVENTS.md); ``scrub`` hides secrets in every text."""
+    method = scrub(req.method)
     url = scrub(req.url())
     path = scrub(req.path) if req.path is not None and req.scheme != "tunnel" else None
     reason = scrub(reason)
     if verdict == "allow":
         what = f"{status}" if status is not None else "no answer"
         size = _size(outcome.bytes_down)
-        summary = f"{req.method} {url} allowed by {rule or 'network.allow'}: {what}, {size}"
+        summary = f"{method} {url} allowed by {rule or 'network.allow'}: {what}, {size}"
         if outcome.error:
             summary += f" ({scrub(outcome.error)})"
     else:
-        summary = f"{req.method} {url} refused: {reason}"
+        summary = f"{method} {url} refused: {reason}"
     return Event(
         kind="http.request",
         cell=cell,
         layer="gateway",
         outcome="allowed" if verdict == "allow" else "denied",
         detail={
-            "method": scrub(req.method),
+            "method": method,
             "scheme": req.scheme,
             "host": scrub(req.host) if req.host is not None else None,
             "port": req.port,
