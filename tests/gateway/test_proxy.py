@@ -278,6 +278,7 @@ DEFAULT_RULES = rules(
     HostRule("v6.example.com", ports=(80, 443)),
     HostRule("internal.example.com", ports=(80, 443)),
     HostRule(PUBLIC4, ports=(80, 443)),
+    HostRule(PUBLIC6, ports=(80, 443)),
 )
 
 
@@ -762,6 +763,8 @@ async def _tls_through(w: World, connect: str, server_hostname: str | None) -> s
         ("api.example.com:443", None, False),  # no SNI for a name
         (f"{PUBLIC4}:443", None, True),  # an address may come without SNI
         (f"{PUBLIC4}:443", "api.example.com", False),
+        (f"[{PUBLIC6}]:443", None, True),
+        ("v6.example.com:443", "v6.example.com", True),
     ],
 )
 def test_tunnel_sni_must_be_the_connect_host(
