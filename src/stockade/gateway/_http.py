@@ -159,6 +159,8 @@ class Upstream:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    idle_since: float = 0.0
+    """The loop's time when it was last put aside unused (the proxy's pool)."""
 
     def usable(self) -> bool:
         """Whether another request may go on this connection (the server has not closed it)."""

@@ -70,6 +70,8 @@ POOL_PER_PLACE = 16
 """Idle upstream connections kept per (host, port, address, TLS)."""
 POOL_SIZE = 256
 """Idle upstream connections kept in all."""
+POOL_IDLE = 30.0
+"""Seconds an idle upstream connection is trusted to be still open (servers close theirs after 5-60 s)."""
 HANDSHAKE_TIMEOUT = 30.0
 
 _TOO_MANY_TEXT = b"stockade: too many connections to the gateway; close some and retry\n"
@@ -375,9 +377,10 @@ class Proxy(Answers):
         req.address = str(dest.address)
         key = (dest.host, dest.port, str(dest.address), tls is not None)
         idle = self._pool.get(key)
+        now = asyncio.get_running_loop().time()
         while idle:
             upstream = idle.pop()
-            if upstream.usable():
+            if upstream.usable() and now - upstream.idle_since < POOL_IDLE:
                 return upstream
             upstream.close()
         try:
@@ -405,6 +408,7 @@ class Proxy(Answers):
         if self._closed or not upstream.usable() or len(kept) >= POOL_PER_PLACE or total >= POOL_SIZE:
             upstream.close()
         else:
+            upstream.idle_since = asyncio.get_running_loop().time()
             kept.append(upstream)
 
     def _put_secrets(self, data: bytes, host: str, encrypted: bool) -> bytes:
