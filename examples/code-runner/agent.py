@@ -53,7 +53,9 @@ def chat(messages):
 
 
 def main():
-    messages = [{"role": "user", "content": "What is the sum of the primes below 100? Write it to answer.md."}]
+    messages = [
+        {"role": "user", "content": "What is the sum of the primes below 100? Write it to answer.md."}
+    ]
     for _ in range(20):
         message = chat(messages)
         messages.append(message)

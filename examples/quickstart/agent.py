@@ -14,11 +14,19 @@ with open("summary.txt", "w", encoding="utf-8") as f:
     f.write(f"{lines[0]}: {len(lines)} lines, {words} words\n")
 print(f"wrote summary.txt ({len(lines)} lines, {words} words)")
 
+
+def read_shadow():
+    with open("/etc/shadow") as f:
+        return f.read()
+
+
+def plant_program():
+    with open("/usr/bin/update-helper", "w") as f:
+        f.write("#!/bin/sh\n")
+
+
 refused = 0
-for what, attempt in [
-    ("read /etc/shadow", lambda: open("/etc/shadow").read()),
-    ("plant /usr/bin/update-helper", lambda: open("/usr/bin/update-helper", "w").write("#!/bin/sh\n")),
-]:
+for what, attempt in [("read /etc/shadow", read_shadow), ("plant /usr/bin/update-helper", plant_program)]:
     try:
         attempt()
         print(f"{what}: it worked (it should not have)")

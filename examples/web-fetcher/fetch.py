@@ -11,7 +11,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-urls = sys.argv[1:] or [line.strip() for line in open("urls.txt") if line.strip()]
+if len(sys.argv) > 1:
+    urls = sys.argv[1:]
+else:
+    with open("urls.txt") as f:
+        urls = [line.strip() for line in f if line.strip()]
 os.makedirs("pages", exist_ok=True)
 failed = 0
 for url in urls:

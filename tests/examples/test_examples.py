@@ -294,7 +294,11 @@ def test_prompt_injection_every_attempt_is_refused_and_recorded(tmp_path: Path) 
         try:
             with daemon_in(ns, tmp_path), mock_llm(ns, example / "injected.yaml") as url:
                 done = stockade(
-                    "run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"MOCK_LLM_URL": url}
+                    "run",
+                    "-f",
+                    str(example / "policy.yaml"),
+                    *daemon_flags(tmp_path),
+                    env={"MOCK_LLM_URL": url},
                 )
                 record = export(tmp_path)
         finally:
@@ -336,7 +340,16 @@ def test_prompt_injection_every_attempt_is_refused_and_recorded(tmp_path: Path) 
     assert len(refusals) == 5, record.text
     # Every tool call of the model is in the record too.
     calls = [e["detail"]["name"] for e in record.events if e["kind"] == "tool.call"]
-    assert calls == ["read_file", "read_file", "read_file", "shell", "fetch", "shell", "write_file", "write_file"]
+    assert calls == [
+        "read_file",
+        "read_file",
+        "read_file",
+        "shell",
+        "fetch",
+        "shell",
+        "write_file",
+        "write_file",
+    ]
     run_end = [e for e in record.events if e["kind"] == "run.end"]
     assert run_end and run_end[0]["detail"].get("halted") in (None, False, ""), run_end
 
@@ -352,7 +365,9 @@ def test_code_runner_runs_the_models_code_in_a_workbench_with_no_network(tmp_pat
     ]
     example = copy_example("code-runner", tmp_path)
     with TestNetns() as ns, daemon_in(ns, tmp_path), mock_llm(ns, example / "model.yaml") as url:
-        done = stockade("run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"MOCK_LLM_URL": url})
+        done = stockade(
+            "run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"MOCK_LLM_URL": url}
+        )
         record = export(tmp_path)
 
     assert done.returncode == 0, done.stdout + done.stderr
@@ -389,7 +404,9 @@ def test_openai_tool_loop_records_each_call_with_the_models_id(tmp_path: Path) -
     ]
     example = copy_example("openai-tool-loop", tmp_path)
     with TestNetns() as ns, daemon_in(ns, tmp_path), mock_llm(ns, example / "model.yaml") as url:
-        done = stockade("run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"MOCK_LLM_URL": url})
+        done = stockade(
+            "run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path), env={"MOCK_LLM_URL": url}
+        )
         record = export(tmp_path)
 
     assert done.returncode == 0, done.stdout + done.stderr
@@ -397,11 +414,15 @@ def test_openai_tool_loop_records_each_call_with_the_models_id(tmp_path: Path) -
     assert out[0] == "client: MiniOpenAI (the openai package is not installed)"  # /usr/bin/python3 has none
     assert out[1].startswith('list_docs({"path": "/usr/share/common-licenses"}) -> Apache-2.0 '), out
     assert out[2] == 'read_doc({"path": "/usr/share/common-licenses/Apache-2.0"}) -> 11358 characters', out
-    assert out[4].startswith("read_doc({\"path\": \"/etc/passwd\"}) -> denied by the policy: no tools rule"), out
+    assert out[4].startswith('read_doc({"path": "/etc/passwd"}) -> denied by the policy: no tools rule'), out
     assert out[-1] == "model: Done: summary.md has two lines."
     assert (example / "summary.md").read_text().startswith("- Apache-2.0: permissive")
 
-    intents = [(e["detail"]["intent"], e["outcome"], e["detail"]["rule"]) for e in record.events if e["kind"] == "intent"]
+    intents = [
+        (e["detail"]["intent"], e["outcome"], e["detail"]["rule"])
+        for e in record.events
+        if e["kind"] == "intent"
+    ]
     assert intents == [
         ("fs.list", "allowed", "list-licenses"),
         ("fs.read", "allowed", "read-licenses"),
@@ -415,14 +436,26 @@ def test_openai_tool_loop_records_each_call_with_the_models_id(tmp_path: Path) -
         if e["kind"] == "llm.call"
         for call in (e["detail"]["response"] or {}).get("tool_calls") or []
     ]
-    recorded = [(e["detail"]["name"], e["detail"]["tool_call"]) for e in record.events if e["kind"] == "tool.call"]
-    assert [name for name, _ in recorded] == ["list_docs", "read_doc", "read_doc", "read_doc", "write_summary"]
+    recorded = [
+        (e["detail"]["name"], e["detail"]["tool_call"]) for e in record.events if e["kind"] == "tool.call"
+    ]
+    assert [name for name, _ in recorded] == [
+        "list_docs",
+        "read_doc",
+        "read_doc",
+        "read_doc",
+        "write_summary",
+    ]
     assert [call_id for _, call_id in recorded] == model_ids
 
 
-def test_wrapping_an_existing_agent_needs_only_a_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wrapping_an_existing_agent_needs_only_a_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     commands = readme_commands("wrap-existing-agent")
-    assert "OPENAI_API_KEY=sk-... .venv/bin/stockade run -f examples/wrap-existing-agent/policy.yaml" in commands
+    assert (
+        "OPENAI_API_KEY=sk-... .venv/bin/stockade run -f examples/wrap-existing-agent/policy.yaml" in commands
+    )
     assert (
         "LLM_URL=http://127.0.0.1:8765/v1 OPENAI_API_KEY=unused "
         ".venv/bin/stockade run -f examples/wrap-existing-agent/policy.yaml"
@@ -451,7 +484,9 @@ def test_wrapping_an_existing_agent_needs_only_a_policy(tmp_path: Path, monkeypa
     assert [(e["outcome"], e["detail"]["model"], e["detail"]["requested_model"]) for e in calls] == [
         ("allowed", "gpt-4o-mini", "gpt-4o-mini")
     ] * 3
-    assert calls[-1]["detail"]["budget"]["requests"] == 3 and calls[-1]["detail"]["budget"]["max_requests"] == 20
+    assert (
+        calls[-1]["detail"]["budget"]["requests"] == 3 and calls[-1]["detail"]["budget"]["max_requests"] == 20
+    )
     # The operator's key went nowhere the agent or the record holds.
     assert key not in json.dumps(record.events) and key not in done.stdout + done.stderr
     assert all(key.encode() not in p.read_bytes() for p in (example / "agent").iterdir())
