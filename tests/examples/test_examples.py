@@ -202,6 +202,26 @@ def test_quickstart(tmp_path: Path) -> None:
     assert "creation of a file in /usr/bin refused by landlock (fs.make_reg)" in done.stderr
 
 
+def test_quickstart_under_the_daemon_leaves_its_refusals_in_the_record(tmp_path: Path) -> None:
+    text = (EXAMPLES / "quickstart" / "README.md").read_text()
+    assert "`.venv/bin/stockade run -f examples/quickstart/policy.yaml`" in text
+    example = copy_example("quickstart", tmp_path)
+    with TestNetns() as ns, daemon_in(ns, tmp_path):
+        done = stockade("run", "-f", str(example / "policy.yaml"), *daemon_flags(tmp_path))
+        record = export(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (example / "summary.txt").read_text() == "Quarterly notes: 3 lines, 18 words\n"
+    denied = [
+        line.split(" ", 4)[4] for line in record.text.splitlines() if line.split(" ")[4:5] == ["denied"]
+    ]
+    assert denied == [
+        "denied read of /etc/shadow refused by landlock (fs.read_file)",
+        "denied creation of a file in /usr/bin refused by landlock (fs.make_reg)",
+    ], record.text
+    verify = stockade("verify", "--db", str(tmp_path / "state" / "events.db"))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
 # --------------------------------------------------------------------------- web fetcher
 
 
@@ -267,14 +287,23 @@ def test_web_fetcher_reaches_its_three_hosts_and_no_other(tmp_path: Path) -> Non
     ]
 
     assert refused.returncode == 1, refused.stdout + refused.stderr
-    lines = refused.stdout.splitlines()
-    assert lines[0].startswith("FAILED  https://www.wikipedia.org/: Tunnel connection failed: 403"), lines
-    assert lines[1].startswith("REFUSED https://pypi.org/project/stockade/: 403 stockade: GET"), lines
-    assert "paths" in lines[1] or "/simple/" in lines[1], lines
+    pypi = (
+        "GET /project/stockade/ to pypi.org:443 is refused: network.allow[1] (pypi.org) allows paths "
+        "under /simple/ only; add a prefix of /project/stockade/ to its paths"
+    )
+    assert refused.stdout.splitlines() == [
+        "FAILED  https://www.wikipedia.org/: Tunnel connection failed: 403 ",
+        f"REFUSED https://pypi.org/project/stockade/: 403 stockade: GET https://pypi.org/project/stockade/ "
+        f"refused: {pypi}",
+    ]
     assert canary.hits == []  # nothing reached the host the policy does not name
     assert [s.target for s in web.seen].count("/project/stockade/") == 0
-    assert "stockade: 2 refusal(s) in this cell" in refused.stderr, refused.stderr
-    assert "www.wikipedia.org" in refused.stderr and "pypi.org" in refused.stderr
+    assert refused.stderr.splitlines() == [
+        "stockade: 2 refusal(s) in this cell",
+        "  - CONNECT www.wikipedia.org:443 refused: no network.allow rule matches www.wikipedia.org:443; "
+        'add "- host: www.wikipedia.org" to network.allow [gateway]',
+        f"  - GET https://pypi.org/project/stockade/ refused: {pypi} [gateway]",
+    ]
 
 
 # --------------------------------------------------------------------------- prompt injection
