@@ -476,6 +476,9 @@ def test_openai_tool_loop_records_each_call_with_the_models_id(tmp_path: Path) -
         "write_summary",
     ]
     assert [call_id for _, call_id in recorded] == model_ids
+    # ...and so does each intent the call made: the record links the two.
+    linked = [e["detail"].get("tool_call") for e in record.events if e["kind"] == "intent"]
+    assert linked == model_ids[:4]
 
 
 def test_wrapping_an_existing_agent_needs_only_a_policy(
