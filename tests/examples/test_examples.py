@@ -13,9 +13,9 @@ Two ways of running, as the READMEs say:
 - ``stockade run -f …``: the CLI finds the daemon the test started. That daemon
   runs in this process, its threads started from a thread inside the
   namespace (so its gateway and LLM endpoint reach only the test's world), but
-  its kernel audit reader is opened in the host's namespace first: the kernel
-  sends audit records only there, and without them the record would lack the
-  kernel's refusals.
+  its kernel audit reader is opened in the host's namespace (``host_audit_reader``):
+  the kernel sends audit records only there, and without them the record would
+  lack the kernel's refusals.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from typing import Any, TypeVar
 
 import pytest
 
-from stockade.cell._cell import shared_audit_reader
 from stockade.daemon._server import DaemonThread
 from stockade.gateway import GatewayOptions
 from tests._netns import TestNetns
@@ -108,19 +107,44 @@ class LoopIn:
 
 
 @contextmanager
+def host_audit_reader() -> Iterator[None]:
+    """A kernel audit reader of the test's own, opened from the host's network namespace.
+
+    The kernel sends its audit records to readers in the host's namespace only.
+    The process-wide reader (``shared_audit_reader``) is opened lazily by the
+    first cell, and another test's daemon may have started that cell from a
+    thread inside a namespace of its own: that reader would then hear nothing.
+    So each test here puts a reader it opened itself in its place, and puts the
+    old one back afterwards.
+    """
+    from stockade.cell import _cell
+    from stockade.record._audit import AuditReader
+
+    reader = AuditReader()
+    reader.start()
+    saved = _cell._shared_audit
+    _cell._shared_audit = reader
+    try:
+        yield
+    finally:
+        _cell._shared_audit = saved
+        reader.close()
+
+
+@contextmanager
 def daemon_in(ns: TestNetns, tmp_path: Path, **gateway: Any) -> Iterator[DaemonThread]:
     """A daemon whose threads live in ``ns``, its audit reader in the host's namespace."""
-    shared_audit_reader()
-    with ns.entered():
-        dt = DaemonThread(
-            state=str(tmp_path / "state"),
-            socket_path=str(tmp_path / "d.sock"),
-            gateway=GatewayOptions(**gateway),
-        ).start()
-    try:
-        yield dt
-    finally:
-        dt.stop()
+    with host_audit_reader():
+        with ns.entered():
+            dt = DaemonThread(
+                state=str(tmp_path / "state"),
+                socket_path=str(tmp_path / "d.sock"),
+                gateway=GatewayOptions(**gateway),
+            ).start()
+        try:
+            yield dt
+        finally:
+            dt.stop()
 
 
 def daemon_flags(tmp_path: Path) -> list[str]:
