@@ -323,3 +323,15 @@ def test_cells_sharing_a_workspace_share_its_placeholders(tmp_path: Path) -> Non
     assert not (tmp_path / ".git" / "hooks" / "pre-commit").exists()
     second.close()
     assert not (tmp_path / ".git").exists()  # the last user removed what was made
+
+
+def test_a_policy_writing_slash_starts_and_never_writes_as_host_root(tmp_path: Path) -> None:
+    """``write: [/]`` (AgentOS's ``allowed_paths: [/]``): the merged-/usr links in
+    / could not have been planted by a cell, so the cell starts; and it acts as its
+    own unprivileged uid there, never as root, so root's files stay as they are."""
+    probe = f"/opt/stockade-probe-{os.getpid()}"
+    policy = _policy(filesystem=FilesystemPolicy(read=default_policy().filesystem.read, write=("/",)))
+    with Cell(policy, workspace=tmp_path) as cell:
+        result = cell.run(["/bin/sh", "-c", f"touch {probe} 2>/dev/null; echo $?; ls /bin/sh"])
+    assert result.stdout == b"1\n/bin/sh\n", result.stderr
+    assert not os.path.exists(probe)

@@ -216,7 +216,9 @@ def plan_cell(
     symlinks: dict[str, str] = {}
     writable_trees = [workspace, *(p for pattern in fs.write for p in _expand(pattern))]
     _refuse_planted_links(
-        [p for pattern in (*fs.read, *fs.write) for p in _expand(pattern) if _exists(p)], writable_trees
+        [p for pattern in (*fs.read, *fs.write) for p in _expand(pattern) if _exists(p)],
+        writable_trees,
+        host_uid,
     )
     for writable, patterns in ((False, fs.read), (True, fs.write)):
         for pattern in patterns:
@@ -357,17 +359,38 @@ def _owned_by(path: str, uid: int) -> bool:
         return False
 
 
+def _plantable(path: str, tree: str, host_uid: int) -> bool:
+    """Whether a cell writing ``tree`` could have made a symbolic link on the way to ``path``."""
+    rooted = _idmap(tree, host_uid) == 0
+    current = tree
+    for part in os.path.relpath(path, tree).split(os.sep):
+        parent, current = current, os.path.join(current, part)
+        try:
+            link, above = os.lstat(current), os.stat(parent)
+        except OSError:
+            return True
+        if not stat.S_ISLNK(link.st_mode):
+            continue
+        if rooted or link.st_uid != 0 or above.st_uid != 0 or above.st_mode & 0o022:
+            return True
+    return False
+
+
 def _idmap(path: str, host_uid: int) -> int | None:
     """The owner to idmap a writable grant from, if it is not the cell's own.
 
     Only root can make idmapped mounts; an unprivileged caller's cell is the
-    caller, and owns what the caller owns.
+    caller, and owns what the caller owns. Never root for a tree that holds a
+    system directory (``/``, ``/usr``): there the cell would write as host root;
+    it acts as its own unprivileged uid instead, which file permissions stop.
     """
     if os.geteuid() != 0:
         return None
     try:
         owner = os.stat(path).st_uid
     except OSError:
+        return None
+    if owner == 0 and any(_is_under(system, os.path.realpath(path)) for system in SYSTEM_READ):
         return None
     return owner if owner != host_uid else None
 
@@ -453,10 +476,14 @@ def _file_on_the_way(target: str, workspace: str) -> str | None:
     return None
 
 
-def _refuse_planted_links(grants: list[str], writable: list[str]) -> None:
-    """A grant inside a writable tree must not go through a symbolic link: the
-    agent may have planted it there in an earlier run (replacing ``out/`` with a
-    link to /etc), and the next cell would mount the link's target.
+def _refuse_planted_links(grants: list[str], writable: list[str], host_uid: int) -> None:
+    """A grant inside a writable tree must not go through a symbolic link that
+    the agent may have planted there in an earlier run (replacing ``out/`` with
+    a link to /etc): the next cell would mount the link's target.
+
+    A link the cell could not have made is fine: one owned by root in a root's
+    directory that no one else may write, in a tree the cell does not act as
+    root in (merged-/usr's ``/bin -> usr/bin`` under a policy writing ``/``).
 
     Raises:
         CellError: naming the grant and the tree.
@@ -465,7 +492,7 @@ def _refuse_planted_links(grants: list[str], writable: list[str]) -> None:
         for tree in writable:
             if path != tree and _is_under(path, tree):
                 resolved = os.path.realpath(path)
-                if resolved != os.path.normpath(path):
+                if resolved != os.path.normpath(path) and _plantable(path, tree, host_uid):
                     raise CellError(
                         f"grant {path!r} lies inside the writable {tree!r} and leads through a "
                         f"symbolic link (to {resolved!r}), which an agent could have planted; "
