@@ -615,8 +615,8 @@ def main() -> None:
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="also measure the small GETs through the least a Python asyncio forwarder can do "
-        "(no policy, record or parser): what the language and the loop cost on their own",
+        help="also measure the least a forward proxy in Python asyncio can do (no policy, record "
+        "or parser): what the language and the loop cost on their own",
     )
     parser.add_argument("--client", help=argparse.SUPPRESS)
     args = parser.parse_args()
