@@ -70,6 +70,10 @@ def listen_in(
                 sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
                 made.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                # Accepted sockets inherit it (Linux). asyncio sets it only on
+                # sockets it makes itself; without it a small answer can wait
+                # for the client's delayed ACK (40 ms).
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.bind((host, port))
                 sock.listen(backlog)
                 sock.setblocking(False)
