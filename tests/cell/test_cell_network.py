@@ -110,7 +110,8 @@ def test_a_shown_file_is_readable_and_not_writable(tmp_path: Path) -> None:
     code = (
         "print(open('/run/stockade/lib/hello.txt').read().strip())\n"
         "import os; print(os.listdir('/run/stockade/lib'))\n"
-        "try:\n    open('/run/stockade/lib/hello.txt', 'w')\nexcept OSError as e:\n    print('refused', e.errno)\n"
+        "try:\n    open('/run/stockade/lib/hello.txt', 'w')\n"
+        "except OSError as e:\n    print('refused', e.errno)\n"
     )
     status, out, err = _run(code, LineServer(), tmp_path)
     assert status == 0, err
@@ -137,3 +138,27 @@ def test_a_gateway_that_cannot_start_stops_the_cell_before_its_command(tmp_path:
     ) as cell:
         cell.run(["/bin/sh", "-c", f"touch {marker}"])
     assert not marker.exists()
+
+
+def test_accepted_gateway_sockets_do_not_wait_for_delayed_acks() -> None:
+    """TCP_NODELAY on the listener, inherited by what it accepts: asyncio sets it
+    only on sockets it makes, and uvicorn not at all."""
+    import os
+
+    from tests._netns import TestNetns
+
+    with TestNetns() as ns:
+        fd = os.open(ns.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            (listener,) = listen_in(fd, [("127.0.0.1", GATEWAY_PORT)])
+        finally:
+            os.close(fd)
+        listener.setblocking(True)
+        with ns.entered():
+            client = socket.create_connection(("127.0.0.1", GATEWAY_PORT))
+        accepted, _ = listener.accept()
+        try:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        finally:
+            for sock in (accepted, client, listener):
+                sock.close()
