@@ -320,3 +320,17 @@ def test_the_llm_endpoint_in_the_cell_forwards_with_the_daemons_key(
     (seen,) = list(w.mock.seen)
     assert seen.headers["authorization"] == "Bearer sk-daemon-only-key"
     assert seen.body["model"] == "mock-model"
+
+
+def test_git_uses_the_proxy_as_it_comes(world: tuple[World, Any], tmp_path: Path) -> None:
+    """git reads $HTTP_PROXY like curl: its smart-HTTP probe reaches the allowed
+    host through the gateway (the test's server has no repository: git then says so)."""
+    w, dt = world
+    script = "git ls-remote http://docs.example.com/repo.git 2>&1 | head -c 300; echo"
+    _info, out, events = _run(dt, tmp_path, "git", script, network={"allow": ["docs.example.com:80"]})
+    probes = [s.target for s in w.web.seen if s.target.startswith("/repo.git/info/refs")]
+    assert probes, out
+    requests = _requests(events)
+    assert any(
+        e["detail"]["path"] == "/repo.git/info/refs" and e["outcome"] == "allowed" for e in requests
+    ), requests
