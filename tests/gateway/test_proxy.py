@@ -291,12 +291,16 @@ def in_world(
     environ: dict[str, str] | None = None,
     idle_timeout: float = 30.0,
     max_connections: int = 1024,
+    hide_echoed_secrets: bool = True,
 ) -> None:
     """Run ``body`` with a World, every socket inside a fresh namespace."""
+    options = {
+        "idle_timeout": idle_timeout,
+        "max_connections": max_connections,
+        "hide_echoed_secrets": hide_echoed_secrets,
+    }
     with TestNetns(ADDRESSES) as ns, ns.entered():
-        asyncio.run(
-            _world(body, ns, tmp_path, network, secrets, environ or {}, idle_timeout, max_connections)
-        )
+        asyncio.run(_world(body, ns, tmp_path, network, secrets, environ or {}, options))
 
 
 async def _world(
@@ -306,8 +310,7 @@ async def _world(
     network: NetworkPolicy,
     secret_specs: Sequence[SecretPolicy],
     environ: dict[str, str],
-    idle_timeout: float,
-    max_connections: int,
+    options: dict[str, Any],
 ) -> None:
     pki = TestPki(tmp_path)
     dns = await TestDns(NAMES).start()
@@ -323,8 +326,7 @@ async def _world(
         secrets=secrets,
         ca=ca,
         upstream_tls=upstream_tls_context(pki.ca_file),
-        idle_timeout=idle_timeout,
-        max_connections=max_connections,
+        **options,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

@@ -79,12 +79,28 @@ def test_secret_is_substituted_toward_its_host_and_never_recorded(tmp_path: Path
         assert seen["target"] == f"/v1/echo?key={KEY}"
         assert json.loads(seen["body"]) == {"key": KEY}
         assert headers["content-length"] == str(len(seen["body"])) == str(seen["size"])
+        assert headers["accept-encoding"] == "identity"
+        # The origin echoed the value back: the agent reads the placeholder instead.
+        assert KEY not in r.text and r.json()["target"] == f"/v1/echo?key={placeholder}"
         (event,) = await w.hooks.wait_events(1)
         text = json.dumps(event.to_dict())
         assert KEY not in text and placeholder not in text
         assert "[placeholder API_KEY]" in detail(event)["path"]
+        assert detail(event)["bytes_down"] == len(r.content)
 
     tls_world(body, tmp_path)
+
+
+def test_echoed_values_stay_visible_when_hiding_is_off(tmp_path: Path) -> None:
+    async def body(w: World) -> None:
+        placeholder = w.secrets.env()["API_KEY"]
+        async with w.client() as client:
+            r = await client.get(f"https://api.example.com/v1/echo?key={placeholder}")
+        assert r.json()["target"] == f"/v1/echo?key={KEY}"  # what the default does today
+
+    in_world(
+        body, tmp_path, network=NETWORK, secrets=SECRETS, environ={"THE_KEY": KEY}, hide_echoed_secrets=False
+    )
 
 
 def test_placeholder_toward_another_host_is_refused(tmp_path: Path) -> None:

@@ -160,6 +160,36 @@ def test_no_secrets_is_a_no_op() -> None:
     assert secrets.env() == {} and not secrets.for_host("a.com") and secrets.scrub("x") == "x"
 
 
+@given(
+    st.lists(
+        st.sampled_from([b"a", b"sk-", b"proj", b"-xyz", b"sk-proj-xyz", b"sk-proj-xyz-and-more", b"\n"]),
+        max_size=40,
+    ),
+    st.lists(st.integers(min_value=0, max_value=60), max_size=10),
+)
+def test_echo_filter_finds_values_across_chunks(parts: list[bytes], cuts: list[int]) -> None:
+    secrets = load(
+        SecretPolicy("SHORT", env="OAI", hosts=("a.com",)),
+        SecretPolicy("LONGER", env="LONG", hosts=("a.com",)),
+        SecretPolicy("ELSEWHERE", env="GH", hosts=("b.com",)),
+    )
+    env = secrets.env()
+    data = b"".join(parts) + ENV["GH"].encode()
+    expected = (
+        data.replace(ENV["LONG"].encode(), b"\0L").replace(ENV["OAI"].encode(), env["SHORT"].encode())
+    ).replace(b"\0L", env["LONGER"].encode())
+    echo = secrets.echo_filter("a.com")
+    assert echo is not None
+    out = b""
+    start = 0
+    for cut in sorted(c for c in cuts if c <= len(data)):
+        out += echo.feed(data[start:cut])
+        start = cut
+    out += echo.feed(data[start:]) + echo.flush()
+    assert out == expected
+    assert secrets.echo_filter("c.com") is None
+
+
 @given(st.binary(max_size=300), st.text(max_size=200))
 def test_substitution_and_scrub_properties(data: bytes, text: str) -> None:
     secrets = load(SecretPolicy("K", env="GH", hosts=("api.github.com",)))

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import h11
 
+from stockade.gateway._secrets import EchoFilter
 from stockade.record._event import Event
 
 Scheme = Literal["http", "https", "tunnel"]
@@ -197,9 +198,11 @@ async def forward(
     *,
     timeout: float,
     outcome: Outcome,
+    echo: EchoFilter | None = None,
 ) -> None:
     """Send ``request`` (its body: ``body`` when already read, else streamed from the
-    client) to ``upstream`` and its response back to the client, filling ``outcome``.
+    client) to ``upstream`` and its response back to the client, filling ``outcome``;
+    ``echo`` filters the response (its headers and body) on the way.
 
     Raises:
         UpstreamFailed: the upstream closed, timed out or broke HTTP.
@@ -252,14 +255,18 @@ async def forward(
                 continue  # 100-continue was answered by the proxy already; others are advisory
             if isinstance(event, h11.Response):
                 outcome.status = event.status_code
-                response = h11.Response(
-                    status_code=event.status_code,
-                    headers=forward_headers(list(event.headers)),
-                    reason=event.reason,
-                )
+                headers = forward_headers(list(event.headers))
+                if echo is not None:
+                    # The body's length may change: h11 frames it anew (chunked).
+                    headers = [(n, echo.whole(v)) for n, v in headers if n != b"content-length"]
+                response = h11.Response(status_code=event.status_code, headers=headers, reason=event.reason)
                 out += client.send(response) or b""
                 outcome.answered = True
             elif isinstance(event, h11.Data):
+                if echo is not None:
+                    event = h11.Data(data=echo.feed(bytes(event.data)))
+                    if not event.data:
+                        continue
                 outcome.bytes_down += len(event.data)
                 # Large pieces go out as they are (send_with_data_passthrough does
                 # not join them into a new bytes object: one copy fewer per chunk).
@@ -274,6 +281,10 @@ async def forward(
                 cwriter.writelines(pieces)
                 await cwriter.drain()
             elif isinstance(event, h11.EndOfMessage):
+                tail = echo.flush() if echo is not None else b""
+                if tail:
+                    outcome.bytes_down += len(tail)
+                    out += client.send(h11.Data(data=tail)) or b""
                 out += client.send(h11.EndOfMessage()) or b""
                 cwriter.write(out)
                 await cwriter.drain()

@@ -163,9 +163,66 @@ class Secrets:
                 text = text.replace(needle, label)
         return text
 
+    def echo_filter(self, host: str) -> EchoFilter | None:
+        """A filter for what ``host`` answers, putting placeholders back in place of the
+        values of the secrets meant for it; ``None`` when no secret is.
+
+        A server may echo what it was sent (an API's error quoting the bad
+        token, a debugging endpoint listing the headers): without this the
+        agent would read the value it was never given.
+        """
+        meant = [s for s in self._secrets if self._meant_for(s, host)]
+        pairs = [(s.value.encode(), s.placeholder.encode()) for s in meant]
+        return EchoFilter(pairs) if pairs else None
+
     @staticmethod
     def _meant_for(secret: _Secret, host: str) -> bool:
         return any(host_rule_matches(rule, host, 0) for rule in secret.rules)
+
+
+class EchoFilter:
+    """Replaces values by placeholders in a stream of bytes, across the chunks it comes in.
+
+    The last ``longest value - 1`` bytes of a chunk are held back until the
+    next one (or ``flush``), since a value may start there and end in the next.
+    """
+
+    def __init__(self, pairs: Sequence[tuple[bytes, bytes]]) -> None:
+        self._placeholder = dict(pairs)
+        values = sorted(self._placeholder, key=len, reverse=True)
+        self._pattern = re.compile(b"|".join(re.escape(v) for v in values))
+        self._keep = len(values[0]) - 1
+        self._tail = b""
+
+    def whole(self, data: bytes) -> bytes:
+        """``data`` filtered on its own (a header value)."""
+        return self._pattern.sub(self._swap, data)
+
+    def feed(self, data: bytes) -> bytes:
+        """What can be passed on of ``data`` now, filtered."""
+        buf = self._tail + data
+        # A value starting before ``safe`` ends within ``buf``: all of those are found.
+        safe = max(0, len(buf) - self._keep)
+        out = bytearray()
+        pos = 0
+        for match in self._pattern.finditer(buf):
+            if match.start() >= safe:
+                break
+            out += buf[pos : match.start()]
+            out += self._placeholder[match.group(0)]
+            pos = match.end()
+        cut = max(pos, safe)
+        out += buf[pos:cut]
+        self._tail = buf[cut:]
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        """The bytes held back, filtered: the end of the stream."""
+        tail, self._tail = self._tail, b""
+        return self.whole(tail)
+
+    def _swap(self, match: re.Match[bytes]) -> bytes:
+        return self._placeholder[match.group(0)]
 
 
 def _read_value(spec: SecretPolicy, environ: Mapping[str, str]) -> str:
@@ -204,4 +261,4 @@ def _read_value(spec: SecretPolicy, environ: Mapping[str, str]) -> str:
     return value
 
 
-__all__ = ["PLACEHOLDER_PREFIX", "SecretMisuse", "Secrets"]
+__all__ = ["PLACEHOLDER_PREFIX", "EchoFilter", "SecretMisuse", "Secrets"]
