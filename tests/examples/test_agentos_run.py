@@ -11,13 +11,10 @@ the machine. The ones without network also run with ``stockade exec``.
 Where a manifest cannot do here what it does under AgentOS, its row says why
 and asserts the clear error or outcome it gives instead:
 
-- allowed-net, blocked-net and curl-blocked grant ``allowed_paths: [/]``, which
-  stockade reads as ``filesystem.write: [/]``. On this host (Debian 12, merged
-  /usr) the system directories /bin, /sbin, /lib, /lib64 are symbolic links in
-  ``/``, and a cell refuses a grant that leads through a link inside a writable
-  tree (an agent could have planted it: src/stockade/cell/_plan.py,
-  ``_refuse_planted_links``), so these three do not start: exit 5, with that
-  sentence. Nothing reaches 1.1.1.1 (``test_nothing_reached_1_1_1_1``).
+- ``allowed_hosts`` is enforced by the gateway: a program that connects
+  directly, ignoring ``HTTP_PROXY`` (allowed-net, blocked-net), is refused by
+  Landlock whatever the manifest allows; through the proxy, allowed-net's
+  1.1.1.1:80 is allowed (``test_allowed_net_is_allowed_through_the_gateway``).
 - The test's HTTPS hosts present certificates of a test CA, which the gateway
   trusts but the contained curl or Python does not (a plain tunnel is the
   client's own TLS): the gateway lets the connection through to the host the
@@ -53,6 +50,14 @@ CLOUDFLARE = "1.1.1.1"
 PUBLIC = "93.184.216.34"
 HTTPS_HOSTS = ["example.com", "api.openai.com"]
 
+VIA_PROXY = (
+    "import urllib.request, urllib.error\n"
+    "try:\n"
+    "    with urllib.request.urlopen('http://1.1.1.1/', timeout=10) as r:\n"
+    "        print(r.status, r.read().decode())\n"
+    "except urllib.error.HTTPError as e:\n"
+    "    print(e.code, e.read().decode())\n"
+)
 UNSHARE = (
     "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
     "print(libc.unshare(0x10000000), ctypes.get_errno())"  # CLONE_NEWUSER
@@ -78,16 +83,27 @@ class Expect:
 
 NO_WORKDIR = "cell setup failed while entering the workdir: workdir {}: No such file or directory"
 CERT = "the test's HTTPS server has a certificate of a test CA the contained client does not trust"
-ROOT_WRITABLE = (
-    "grant '/bin' lies inside the writable '/' and leads through a symbolic link (to '/usr/bin'), "
-    "which an agent could have planted; grant the real path instead, outside the writable tree"
+LANDLOCK_CONNECT = (
+    "cell.denied",
+    "denied",
+    "TCP connect to 1.1.1.1 port 80 refused by landlock (net.connect_tcp)",
 )
-MERGED_USR = "allowed_paths: [/] makes / writable, and /bin is a link in it on this merged-/usr host"
 
 EXPECTED: dict[str, Expect] = {
-    "allowed-net.yaml": Expect(5, err=ROOT_WRITABLE, why=MERGED_USR),
-    "blocked-net.yaml": Expect(5, err=ROOT_WRITABLE, why=MERGED_USR),
-    "curl-blocked.json": Expect(5, err=ROOT_WRITABLE, why=MERGED_USR),
+    "allowed-net.yaml": Expect(
+        1,
+        out="FAIL: connect() denied unexpectedly (errno=13)",
+        events=(LANDLOCK_CONNECT,),
+        why="its direct connect ignores the proxy; allowed_hosts is the gateway's list",
+    ),
+    "blocked-net.yaml": Expect(
+        0, out="OK: kernel denied connect() with errno=13 (Permission denied)", events=(LANDLOCK_CONNECT,)
+    ),
+    "curl-blocked.json": Expect(
+        0,  # curl without -f exits 0 on the gateway's 403 answer, which it prints
+        out="stockade: GET http://1.1.1.1/ refused: no network.allow rule matches 1.1.1.1:80",
+        events=(("http.request", "denied", "1.1.1.1"),),
+    ),
     "demo-agent.yaml": Expect(
         1, err="CERTIFICATE_VERIFY_FAILED", events=(("http.request", "allowed", "api.openai.com"),), why=CERT
     ),
@@ -199,10 +215,27 @@ def test_an_accepted_manifest_runs_unchanged(world: World, name: str) -> None:
     assert len(denied) == sum(1 for _, o, _ in expect.events if o == "denied"), denied
 
 
-def test_nothing_reached_1_1_1_1(world: World) -> None:
+def test_nothing_reached_1_1_1_1_but_through_the_gateway(world: World) -> None:
     for name in ("blocked-net.yaml", "allowed-net.yaml", "curl-blocked.json"):
-        assert world.run(name).returncode == 5
+        assert world.run(name).returncode == EXPECTED[name].exit_code
     assert world.plain.seen == [] and world.plain.connections == 0
+
+
+def test_allowed_net_is_allowed_through_the_gateway(world: World) -> None:
+    """The manifest's grant, used as stockade means it: through the proxy."""
+    allowed = world.run("allowed-net.yaml", "/usr/bin/python3", "-c", VIA_PROXY)
+    blocked = world.run("blocked-net.yaml", "/usr/bin/python3", "-c", VIA_PROXY)
+    assert allowed.returncode == 0 and allowed.stdout == "200 hello from 1.1.1.1\n", allowed.stderr
+    assert blocked.returncode == 0 and blocked.stdout.startswith(
+        "403 stockade: GET http://1.1.1.1/ refused: no network.allow rule matches 1.1.1.1:80"
+    ), blocked.stdout
+    assert [(s.method, s.target) for s in world.plain.seen] == [("GET", "/")]
+    first, second = world.runs()
+    (request,) = [e for e in first if e["kind"] == "http.request"]
+    assert request["outcome"] == "allowed" and request["detail"]["rule"].startswith("network.allow[0]")
+    assert request["detail"]["host"] == CLOUDFLARE and request["detail"]["status"] == 200
+    (refusal,) = [e for e in second if e["kind"] == "http.request"]
+    assert refusal["outcome"] == "denied"
 
 
 def test_the_gateway_lets_through_what_allowed_hosts_names_and_nothing_else(world: World) -> None:
