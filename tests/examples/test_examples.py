@@ -262,7 +262,7 @@ def test_web_fetcher_reaches_its_three_hosts_and_no_other(tmp_path: Path) -> Non
         dns = TestDns({**{host: [PUBLIC] for host in WEB_HOSTS}, "www.wikipedia.org": [ATTACKER]})
         pages = {
             "/3/": Reply(body=b"<h1>Python 3 documentation</h1>"),
-            "/simple/": Reply(body=b"<h1>Simple index</h1>"),
+            "/simple/pip/": Reply(body=b"<h1>Links for pip</h1>"),
             "/": Reply(body=b"<h1>Example Domain</h1>"),
         }
         web = HttpServer(pages, tls=pki.server_context(WEB_HOSTS))
@@ -299,14 +299,14 @@ def test_web_fetcher_reaches_its_three_hosts_and_no_other(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == [
         "OK      https://docs.python.org/3/: 31 bytes -> pages/docs.python.org_3.html",
-        "OK      https://pypi.org/simple/: 21 bytes -> pages/pypi.org_simple.html",
+        "OK      https://pypi.org/simple/pip/: 22 bytes -> pages/pypi.org_simple_pip.html",
         "OK      https://example.com/: 23 bytes -> pages/example.com.html",
     ]
     assert (example / "pages" / "docs.python.org_3.html").read_bytes() == b"<h1>Python 3 documentation</h1>"
     # Every request arrived as a GET, each for its own host (the gateway looked inside TLS).
     assert [(s.method, s.headers["host"], s.target) for s in web.seen] == [
         ("GET", "docs.python.org", "/3/"),
-        ("GET", "pypi.org", "/simple/"),
+        ("GET", "pypi.org", "/simple/pip/"),
         ("GET", "example.com", "/"),
     ]
 
