@@ -397,28 +397,46 @@ def _idmap(path: str, host_uid: int) -> int | None:
 
 def _mirror(path: str) -> list[str]:
     """Relative names under ``path``, two levels deep, directories ending in "/",
-    at most ``_DECOY_NAMES_MAX`` of them, parents before children."""
+    at most ``_DECOY_NAMES_MAX`` of them, parents before children.
+
+    Where there are more, the most recently changed entries come first (at most
+    half the budget at the top level, the rest for what they hold): an agent at
+    work now (a fresh workspace among hundreds of old ones) is what another
+    agent would go for, and the cap must not cut it for idle ones.
+    """
+    try:
+        with os.scandir(path) as it:
+            top = list(it)
+    except OSError:
+        return []
+    top.sort(key=lambda e: (-_mtime(e), e.name))
     names: list[str] = []
-    level = [""]
-    for _depth in range(2):
-        below: list[str] = []
-        for prefix in level:
-            try:
-                with os.scandir(os.path.join(path, prefix) if prefix else path) as it:
-                    entries = sorted(it, key=lambda e: e.name)
-            except OSError:
-                continue
-            for entry in entries:
-                if len(names) >= _DECOY_NAMES_MAX:
-                    return sorted(names)
-                name = prefix + entry.name
-                if entry.is_dir(follow_symlinks=False):
-                    names.append(name + "/")
-                    below.append(name + "/")
-                else:
-                    names.append(name)
-        level = below
+    below: list[str] = []
+    for entry in top[: _DECOY_NAMES_MAX // 2]:
+        if entry.is_dir(follow_symlinks=False):
+            names.append(entry.name + "/")
+            below.append(entry.name + "/")
+        else:
+            names.append(entry.name)
+    for prefix in below:
+        try:
+            with os.scandir(os.path.join(path, prefix)) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if len(names) >= _DECOY_NAMES_MAX:
+                return sorted(names)
+            name = prefix + entry.name
+            names.append(name + "/" if entry.is_dir(follow_symlinks=False) else name)
     return sorted(names)
+
+
+def _mtime(entry: os.DirEntry[str]) -> float:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _decoy(path: str, *, inside_grant: bool) -> MountOp:
