@@ -70,7 +70,7 @@ class Netns:
     @contextmanager
     def entered(self) -> Iterator[None]:
         """The calling thread inside the namespace for the body (its sockets stay there)."""
-        from stockade.cell._netns import inside
+        from stockade._netns import inside
 
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:

@@ -347,7 +347,7 @@ class StockadeProxy:
     async def _setup(self) -> None:
         from collections.abc import Sequence
 
-        from stockade.cell._netns import listen_in
+        from stockade._netns import listen_in
         from stockade.daemon._bus import Recorder
         from stockade.gateway._addresses import IPAddress
         from stockade.gateway._egress import Egress

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from stockade.cell._netns import inside
+from stockade._netns import inside
 
 _counter = itertools.count()
 

@@ -12,6 +12,7 @@ Python 3.11 has no ``os.setns`` (3.12 does), hence ctypes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import socket
@@ -54,6 +55,30 @@ def inside(netns_fd: int) -> Iterator[None]:
         os.close(home)
 
 
+@contextmanager
+def initial() -> Iterator[None]:
+    """Run the body in the network namespace of pid 1 (the host's), if this
+    thread is elsewhere.
+
+    The kernel delivers audit records only to netlink sockets of the initial
+    network namespace: a reader made by a thread that entered a test's or the
+    demo's namespace (or a daemon started inside one) would hear nothing.
+    Where pid 1's namespace cannot be entered (no privilege), the body runs here.
+    """
+    with contextlib.ExitStack() as stack:
+        try:
+            mine = os.stat("/proc/thread-self/ns/net").st_ino
+            fd = os.open("/proc/1/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            stack.callback(os.close, fd)
+            if os.fstat(fd).st_ino != mine:
+                with contextlib.suppress(OSError):
+                    stack.enter_context(inside(fd))
+        yield
+
+
 def listen_in(
     netns_fd: int, addresses: Sequence[tuple[str, int]], *, backlog: int = 512
 ) -> list[socket.socket]:
@@ -86,4 +111,4 @@ def listen_in(
     return made
 
 
-__all__ = ["inside", "listen_in"]
+__all__ = ["initial", "inside", "listen_in"]

@@ -13,7 +13,7 @@ import pytest
 
 from stockade.cell import Cell
 from stockade.cell._layers import GATEWAY_PORT, LLM_PORT
-from stockade.cell._netns import listen_in
+from stockade._netns import listen_in
 from stockade.errors import CellError
 from stockade.policy import default_policy
 

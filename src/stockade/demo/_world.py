@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from stockade.cell._netns import inside
+from stockade._netns import inside
 from stockade.errors import HostError
 
 DOCS_HOST = "docs.example.com"

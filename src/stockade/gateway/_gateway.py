@@ -2,7 +2,7 @@
 
 The daemon makes one ``Gateway`` per run and hands it to the run's ``Cell`` as
 its ``network``. When the cell's namespaces exist, ``attach`` makes the two
-listening sockets inside the cell's network namespace (``cell._netns``) and
+listening sockets inside the cell's network namespace (``stockade._netns``) and
 serves them on the daemon's asyncio loop: the cell's programs reach the proxy
 and the LLM endpoint on their own 127.0.0.1, while every line of the gateway
 runs outside the cell, with the credentials the cell never holds.
@@ -16,7 +16,7 @@ import ssl
 from collections.abc import Callable, Mapping
 
 from stockade.cell._layers import GATEWAY_PORT, LLM_PORT
-from stockade.cell._netns import listen_in
+from stockade._netns import listen_in
 from stockade.errors import CellError
 from stockade.gateway._ca import RunCA
 from stockade.gateway._egress import Egress

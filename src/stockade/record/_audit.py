@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from stockade._netns import initial
 from stockade.errors import HostError
 from stockade.record._audit_core import AUDIT_USER_AVC, AuditCorrelator
 from stockade.record._event import Event
@@ -171,7 +172,10 @@ class AuditReader:
         self._congested = False
         self._audit_default = _booted_with_audit()
         try:
-            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
+            # In the host's network namespace, whatever this thread's: the
+            # kernel sends audit records to no other (see ``_netns.initial``).
+            with initial():
+                self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
         except OSError as exc:
             self._close_pipe()
             raise HostError(
