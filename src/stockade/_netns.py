@@ -57,18 +57,18 @@ def inside(netns_fd: int) -> Iterator[None]:
 
 @contextmanager
 def initial() -> Iterator[None]:
-    """Run the body in the network namespace of pid 1 (the host's), if this
-    thread is elsewhere.
+    """Run the body in the network namespace of this process's main thread, if
+    the calling thread is elsewhere.
 
-    The kernel delivers audit records only to netlink sockets of the initial
+    The kernel delivers audit records only to netlink sockets of the host's
     network namespace: a reader made by a thread that entered a test's or the
-    demo's namespace (or a daemon started inside one) would hear nothing.
-    Where pid 1's namespace cannot be entered (no privilege), the body runs here.
+    demo's namespace (a daemon started from such a thread) would hear nothing.
+    ``/proc/self/ns/net`` is the main thread's (pid 1's is often not readable).
     """
     with contextlib.ExitStack() as stack:
         try:
             mine = os.stat("/proc/thread-self/ns/net").st_ino
-            fd = os.open("/proc/1/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             fd = -1
         if fd >= 0:
