@@ -55,27 +55,37 @@ def inside(netns_fd: int) -> Iterator[None]:
         os.close(home)
 
 
+def _open_own() -> int:
+    try:
+        return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+_HOST = _open_own()
+"""The network namespace this module was first imported in: the host's, as a
+rule (a program imports stockade before any of its threads enters a cell's or
+a test's namespace). Kept open for ``initial``."""
+
+
 @contextmanager
 def initial() -> Iterator[None]:
-    """Run the body in the network namespace of this process's main thread, if
-    the calling thread is elsewhere.
+    """Run the body in the host's network namespace (``_HOST``), if the calling
+    thread is elsewhere.
 
     The kernel delivers audit records only to netlink sockets of the host's
     network namespace: a reader made by a thread that entered a test's or the
     demo's namespace (a daemon started from such a thread) would hear nothing.
-    ``/proc/self/ns/net`` is the main thread's (pid 1's is often not readable).
     """
     with contextlib.ExitStack() as stack:
-        try:
-            mine = os.stat("/proc/thread-self/ns/net").st_ino
-            fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            stack.callback(os.close, fd)
-            if os.fstat(fd).st_ino != mine:
+        if _HOST >= 0:
+            try:
+                mine = os.stat("/proc/thread-self/ns/net").st_ino
+            except OSError:
+                mine = -1
+            if os.fstat(_HOST).st_ino != mine:
                 with contextlib.suppress(OSError):
-                    stack.enter_context(inside(fd))
+                    stack.enter_context(inside(_HOST))
         yield
 
 
