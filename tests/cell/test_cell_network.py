@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from stockade._netns import listen_in
 from stockade.cell import Cell
 from stockade.cell._layers import GATEWAY_PORT, LLM_PORT
-from stockade._netns import listen_in
 from stockade.errors import CellError
 from stockade.policy import default_policy
 
@@ -162,3 +162,30 @@ def test_accepted_gateway_sockets_do_not_wait_for_delayed_acks() -> None:
         finally:
             for sock in (accepted, client, listener):
                 sock.close()
+
+
+def test_kernel_refusals_are_heard_by_a_reader_made_inside_a_namespace(tmp_path: Path) -> None:
+    """The kernel sends audit records to the host's network namespace only: a
+    reader made by a thread inside another (a daemon started from a test's or the
+    demo's namespace) must still open its socket in the host's."""
+    from stockade.record._audit import AuditReader
+    from tests._netns import TestNetns
+
+    made: list[AuditReader] = []
+    with TestNetns() as ns:
+
+        def make() -> None:
+            with ns.entered():
+                made.append(AuditReader())
+
+        thread = threading.Thread(target=make)
+        thread.start()
+        thread.join()
+    (reader,) = made
+    reader.start()
+    try:
+        with Cell(default_policy(), workspace=tmp_path, audit=reader) as cell:
+            result = cell.run(["/bin/sh", "-c", "cat /etc/shadow"])
+        assert any("/etc/shadow" in e.summary for e in result.denials), result.events
+    finally:
+        reader.close()
