@@ -15,8 +15,8 @@ import socket
 import ssl
 from collections.abc import Callable, Mapping
 
-from stockade.cell._layers import GATEWAY_PORT, LLM_PORT
 from stockade._netns import listen_in
+from stockade.cell._layers import GATEWAY_PORT, LLM_PORT
 from stockade.errors import CellError
 from stockade.gateway._ca import RunCA
 from stockade.gateway._egress import Egress
