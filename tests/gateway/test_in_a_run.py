@@ -229,7 +229,11 @@ def test_a_secret_goes_only_to_its_host_and_rules_see_inside_tls(
     lines = out.splitlines()
     assert lines[0].startswith("token in the cell: stockade-secret-GH_TOKEN-"), out
     assert SECRET_VALUE not in lines[0]
-    assert lines[1] == f"Bearer {SECRET_VALUE}", out  # the upstream got the value, over verified TLS
+    # The upstream got the value, over verified TLS; its echo of it came back
+    # to the agent as the placeholder again.
+    whoami = [s for s in w.tls_web.seen if s.target == "/v1/whoami" and s.method == "GET"]
+    assert [s.headers["authorization"] for s in whoami] == [f"Bearer {SECRET_VALUE}"]
+    assert lines[1].startswith("Bearer stockade-secret-GH_TOKEN-") and SECRET_VALUE not in out, out
     assert lines[2:5] == ["403", "403", "403"], out
     # The docs host never saw the placeholder or the value.
     docs = [s for s in w.web.seen if s.target == "/hello"]

@@ -81,6 +81,7 @@ class Gateway:
             secrets=self.secrets,
             ca=self.ca,
             upstream_tls=self.upstream_tls,
+            hide_echoed_secrets=True,
         )
         self.llm = LlmEndpoint(
             policy.llm or LlmPolicy(), run_id=run_id, token=token, hooks=hooks, environ=environ

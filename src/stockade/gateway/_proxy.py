@@ -87,7 +87,7 @@ class Proxy(Answers):
     ``hide_echoed_secrets``: in answers from a host a secret is meant for, put
     the placeholder back where the secret's value comes back (a server quoting
     the token it got), asking that host for uncompressed answers so that they
-    can be read. Off by default until the daemon's tests expect it.
+    can be read. The daemon turns it on (``Gateway``).
     """
 
     def __init__(
