@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stockade.gateway._egress import Destination, Egress, EgressRefused
-from stockade.gateway._resolve import DnsResolver
+from stockade.gateway._resolve import DnsResolver, ResolveError
 from stockade.gateway._upstream import open_upstream
 from stockade.policy import loads_policy
 from tests._netns import TestNetns
@@ -297,8 +297,9 @@ def test_literal_in_an_allowed_range(ns: TestNetns) -> None:
     assert (dest.host, str(dest.address)) == ("10.0.0.1", "10.0.0.1")
 
 
-def test_unresolvable_name(ns: TestNetns) -> None:
-    assert "does not exist" in refused(ns, RULES, {}, "nowhere.example")
+def test_unresolvable_name_is_a_failure_not_a_refusal(ns: TestNetns) -> None:
+    with pytest.raises(ResolveError, match="does not exist"):
+        destination(ns, RULES, {}, "nowhere.example")
 
 
 def test_international_name_resolved_as_its_a_label(ns: TestNetns) -> None:

@@ -376,11 +376,12 @@ def test_address_rules_reach_addresses_in_every_spelling(ns: TestNetns, pki: Tes
     in_world(ns, pki, body, allow=ALLOW + "    - {host: 10.0.0.0/8, ports: [80]}\n")
 
 
-def test_unresolvable_name_refused(ns: TestNetns, pki: TestPki) -> None:
+def test_unresolvable_name_fails_without_a_refusal(ns: TestNetns, pki: TestPki) -> None:
     async def body(w: World) -> None:
         del w.dns.records["api.example.com"]
-        with pytest.raises(FetchRefused, match="does not exist"):
+        with pytest.raises(FetchFailed, match="does not exist") as caught:
             await w.get("https://api.example.com/")
+        assert [hop.verdict for hop in caught.value.hops] == ["allow"]
         assert w.web.connections == 0
 
     in_world(ns, pki, body)

@@ -28,7 +28,7 @@ from typing import Literal
 from urllib.parse import unquote
 
 from stockade.gateway._addresses import IPAddress, IPv6Address, forbidden_reason, parse_ip_literal
-from stockade.gateway._resolve import ResolveError, Resolver
+from stockade.gateway._resolve import Resolver
 from stockade.policy._match import host_rule_matches, normalize_host_pattern, pattern_kind
 from stockade.policy._model import HostRule, NetworkPolicy
 
@@ -332,16 +332,16 @@ class Egress:
         with this port names, is the destination.
 
         Raises:
-            EgressRefused: the name did not resolve, or every address it has is
-                one the gateway does not connect to.
+            EgressRefused: every address the name has is one the gateway does
+                not connect to.
+            ResolveError: the name did not resolve (no answer, no such name).
         """
         parsed = _host_of(host)
         shown = _show_host(parsed)
         if isinstance(parsed, str):
-            try:
-                addresses = await self.resolver.resolve(parsed)
-            except ResolveError as exc:
-                raise EgressRefused(str(exc)) from exc
+            # A name that does not resolve is a failure, not a refusal: it is
+            # raised as ResolveError (a 502, not counted toward the tripwire).
+            addresses = await self.resolver.resolve(parsed)
         else:
             addresses = [parsed]
         refused: list[tuple[IPAddress, str]] = []

@@ -29,6 +29,7 @@ from urllib.parse import quote, urljoin, urlsplit
 import httpcore
 
 from stockade.gateway._egress import Egress, EgressRefused
+from stockade.gateway._resolve import ResolveError
 from stockade.gateway._upstream import UpstreamError, open_upstream
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -326,6 +327,8 @@ async def _hop(
         raise FetchRefused(
             exc.reason, rule=decision.rule, hops=record("deny", decision.rule, exc.reason)
         ) from exc
+    except ResolveError as exc:
+        raise FetchFailed(str(exc), hops=record("allow", decision.rule, f"{decision.reason}; {exc}")) from exc
     address = str(dest.address)
     tls = run.tls if where.scheme == "https" else None
     stream: _Stream | None = None
