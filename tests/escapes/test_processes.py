@@ -1020,6 +1020,7 @@ def test_environment_of_the_caller_does_not_reach_the_cell() -> None:
         "LOGNAME",
         "TMPDIR",
         "STOCKADE_CELL",
+        "PYTHONPYCACHEPREFIX",
         "TERM",
         "LANG",
         "LC_ALL",

@@ -693,6 +693,10 @@ def _environment(
         "LOGNAME": "agent",
         "TMPDIR": scratch,
         "STOCKADE_CELL": "1",
+        # Python writes bytecode next to the modules it imports: beside a
+        # read-only one (the agent SDK, system packages) each try is a refusal
+        # on record that nobody attempted. The cell's own scratch takes it.
+        "PYTHONPYCACHEPREFIX": os.path.join(scratch, ".pycache"),
     }
     secret = policy.llm.api_key_env if policy.llm is not None else None
     for name in policy.env.passthrough:
