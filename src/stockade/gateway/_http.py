@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, Literal
 
 import h11
@@ -436,7 +437,12 @@ def own_answer(
         safe = "".join(ch if " " <= ch < "\x7f" else "?" for ch in rule or "none")
         headers.append((b"x-stockade-verdict", b"deny"))
         headers.append((b"x-stockade-rule", safe.encode("ascii")))
-    out = h.send(h11.Response(status_code=status, headers=headers)) or b""
+    # The reason phrase is what clients print first ("Tunnel connection failed: 403 Forbidden").
+    try:
+        phrase = HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        phrase = b""
+    out = h.send(h11.Response(status_code=status, headers=headers, reason=phrase)) or b""
     out += h.send(h11.Data(data=body)) or b""
     return out + (h.send(h11.EndOfMessage()) or b"")
 
