@@ -316,7 +316,7 @@ def test_web_fetcher_reaches_its_three_hosts_and_no_other(tmp_path: Path) -> Non
         "under /simple/ only; add a prefix of /project/stockade/ to its paths"
     )
     assert refused.stdout.splitlines() == [
-        "FAILED  https://www.wikipedia.org/: Tunnel connection failed: 403 ",
+        "FAILED  https://www.wikipedia.org/: Tunnel connection failed: 403 Forbidden",
         f"REFUSED https://pypi.org/project/stockade/: 403 stockade: GET https://pypi.org/project/stockade/ "
         f"refused: {pypi}",
     ]
