@@ -9,7 +9,13 @@ from typing import TypeVar
 
 import pytest
 
-from stockade.gateway._resolve import DnsResolver, ResolveError, SystemResolver, make_resolver
+from stockade.gateway._resolve import (
+    CachingResolver,
+    DnsResolver,
+    ResolveError,
+    SystemResolver,
+    make_resolver,
+)
 from tests._netns import TestNetns
 from tests.gateway._dns import TestDns
 
@@ -127,8 +133,8 @@ def test_no_server_listening(ns: TestNetns) -> None:
 )
 def test_server_specs(spec: str, server: str, port: int) -> None:
     resolver = make_resolver(spec)
-    assert isinstance(resolver, DnsResolver)
-    assert (resolver.server, resolver.port) == (server, port)
+    assert isinstance(resolver, CachingResolver) and isinstance(resolver.inner, DnsResolver)
+    assert (resolver.inner.server, resolver.inner.port) == (server, port)
 
 
 @pytest.mark.parametrize("spec", ["dns.example:53", "127.0.0.1:0", "127.0.0.1:99999", "[::1", "::1:x"])
@@ -139,7 +145,7 @@ def test_bad_server_specs(spec: str) -> None:
 
 def test_no_spec_is_the_system_resolver(ns: TestNetns) -> None:
     resolver = make_resolver(None)
-    assert isinstance(resolver, SystemResolver)
+    assert isinstance(resolver, CachingResolver) and isinstance(resolver.inner, SystemResolver)
 
     # A numeric host: getaddrinfo answers it without asking anyone.
     async def main() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -147,3 +153,25 @@ def test_no_spec_is_the_system_resolver(ns: TestNetns) -> None:
 
     with ns.entered():
         assert asyncio.run(main()) == [ipaddress.ip_address("93.184.216.34")]
+
+
+def test_a_cache_asks_once_for_many_at_once_and_keeps_no_failure(ns: TestNetns) -> None:
+    async def main() -> tuple[int, int, int]:
+        dns = await TestDns({"api.example.com": ["93.184.216.34"]}).start()
+        try:
+            cached = CachingResolver(DnsResolver(dns.spec), seconds=60)
+            answers = await asyncio.gather(*(cached.resolve("api.example.com") for _ in range(50)))
+            assert all(a == [ipaddress.ip_address("93.184.216.34")] for a in answers)
+            first = dns.count("api.example.com")
+            await cached.resolve("api.example.com")
+            for _ in range(2):
+                with pytest.raises(ResolveError):
+                    await cached.resolve("nowhere.example")
+            return first, dns.count("api.example.com"), dns.count("nowhere.example")
+        finally:
+            await dns.close()
+
+    with ns.entered():
+        first, later, failures = asyncio.run(main())
+    assert first == later == 1  # fifty at once: one question; the next one: none
+    assert failures == 2  # a failure is asked again

@@ -174,15 +174,60 @@ class DnsResolver:
         )
 
 
+CACHE_SECONDS = 10.0
+
+
+class CachingResolver:
+    """Answers kept for ``CACHE_SECONDS``, and one lookup at a time per name.
+
+    Hundreds of requests to one host at once (a package manager's downloads)
+    would otherwise each ask the DNS server, which drops some: five seconds of
+    timeout each, then a failure. A cached answer is as safe as a fresh one:
+    every address is still checked before the gateway connects to it.
+    Failures are not kept.
+    """
+
+    def __init__(self, inner: Resolver, *, seconds: float = CACHE_SECONDS) -> None:
+        self.inner = inner
+        self.seconds = seconds
+        self._answers: dict[str, tuple[float, list[IPAddress]]] = {}
+        self._pending: dict[str, asyncio.Future[list[IPAddress]]] = {}
+
+    async def resolve(self, name: str) -> list[IPAddress]:
+        loop = asyncio.get_running_loop()
+        kept = self._answers.get(name)
+        if kept is not None and loop.time() < kept[0]:
+            return list(kept[1])
+        pending = self._pending.get(name)
+        if pending is not None:
+            return list(await asyncio.shield(pending))
+        future: asyncio.Future[list[IPAddress]] = loop.create_future()
+        self._pending[name] = future
+        try:
+            answer = await self.inner.resolve(name)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no "never retrieved" warning when nobody waited
+            raise
+        finally:
+            self._pending.pop(name, None)
+        if len(self._answers) > 4096:
+            self._answers.clear()  # bounded: a run asking for endless names starts over
+        self._answers[name] = (loop.time() + self.seconds, answer)
+        future.set_result(answer)
+        return list(answer)
+
+
 def make_resolver(spec: str | None) -> Resolver:
-    """The resolver for the daemon's ``--dns`` (``STOCKADE_DNS``): ``None`` is the system's.
+    """The resolver for the daemon's ``--dns`` (``STOCKADE_DNS``): ``None`` is the
+    system's; either behind ``CachingResolver``.
 
     Raises:
         ValueError: ``spec`` is not ``HOST:PORT`` with an IP address.
     """
     if spec is None or not spec.strip():
-        return SystemResolver()
-    return DnsResolver(spec)
+        return CachingResolver(SystemResolver())
+    return CachingResolver(DnsResolver(spec))
 
 
-__all__ = ["DnsResolver", "ResolveError", "Resolver", "SystemResolver", "make_resolver"]
+__all__ = ["CachingResolver", "DnsResolver", "ResolveError", "Resolver", "SystemResolver", "make_resolver"]
