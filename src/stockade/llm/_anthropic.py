@@ -30,7 +30,6 @@ from stockade.llm._upstreams import (
     UpstreamError,
     sse_data,
     transport_failure,
-    upstream_failure,
 )
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -329,16 +328,7 @@ class AnthropicUpstream(Upstream):
     async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
         model = str(payload["model"])
         url = messages_url(self.base_url)
-        try:
-            response = await self.client.post(url, json=payload, headers=self._headers())
-        except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
-        if response.status_code >= 300:
-            raise await upstream_failure(response, url)
-        try:
-            message = response.json()
-        except ValueError as exc:
-            raise UpstreamError(f"the LLM upstream {url} answered with something that is not JSON") from exc
+        message = await self._json("POST", url, payload)
         if not isinstance(message, dict) or message.get("type") != "message":
             raise UpstreamError(f"the LLM upstream {url} answered with something that is not a message")
         return from_anthropic(message, model)
@@ -346,15 +336,7 @@ class AnthropicUpstream(Upstream):
     async def stream(self, payload: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         model = str(payload["model"])
         url = messages_url(self.base_url)
-        try:
-            response = await self.client.send(
-                self.client.build_request("POST", url, json=payload, headers=self._headers()), stream=True
-            )
-        except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
-        if response.status_code >= 300:
-            raise await upstream_failure(response, url)
-        return self._chunks(response, url, model)
+        return self._chunks(await self._open_stream(url, payload), url, model)
 
     async def _chunks(
         self, response: httpx.Response, url: str, model: str
@@ -382,15 +364,5 @@ class AnthropicUpstream(Upstream):
         if translator.usage:
             yield translator.usage_chunk()
 
-    async def models(self) -> list[str]:
-        url = messages_url(self.base_url).removesuffix("/messages") + "/models"
-        try:
-            response = await self.client.get(url, headers=self._headers())
-        except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
-        if response.status_code >= 300:
-            raise await upstream_failure(response, url)
-        try:
-            return [str(item["id"]) for item in response.json()["data"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UpstreamError(f"the LLM upstream {url} answered with an unexpected model list") from exc
+    def _models_url(self) -> str:
+        return messages_url(self.base_url).removesuffix("/messages") + "/models"

@@ -307,8 +307,54 @@ class Upstream(ABC):
         """
 
     @abstractmethod
+    def _models_url(self) -> str:
+        """Where the provider lists its models."""
+
     async def models(self) -> list[str]:
         """The upstream's model names. Raises ``UpstreamError``."""
+        url = self._models_url()
+        answer = await self._json("GET", url)
+        try:
+            return [str(item["id"]) for item in answer["data"]]
+        except (KeyError, TypeError) as exc:
+            raise UpstreamError(f"the LLM upstream {url} answered with an unexpected model list") from exc
+
+    @abstractmethod
+    def _headers(self) -> dict[str, str]:
+        """The provider's headers (its key, its version)."""
+
+    async def _json(self, method: str, url: str, payload: dict[str, Any] | None = None) -> Any:
+        """The upstream's JSON answer to one request.
+
+        Raises:
+            UpstreamError: it could not be reached, refused, or did not answer JSON.
+        """
+        try:
+            response = await self.client.request(method, url, json=payload, headers=self._headers())
+        except httpx.HTTPError as exc:
+            raise transport_failure(exc, url) from exc
+        if response.status_code >= 300:
+            raise await upstream_failure(response, url)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise UpstreamError(f"the LLM upstream {url} answered with something that is not JSON") from exc
+
+    async def _open_stream(self, url: str, payload: dict[str, Any]) -> httpx.Response:
+        """The upstream's streamed answer, its status checked (the body not read yet).
+
+        Raises:
+            UpstreamError: it could not be reached, or refused.
+        """
+        try:
+            response = await self.client.send(
+                self.client.build_request("POST", url, json=payload, headers=self._headers()), stream=True
+            )
+        except httpx.HTTPError as exc:
+            raise transport_failure(exc, url) from exc
+        if response.status_code >= 300:
+            raise await upstream_failure(response, url)
+        return response
 
 
 class OpenAIUpstream(Upstream):
@@ -329,31 +375,14 @@ class OpenAIUpstream(Upstream):
 
     async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}/chat/completions"
-        try:
-            response = await self.client.post(url, json=payload, headers=self._headers())
-        except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
-        if response.status_code >= 300:
-            raise await upstream_failure(response, url)
-        try:
-            answer = response.json()
-        except ValueError as exc:
-            raise UpstreamError(f"the LLM upstream {url} answered with something that is not JSON") from exc
+        answer = await self._json("POST", url, payload)
         if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
             raise UpstreamError(f"the LLM upstream {url} answered without choices")
         return answer
 
     async def stream(self, payload: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         url = f"{self.base_url}/chat/completions"
-        try:
-            response = await self.client.send(
-                self.client.build_request("POST", url, json=payload, headers=self._headers()), stream=True
-            )
-        except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
-        if response.status_code >= 300:
-            raise await upstream_failure(response, url)
-        return self._chunks(response, url)
+        return self._chunks(await self._open_stream(url, payload), url)
 
     async def _chunks(self, response: httpx.Response, url: str) -> AsyncGenerator[dict[str, Any], None]:
         try:
@@ -377,15 +406,5 @@ class OpenAIUpstream(Upstream):
         finally:
             await response.aclose()
 
-    async def models(self) -> list[str]:
-        url = f"{self.base_url}/models"
-        try:
-            response = await self.client.get(url, headers=self._headers())
-        except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
-        if response.status_code >= 300:
-            raise await upstream_failure(response, url)
-        try:
-            return [str(item["id"]) for item in response.json()["data"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UpstreamError(f"the LLM upstream {url} answered with an unexpected model list") from exc
+    def _models_url(self) -> str:
+        return f"{self.base_url}/models"
