@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import ipaddress
 import itertools
 import os
 import socket
@@ -331,80 +329,15 @@ class _Dns(asyncio.DatagramProtocol):
 
 
 def _demo_pki(ca_file: str) -> dict[str, ssl.SSLContext]:
-    """A throwaway CA (written to ``ca_file``) and a server context per HTTPS host."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    """A throwaway CA (written to ``ca_file``, which the demo's daemon trusts for
+    upstreams) and a server context per HTTPS host. The gateway's own per-run CA
+    class serves: it makes exactly this (EC P-256, a leaf per host, keys in memory)."""
+    from stockade.gateway._ca import RunCA
 
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stockade demo CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca = RunCA.create("demo-world")
     with open(ca_file, "wb") as f:
-        f.write(ca.public_bytes(serialization.Encoding.PEM))
-    contexts = {}
-    directory = os.path.dirname(ca_file)
-    for index, name in enumerate((DOCS_HOST, PASTE_HOST, EVIL_HOST, WIKI_HOST)):
-        key = ec.generate_private_key(ec.SECP256R1())
-        alt = [x509.DNSName(name), x509.IPAddress(ipaddress.ip_address(DNS[name]))]
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-        cert_file = os.path.join(directory, f"leaf-{index}.pem")
-        key_file = os.path.join(directory, f"leaf-{index}.key")
-        with open(cert_file, "wb") as f:
-            f.write(cert.public_bytes(serialization.Encoding.PEM))
-        with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(
-                key.private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-            )
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert_file, key_file)
-        contexts[name] = context
-    return contexts
+        f.write(ca.cert_pem)
+    return {name: ca.server_context(name) for name in (DOCS_HOST, PASTE_HOST, EVIL_HOST, WIKI_HOST)}
 
 
 # --------------------------------------------------------------------------- the model server
