@@ -162,7 +162,7 @@ class Agents:
         Raises:
             RequestError: ``bad_params``.
         """
-        from stockade.daemon._runs import RequestError
+        from stockade.daemon._requests import RequestError
         from stockade.policy import loads_policy
 
         parsed = SpawnArgs.model_validate(args)
@@ -294,7 +294,7 @@ class Agents:
         return await self._recv(run, RecvArgs.model_validate(args))
 
     async def _spawn(self, run: Run, args: Mapping[str, Any]) -> dict[str, object]:
-        from stockade.daemon._runs import RequestError
+        from stockade.daemon._requests import RequestError
 
         policy, workspace = self._helper(run, args)
         refused = self._spawn_refusal(run, policy, workspace)  # again: an approval may have waited
@@ -319,7 +319,7 @@ class Agents:
         return {"run": helper.id, "name": helper.name}
 
     async def _send(self, run: Run, cell: str, args: SendArgs) -> dict[str, object]:
-        from stockade.daemon._runs import RequestError
+        from stockade.daemon._requests import RequestError
 
         target, refused = self._resolve(run, args.to)
         if target is None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hmac
 import json
 import os
 import re
@@ -41,18 +40,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from stockade.broker._approvals import Approval, ApprovalError, Approvals
-from stockade.broker._intents import IntentError, IntentExecutor, parse_args, redact, refusal
-from stockade.broker._rules import Decision, Rules
-from stockade.broker._tokens import TokenCheck, Tokens
+from stockade.broker._intents import IntentExecutor
+from stockade.broker._rules import Rules
+from stockade.broker._tokens import Tokens
 from stockade.broker._tripwire import DEFAULT_LIMIT, Tripwire
 from stockade.cell._plan import _cell_identity
-from stockade.daemon import _paths, _tools
-from stockade.daemon._agents import AGENT_INTENTS, Agents
+from stockade.daemon import _paths
+from stockade.daemon._agents import Agents
 from stockade.daemon._bus import (
     EventBus,
     Recorder,
     approval_event,
-    intent_event,
     noted_store_error,
     run_end_event,
     run_halted_event,
@@ -60,7 +58,9 @@ from stockade.daemon._bus import (
     run_start_event,
     store_error_event,
 )
-from stockade.daemon._network import RunHooks, fetch_decision, fetch_value, make_gateway
+from stockade.daemon._intent_path import IntentPath
+from stockade.daemon._network import RunHooks, make_gateway
+from stockade.daemon._requests import RequestError
 from stockade.errors import CellError, PolicyError, StockadeError, StoreError
 from stockade.policy import Policy
 from stockade.record import Event
@@ -92,16 +92,6 @@ STOP_WAIT_EXTRA = 30.0
 """Seconds ``run.stop`` waits past its grace for the cell's end to be recorded."""
 HELPER_GRACE = 10.0
 """Seconds a helper gets (after SIGTERM) to end when the run that spawned it ended on its own."""
-
-
-class RequestError(StockadeError):
-    """A request the daemon refuses; ``code`` is the wire protocol's error code."""
-
-    exit_code = 5
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(message)
 
 
 class BrokerHost(Protocol):
@@ -260,7 +250,7 @@ class _CellWatch:
 # --------------------------------------------------------------------------- all runs
 
 
-class Runs:
+class Runs(IntentPath):
     """Every run of one daemon, and the broker logic each intent goes through."""
 
     def __init__(
@@ -707,256 +697,8 @@ class Runs:
                 await asyncio.to_thread(run.thread.join, STOP_WAIT_EXTRA)
         self._workbench_pool.shutdown(wait=False, cancel_futures=True)
 
-    # ------------------------------------------------------------------ approvals
-
-    async def _close_approvals(self, run: Run, reason: str) -> None:
-        for approval in self.approvals.drop_run(run.id, reason):
-            waiter = self._waiting.get(approval.id)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(approval)
-
-    def decide(self, approval_id: object, decision: object, *, by: str, reason: str) -> Approval:
-        """``approvals.decide``: close a pending approval; its intent goes on.
-
-        Raises:
-            RequestError: ``bad_params``, ``not_found``, ``conflict``.
-        """
-        if not isinstance(approval_id, str) or decision not in ("approve", "deny"):
-            raise RequestError("bad_params", "give 'id' (a-…) and 'decision': 'approve' or 'deny'")
-        try:
-            approval = self.approvals.decide(approval_id, decision, by=by, reason=reason)
-        except ApprovalError as exc:
-            raise RequestError(exc.code, str(exc)) from exc
-        waiter = self._waiting.get(approval_id)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(approval)
-        return approval
-
-    def _expire(self) -> None:
-        self._expiry = None
-        for approval in self.approvals.expire(time.time()):
-            waiter = self._waiting.get(approval.id)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(approval)
-        self._schedule_expiry()
-
-    def _schedule_expiry(self) -> None:
-        pending = [a.deadline for a in self.approvals.pending()]
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
-        if pending or self._waiting:
-            deadlines = pending or [time.time() + 1.0]
-            delay = max(0.0, min(deadlines) - time.time()) + 0.001
-            self._expiry = self.loop.call_later(delay, self._expire)
-
-    # ------------------------------------------------------------------ intents
-
-    async def intent(self, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
-        """One intent from ``run``'s broker socket; the answer's ``result``.
-
-        Raises:
-            RequestError: ``denied`` (the run is halted), ``unauthorized`` (the
-                token), ``bad_params`` (the intent's arguments), ``unavailable``
-                (the store cannot write).
-        """
-        intent = params.get("intent")
-        args = params.get("args", {})
-        if not isinstance(intent, str) or not intent or len(intent) > 64 or not isinstance(args, dict):
-            raise RequestError(
-                "bad_params", "an intent needs 'intent' (a name such as fs.read) and 'args' (an object)"
-            )
-        if self.recorder.failure is not None:
-            raise RequestError(
-                "unavailable",
-                f"the event store cannot write, so no intent is served: {self.recorder.failure}",
-            )
-        # The order of docs/BROKER.md: token, halted run, arguments, rules.
-        check = _check_token(self.tokens, run, params.get("token"))
-        if check != TokenCheck.OK:
-            reason = f"unauthorized: the capability token is {_TOKEN_WORDS.get(check, check.value)}"
-            await self._record_intent(run, cell, intent, args, Decision("deny", None, reason))
-            raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
-        if run.halted or run.done.is_set():
-            why = f"run {run.id} is halted ({run.halted})" if run.halted else f"run {run.id} has ended"
-            await self._record_intent(run, cell, intent, args, Decision("deny", None, why), count=False)
-            raise RequestError("denied", f"{why}; every intent is refused")
-        try:
-            parse_args(intent, args)  # malformed: neither decided, nor counted, nor recorded
-        except IntentError as exc:
-            raise RequestError(exc.code, str(exc)) from exc
-        tool_call = _tools.check_tool_call_id(params.get("tool_call"))
-        if intent == "http.fetch":
-            decision = fetch_decision(run.gateway, run.rules, args)
-        else:
-            decision = run.rules.decide(intent, args)
-            if intent in AGENT_INTENTS:
-                decision = self.agents.decide(run, intent, args, decision)
-        if decision.verdict == "ask" and run.unattended:
-            run.unattended_denials += 1
-            decision = Decision(
-                "deny", decision.rule, f"{decision.reason}; the run is unattended, so nobody can approve"
-            )
-        await self._record_intent(run, cell, intent, args, decision, tool_call=tool_call)
-        if decision.verdict == "deny":
-            return _answer(decision)
-        approval: Approval | None = None
-        if decision.verdict == "ask":
-            approval = await self._ask(run, intent, args)
-            decision = Decision(
-                "allow" if approval.state == "approved" else "deny", decision.rule, _approval_reason(approval)
-            )
-            if decision.verdict == "deny":
-                await self._count_denial(run)
-                return {**_answer(decision), "approval": approval.id}
-        answer = await self._execute(run, cell, intent, args, decision, tool_call=tool_call)
-        return {**answer, "approval": approval.id} if approval is not None else answer
-
-    async def _record_intent(
-        self,
-        run: Run,
-        cell: str,
-        intent: str,
-        args: Mapping[str, object],
-        decision: Decision,
-        *,
-        count: bool = True,
-        again: bool = False,
-        tool_call: str | None = None,
-    ) -> None:
-        """Store the ``intent`` event (durably), then count a denial toward the tripwire.
-
-        ``again``: a second event for an intent already recorded (refused while executed)."""
-        event = intent_event(run, cell, intent, redact(args), decision, tool_call=tool_call)
-        try:
-            await self.recorder.record_soon([event])
-        except StoreError as exc:
-            raise RequestError(
-                "unavailable", f"the event store cannot write, so the intent is refused: {exc}"
-            ) from exc
-        if not again:
-            run.intents += 1
-        if decision.verdict == "deny" and count:
-            await self._count_denial(run)
-
-    async def _count_denial(self, run: Run) -> None:
-        run.denials += 1
-        if run.tripwire.record("deny") and not run.halted:
-            await self.halt(run, f"{run.tripwire.denials} denials reached the limit of {run.tripwire.limit}")
-
-    async def _ask(self, run: Run, intent: str, args: Mapping[str, object]) -> Approval:
-        approval = self.approvals.ask(run.id, intent, args, timeout=self.approval_timeout)
-        if approval.state == "pending":
-            waiter: asyncio.Future[Approval] = self.loop.create_future()
-            self._waiting[approval.id] = waiter
-        await self._record_approval("approval.asked", run, approval)
-        if approval.state != "pending":
-            await self._record_approval("approval.decided", run, approval)
-            return approval
-        self._schedule_expiry()
-        try:
-            approval = await waiter
-        finally:
-            self._waiting.pop(approval.id, None)
-        await self._record_approval("approval.decided", run, approval)
-        return approval
-
-    async def _record_approval(self, kind: str, run: Run, approval: Approval) -> None:
-        try:
-            await self.recorder.record_soon([approval_event(kind, run, approval)])
-        except StoreError as exc:
-            raise RequestError("unavailable", f"the event store cannot write: {exc}") from exc
-
-    async def _execute(
-        self,
-        run: Run,
-        cell: str,
-        intent: str,
-        args: Mapping[str, object],
-        decision: Decision,
-        *,
-        tool_call: str | None = None,
-    ) -> dict[str, Any]:
-        executor = run.executor
-        assert executor is not None
-        if intent == "http.fetch":
-            assert run.gateway is not None and run.hooks is not None  # decided allow: it has one
-            value = await fetch_value(run.gateway, run, cell, args, run.hooks, tool_call=tool_call)
-        elif intent in AGENT_INTENTS:
-            value = await self.agents.execute(run, cell, intent, args)
-        elif intent in ("exec", "ask"):
-            # They take seconds to minutes: threads of their own.
-            try:
-                value = await self.loop.run_in_executor(self._workbench_pool, executor.execute, intent, args)
-            except IntentError as exc:
-                raise RequestError(exc.code, str(exc)) from exc
-        else:
-            value = _execute_now(run, intent, args)
-        return await self._answer_value(run, cell, intent, args, decision, value, tool_call=tool_call)
-
-    async def _answer_value(
-        self,
-        run: Run,
-        cell: str,
-        intent: str,
-        args: Mapping[str, object],
-        decision: Decision,
-        value: dict[str, object],
-        *,
-        tool_call: str | None = None,
-    ) -> dict[str, Any]:
-        refused = refusal(value)
-        if refused is not None:
-            # The broker's own checks (grants, hidden paths, links) refused it
-            # after the rules allowed it: a denial like any other.
-            denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
-            await self._record_intent(run, cell, intent, args, denied, again=True, tool_call=tool_call)
-            return {**_answer(denied), "value": value}
-        return {**_answer(decision), "value": value}
-
 
 # --------------------------------------------------------------------------- helpers
-
-
-_TOKEN_WORDS = {
-    TokenCheck.MALFORMED: "malformed",
-    TokenCheck.FORGED: "forged",
-    TokenCheck.WRONG_RUN: "another run's",
-    TokenCheck.EXPIRED: "expired",
-}
-
-
-def _execute_now(run: Run, intent: str, args: Mapping[str, object]) -> dict[str, object]:
-    """An fs intent, in the loop: bounded (16 MiB, 10,000 entries) and cheaper
-    than a hop to a thread and back, which the GIL would serialise anyway."""
-    assert run.executor is not None
-    try:
-        return run.executor.execute(intent, args)
-    except IntentError as exc:
-        raise RequestError(exc.code, str(exc)) from exc
-
-
-def _check_token(tokens: Tokens, run: Run, token: object) -> TokenCheck:
-    """``tokens.check`` for ``run``, with a fast path: the very token the run was
-    given (compared in constant time), before its expiry, is good without
-    decoding it again; anything else gets the full check and its reason."""
-    if (
-        isinstance(token, str)
-        and token.isascii()
-        and time.time() < run.token_expiry
-        and hmac.compare_digest(token.encode("ascii"), run.token.encode("ascii"))
-    ):
-        return TokenCheck.OK
-    return tokens.check(token, run=run.id, cell="")
-
-
-def _answer(decision: Decision) -> dict[str, Any]:
-    return {"verdict": decision.verdict, "rule": decision.rule, "reason": decision.reason, "value": None}
-
-
-def _approval_reason(approval: Approval) -> str:
-    word = {"approved": "approved", "denied": "denied", "pending": "not answered"}[approval.state]
-    return f"{word} by {approval.by or 'nobody'}" + (f": {approval.reason}" if approval.reason else "")
 
 
 def _start_params(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,17 +25,21 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stockade.broker._intents import redact
 from stockade.broker._rules import Decision
 from stockade.broker._tokens import TokenCheck
 
-# The module, not its names: ``_runs`` may import this one (``check_tool_call_id``)
-# in turn, and either may be imported first.
-from stockade.daemon import _runs
+# The module, not its names: ``_intent_path`` imports this one
+# (``check_tool_call_id``) in turn, and either may be imported first.
+from stockade.daemon import _intent_path
+from stockade.daemon._requests import RequestError
 from stockade.errors import StoreError
 from stockade.record import Event
+
+if TYPE_CHECKING:
+    from stockade.daemon._runs import Run, Runs
 
 TOOL_CALL_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
 """A tool call's id: the SDK's (``tc-`` and 16 hex digits) or a model's own
@@ -62,7 +66,7 @@ def check_tool_call_id(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not TOOL_CALL_ID.match(value):
-        raise _runs.RequestError(
+        raise RequestError(
             "bad_params",
             f"'tool_call' {_short(value)} is not a tool call id; give 1 to 128 letters, digits or "
             "'_.:-', such as the id the SDK makes (tc-…) or the model's own call id",
@@ -71,7 +75,7 @@ def check_tool_call_id(value: object) -> str | None:
 
 
 async def record_tool_call(
-    runs: _runs.Runs, run: _runs.Run, params: Mapping[str, Any], *, cell: str
+    runs: Runs, run: Run, params: Mapping[str, Any], *, cell: str
 ) -> dict[str, Any]:
     """``tool.record`` on ``run``'s broker socket: store one ``tool.call`` event.
 
@@ -88,23 +92,23 @@ async def record_tool_call(
             (the token), ``bad_params`` (a missing, unknown or malformed param).
     """
     if runs.recorder.failure is not None:
-        raise _runs.RequestError(
+        raise RequestError(
             "unavailable",
             f"the event store cannot write, so no tool call is recorded: {runs.recorder.failure}",
         )
-    check = _runs._check_token(runs.tokens, run, params.get("token"))
+    check = _intent_path._check_token(runs.tokens, run, params.get("token"))
     if check != TokenCheck.OK:
-        reason = f"unauthorized: the capability token is {_runs._TOKEN_WORDS.get(check, check.value)}"
+        reason = f"unauthorized: the capability token is {_intent_path._TOKEN_WORDS.get(check, check.value)}"
         name = params.get("name")
         note = {"name": name if isinstance(name, str) else None}
         await runs._record_intent(run, cell, "tool.record", redact(note), Decision("deny", None, reason))
-        raise _runs.RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
+        raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
     fields = parse_params(params)
     event = tool_call_event(run, cell, fields)
     try:
         stored = await runs.recorder.record_soon([event])
     except StoreError as exc:
-        raise _runs.RequestError(
+        raise RequestError(
             "unavailable", f"the event store cannot write, so the tool call is not recorded: {exc}"
         ) from exc
     return {"recorded": True, "tool_call": fields["tool_call"], "seq": stored[0].seq if stored else 0}
@@ -177,7 +181,7 @@ def parse_params(params: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def tool_call_event(run: _runs.Run, cell: str, fields: Mapping[str, Any]) -> Event:
+def tool_call_event(run: Run, cell: str, fields: Mapping[str, Any]) -> Event:
     """One ``tool.call`` event from checked params (``parse_params``)."""
     outcome = f"returned {fields['result_size']} bytes" if fields["ok"] else f"raised {fields['error'][:200]}"
     return Event(
@@ -191,8 +195,8 @@ def tool_call_event(run: _runs.Run, cell: str, fields: Mapping[str, Any]) -> Eve
     )
 
 
-def _bad(problem: str) -> _runs.RequestError:
-    return _runs.RequestError("bad_params", f"tool.record: {problem}")
+def _bad(problem: str) -> RequestError:
+    return RequestError("bad_params", f"tool.record: {problem}")
 
 
 def _short(value: object) -> str:
