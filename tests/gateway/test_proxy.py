@@ -1027,3 +1027,45 @@ def test_client_hello_parser() -> None:
         pass
     with pytest.raises(ClientHelloError):
         parse_client_hello(b"\x16\x03\x01\x40\x00" + b"\x01" + (70000).to_bytes(3, "big") + b"\x00" * 16380)
+
+
+def test_a_refused_tunnel_closes_its_early_upstream_connection_unused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upstream connection opens while the ClientHello is on its way; a
+    tunnel then refused for its server name sends nothing on it and closes it."""
+    from stockade.gateway import _proxy
+
+    peers: list[socket.socket] = []
+
+    async def watched_open(dest: Any, *, tls: Any, timeout: float) -> Any:
+        ours, theirs = socket.socketpair()
+        peers.append(theirs)
+        return await asyncio.open_connection(sock=ours)
+
+    monkeypatch.setattr(_proxy, "open_upstream", watched_open)
+
+    async def body(w: World) -> None:
+        error = await _tls_through(w, "api.example.com:443", "evil.example")
+        assert error is not None
+        (event,) = await w.hooks.wait_events(1)
+        assert event.outcome == "denied"
+        assert len(peers) == 1
+        peer = peers[0]
+        peer.setblocking(False)
+
+        received = bytearray()
+
+        def closed() -> bool:
+            try:
+                data = peer.recv(65536)
+            except BlockingIOError:
+                return False
+            received.extend(data)
+            return data == b""
+
+        await _until(closed)
+        peer.close()
+        assert received == b""  # not one byte of the client's went upstream
+
+    in_world(body, tmp_path)
