@@ -126,3 +126,33 @@ def test_a_missing_policy_file_is_a_usage_error(capsys: pytest.CaptureFixture[st
     _, err = capsys.readouterr()
     assert code == 2
     assert "nope.yaml" in err
+
+
+def test_the_gateway_checks_are_real_and_pass_here(capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, _err = _json(capsys, [])
+    assert code == 0
+    checks = {c["name"]: c for c in report["gateway"]}
+    assert checks["sockets in a cell's network"]["ok"] is True
+    assert checks["trusted roots for upstream TLS"]["ok"] is True
+    assert "certificates in" in checks["trusted roots for upstream TLS"]["here"]
+
+
+def test_a_policy_with_a_way_out_needs_the_gateway(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from stockade.gateway import _host as gateway_host
+
+    failing = [
+        gateway_host.GatewayCheck("sockets in a cell's network", False, "could not: test", "run as root"),
+        gateway_host.GatewayCheck("trusted roots for upstream TLS", True, "1 certificates in /x"),
+    ]
+    monkeypatch.setattr(gateway_host, "probe_gateway", lambda: failing)
+    closed = tmp_path / "closed.yaml"
+    closed.write_text("name: closed\n")
+    code, report, _err = _json(capsys, ["--policy", str(closed)])
+    assert code == 0 and report["ok"] is True  # no way out: the gateway's state does not matter
+    open_ = tmp_path / "open.yaml"
+    open_.write_text("name: open\nnetwork:\n  allow: [api.example.com]\n")
+    code, report, err = _json(capsys, ["--policy", str(open_)])
+    assert code == 5 and report["ok"] is False
+    assert "gateway: sockets in a cell's network" in err

@@ -17,6 +17,7 @@ from stockade.errors import HostError
 
 if TYPE_CHECKING:
     from stockade.cell._host import Finding, HostFacts
+    from stockade.gateway._host import GatewayCheck
     from stockade.policy import Policy
 
 
@@ -41,11 +42,17 @@ def doctor(policy_file: str | None, as_json: bool) -> None:
     policy = _load(policy_file)
     facts = probe(deep=True)
     findings = assess(policy, facts)
+    from stockade.gateway._host import probe_gateway
+
+    gateway = probe_gateway()
     if as_json:
-        _print_json(facts, policy, findings)
+        _print_json(facts, policy, findings, gateway)
     else:
         _print_tables(facts, policy, findings)
+        _print_gateway(policy, gateway)
     missing = [f.requirement.feature for f in findings if not f.met]
+    if _wants_network(policy):
+        missing += [f"gateway: {c.name}" for c in gateway if c.needed and not c.ok]
     if missing:
         # Raised, not ctx.exit(5): the application maps StockadeError to its exit
         # code, and the report above is already on stdout (JSON stays clean).
@@ -105,10 +112,41 @@ def _plain(fact: Any) -> dict[str, Any]:
     }
 
 
-def _print_json(facts: HostFacts, policy: Policy, findings: list[Finding]) -> None:
+def _print_json(
+    facts: HostFacts, policy: Policy, findings: list[Finding], gateway: list[GatewayCheck]
+) -> None:
+    import dataclasses
     import json
 
-    click.echo(json.dumps(report(facts, policy, findings), indent=2))
+    data = report(facts, policy, findings)
+    data["gateway"] = [dataclasses.asdict(check) for check in gateway]
+    if _wants_network(policy):
+        data["ok"] = data["ok"] and all(c.ok for c in gateway if c.needed)
+    click.echo(json.dumps(data, indent=2))
+
+
+def _wants_network(policy: Policy) -> bool:
+    """The gateway serves every daemon run; a policy with a way out depends on it."""
+    return bool(policy.network.allow or policy.secrets or policy.llm)
+
+
+def _print_gateway(policy: Policy, gateway: list[GatewayCheck]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title="What the gateway needs (docs/GATEWAY.md)", title_justify="left")
+    table.add_column("", width=1)
+    table.add_column("check", style="bold")
+    table.add_column("here")
+    for check in gateway:
+        mark = "[green]✓[/green]" if check.ok else ("[red]✗[/red]" if check.needed else "[yellow]![/yellow]")
+        table.add_row(mark, check.name, check.here + (f" — {check.fix}" if check.fix else ""))
+    console.print(table)
+    if _wants_network(policy) and any(c.needed and not c.ok for c in gateway):
+        console.print(
+            f"[red]Policy {policy.name!r} gives its agent a way out, which this host cannot serve.[/red]"
+        )
 
 
 # --------------------------------------------------------------------------- tables
