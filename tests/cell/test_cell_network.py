@@ -133,9 +133,10 @@ def test_the_llm_port_may_be_connected_to(tmp_path: Path) -> None:
 
 def test_a_gateway_that_cannot_start_stops_the_cell_before_its_command(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    with pytest.raises(CellError, match="refuses to start"), Cell(
-        default_policy(), workspace=tmp_path, network=LineServer(fail=True)
-    ) as cell:
+    with (
+        pytest.raises(CellError, match="refuses to start"),
+        Cell(default_policy(), workspace=tmp_path, network=LineServer(fail=True)) as cell,
+    ):
         cell.run(["/bin/sh", "-c", f"touch {marker}"])
     assert not marker.exists()
 

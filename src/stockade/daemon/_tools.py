@@ -74,9 +74,7 @@ def check_tool_call_id(value: object) -> str | None:
     return value
 
 
-async def record_tool_call(
-    runs: Runs, run: Run, params: Mapping[str, Any], *, cell: str
-) -> dict[str, Any]:
+async def record_tool_call(runs: Runs, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
     """``tool.record`` on ``run``'s broker socket: store one ``tool.call`` event.
 
     The token is checked first, as for an intent (a bad one is recorded as a

@@ -585,7 +585,6 @@ def _target(raw: str, tls: Destination | None) -> Target:
     raise BadRequest(f"{raw[:200]!r} is not a request target inside TLS; send a path such as '/v1/x'")
 
 
-
 def _abandon(connecting: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
     """A tunnel's early upstream connection that the relay did not take: cancelled,
     or closed unused."""
@@ -596,5 +595,6 @@ def _abandon(connecting: asyncio.Future[tuple[asyncio.StreamReader, asyncio.Stre
         return
     _reader, writer = connecting.result()
     writer.close()
+
 
 __all__ = ["GatewayHooks", "Proxy"]

@@ -599,6 +599,8 @@ PidsLimit = Annotated[
         }
     ),
 ]
+
+
 def _denials(value: object) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         raise ValueError(f"{show(value)} is text, not a number; write it without quotes: {value.strip()}")
