@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from stockade.broker._intents import redact
+from stockade.broker._intents import _json_type, _short, redact
 from stockade.broker._rules import Decision
 from stockade.broker._tokens import TokenCheck
 
@@ -195,25 +195,6 @@ def tool_call_event(run: Run, cell: str, fields: Mapping[str, Any]) -> Event:
 
 def _bad(problem: str) -> RequestError:
     return RequestError("bad_params", f"tool.record: {problem}")
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:45] + "…" + text[-10:]
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object" if isinstance(value, dict) else type(value).__name__
 
 
 __all__ = ["TOOL_CALL_ID", "check_tool_call_id", "parse_params", "record_tool_call", "tool_call_event"]
