@@ -10,9 +10,7 @@ cell's result like the kernel's.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import secrets
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -57,6 +55,11 @@ def exec_gateway(policy: Policy) -> Iterator[tuple[Gateway, CollectingHooks]]:
     Raises:
         PolicyError: a secret of the policy has no value in this environment.
     """
+    # Here, not above: ``wants_gateway`` is on every ``stockade exec``'s path,
+    # and asyncio alone costs it ~40 ms to import.
+    import asyncio
+    import secrets
+
     from stockade.gateway import Gateway, GatewayOptions
 
     loop = asyncio.new_event_loop()
