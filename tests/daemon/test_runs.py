@@ -401,3 +401,23 @@ def test_run_start_takes_a_name_and_refuses_a_missing_workspace(tmp_path: Path) 
         assert missing["error"]["code"] == "bad_params" and "not a directory" in missing["error"]["message"]
         bad = wire.request("run.start", {"policy_path": str(policy), "name": "../x"})
         assert bad["error"]["code"] == "bad_params" and "not a run name" in bad["error"]["message"]
+
+
+def test_an_empty_fresh_workspace_is_removed_and_one_with_work_kept(tmp_path: Path) -> None:
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        empty = tmp_path / "empty.json"
+        empty.write_text(json.dumps({"name": "idle", "command": ["/bin/true"]}))
+        info, _ = run_to_end(wire, events, empty)
+        assert info["workspace"].startswith("/var/lib/stockade/workspaces/")
+        assert not os.path.exists(info["workspace"])
+        worked = tmp_path / "worked.json"
+        worked.write_text(json.dumps({"name": "busy", "command": ["/bin/sh", "-c", "echo result > out.txt"]}))
+        info, _ = run_to_end(wire, events, worked)
+        try:
+            assert (Path(info["workspace"]) / "out.txt").read_text() == "result\n"
+        finally:
+            import shutil
+
+            shutil.rmtree(info["workspace"], ignore_errors=True)

@@ -173,6 +173,11 @@ class Cell:
         runs (the agent cannot touch them: they are read-only mounts in every
         cell) and let go by ``close``."""
 
+    @property
+    def fresh(self) -> bool:
+        """Whether the workspace was made for this Cell (neither given nor the policy's)."""
+        return self._fresh
+
     # ------------------------------------------------------------------ running
 
     def run(

@@ -509,6 +509,13 @@ class Runs(IntentPath):
         finally:
             os.close(fd)
             cell.close()
+            if cell.fresh and not run.children:
+                # A fresh workspace is kept for the operator to look at, unless
+                # the agent left nothing in it: then it would only pile up.
+                # (Not while helpers may still have it mounted: removing a
+                # directory detaches the mounts of it in their cells.)
+                with contextlib.suppress(OSError):
+                    os.rmdir(cell.workspace)
         if result is not None:
             try:
                 self.recorder.record(result.events)
