@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 import hmac
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._approvals import Approval, ApprovalError, Approvals
@@ -44,9 +44,8 @@ class IntentPath:
     _waiting: dict[str, asyncio.Future[Approval]]
     _expiry: asyncio.TimerHandle | None
     _workbench_pool: concurrent.futures.ThreadPoolExecutor
-
-    async def halt(self, run: Run, reason: str) -> None:
-        raise NotImplementedError  # Runs's own
+    halt: Callable[[Run, str], Awaitable[None]]
+    """``Runs.halt``: the tripwire's last denial halts the run."""
 
     # ------------------------------------------------------------------ approvals
 
