@@ -127,7 +127,9 @@ class IntentPath:
             raise RequestError(exc.code, str(exc)) from exc
         tool_call = _tools.check_tool_call_id(params.get("tool_call"))
         if intent == "http.fetch":
-            decision = fetch_decision(run.gateway, run.rules, args)
+            decision = fetch_decision(
+                run.gateway, run.rules, args, plain_http=run.policy.network.fetch_plain_http
+            )
         else:
             decision = run.rules.decide(intent, args)
             if intent in AGENT_INTENTS:

@@ -79,22 +79,25 @@ def make_gateway(
 # ----------------------------------------------------------------- http.fetch
 
 
-def fetch_decision(gateway: Gateway | None, rules: Rules, args: Mapping[str, Any]) -> Decision:
+def fetch_decision(
+    gateway: Gateway | None, rules: Rules, args: Mapping[str, Any], *, plain_http: bool
+) -> Decision:
     """``http.fetch`` must pass ``network.allow``, as the proxy's requests do; and
     where the policy has ``tools`` rules for ``http.fetch`` the first that matches
-    decides too (so that a fetch can need approval), no match being a deny."""
+    decides too (so that a fetch can need approval), no match being a deny.
+
+    The URL is read as the fetch itself reads it (``parse_url``), so that what
+    is decided is what would be asked for."""
+    from stockade.gateway._fetch import FetchError, parse_url
+
     if gateway is None:
         return Decision("deny", None, "this run has no gateway, so nothing can be fetched")
-    url = str(args.get("url", ""))
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return Decision("deny", None, f"{url[:200]!r} is not an http or https URL with a host; give one")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        return Decision("deny", None, f"{url[:200]!r} has an invalid port; fix the URL")
+        where = parse_url(str(args.get("url", "")), plain_http)
+    except FetchError as exc:
+        return Decision("deny", None, exc.reason)
     decided = gateway.egress.decide(
-        parts.hostname, port, method=str(args.get("method", "GET")), path=parts.path or "/"
+        where.host, where.port, method=str(args.get("method", "GET")), path=where.target.partition("?")[0]
     )
     if decided.verdict == "deny" or not rules.has_intent("http.fetch"):
         return Decision(decided.verdict, decided.rule, decided.reason)

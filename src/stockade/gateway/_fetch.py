@@ -161,7 +161,9 @@ class _Stream(httpcore.AsyncNetworkStream):
 
 
 @dataclass(slots=True)
-class _Target:
+class FetchTarget:
+    """A URL as a fetch decides and asks for it: the host normalised, the target encoded."""
+
     scheme: str
     host: str
     port: int
@@ -184,7 +186,7 @@ class _Run:
         return max(0.001, self.limits.timeout - (time.monotonic() - self.started))
 
 
-def _parse(url: str, plain_http: bool) -> _Target:
+def parse_url(url: str, plain_http: bool) -> FetchTarget:
     """The parts of ``url`` to decide, connect and ask with.
 
     Raises:
@@ -228,7 +230,7 @@ def _parse(url: str, plain_http: bool) -> _Target:
     query = quote(parts.query, safe="/%:@!$&'()*+,;=-._~?")
     target = path + (f"?{query}" if parts.query else "")
     default = 443 if scheme == "https" else 80
-    return _Target(scheme, host, default if port is None else port, target, url.split("#", 1)[0])
+    return FetchTarget(scheme, host, default if port is None else port, target, url.split("#", 1)[0])
 
 
 def _check_headers(headers: Mapping[str, str]) -> None:
@@ -274,7 +276,7 @@ def _request_headers(
 
 async def _hop(
     run: _Run,
-    where: _Target,
+    where: FetchTarget,
     method: str,
     headers: list[tuple[bytes, bytes]],
     body: bytes,
@@ -438,7 +440,7 @@ async def fetch(
         async with asyncio.timeout(limits.timeout):
             for _ in range(limits.max_redirects + 1):
                 try:
-                    where = _parse(current, plain_http)
+                    where = parse_url(current, plain_http)
                 except FetchRefused as exc:
                     run.hops.append(_refused_hop(method, current, exc.reason))
                     exc.hops = tuple(run.hops)
