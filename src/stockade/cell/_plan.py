@@ -409,7 +409,9 @@ def _mirror(path: str) -> list[str]:
             top = list(it)
     except OSError:
         return []
-    top.sort(key=lambda e: (-_mtime(e), e.name))
+    if len(top) > _DECOY_NAMES_MAX // 2:
+        # Only when the cap cuts: a stat each, on every plan of every cell.
+        top.sort(key=lambda e: (-_mtime(e), e.name))
     names: list[str] = []
     below: list[str] = []
     for entry in top[: _DECOY_NAMES_MAX // 2]:
