@@ -37,7 +37,8 @@ from stockade.daemon import _paths
 from stockade.errors import StoreError
 from stockade.record import Event, Outcome
 from stockade.record._chain import StoredEvent
-from stockade.record._store import EventStore, open_store
+from stockade.record._journaled import open_journaled_store
+from stockade.record._store import EventStore
 
 if TYPE_CHECKING:
     from stockade.broker._approvals import Approval
@@ -165,7 +166,7 @@ class Recorder:
 
     def _main(self, opened: concurrent.futures.Future[None]) -> None:
         try:
-            store = open_store(self.path)
+            store = open_journaled_store(self.path, on_failure=self._fail)
         except BaseException as exc:
             opened.set_exception(exc)
             return

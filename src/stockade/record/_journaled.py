@@ -1,0 +1,348 @@
+"""The daemon's store: durable in one journal write, indexed in SQLite behind.
+
+``JournaledStore`` is a ``SqliteStore`` whose ``append`` is durable as soon as
+its events are in the journal (``_journal``: one ``O_DSYNC`` write of a
+preallocated file, the cheapest durable write the disk offers), instead of
+after a durable SQLite commit (two or three flushes). A thread of its own
+(the indexer) then inserts them into SQLite with ``synchronous=NORMAL``:
+committed in order, flushed by SQLite at its checkpoints and by this module
+before the journal is reused. Reads through this object first wait for the
+indexer to have everything appended so far, so they never miss an event
+``append`` returned; other processes reading the file (``stockade export``)
+see it a moment later (the indexer's lag, well under a millisecond).
+
+Opening copies into SQLite whatever the journal holds beyond SQLite's last
+event (after a crash: events that were acknowledged but not yet indexed),
+checking that each continues the chain, then flushes SQLite and resets the
+journal. A store whose indexer fails (a full disk) refuses every later append
+with that error until a retry finds SQLite writable again; nothing
+acknowledged is lost meanwhile: it is in the journal, and the next open or
+retry indexes it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from stockade.errors import StoreError
+from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, hash_payload
+from stockade.record._event import Event
+from stockade.record._journal import DEFAULT_SIZE, SUFFIX, Journal
+from stockade.record._store import _INSERT, SqliteStore, _prepare, _rollback, _store_error
+
+Row = tuple[Any, ...]
+
+
+class JournaledStore(SqliteStore):
+    """See the module docstring. Open with ``open_journaled_store``."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        journal_size: int = DEFAULT_SIZE,
+        on_failure: Callable[[StoreError], None] | None = None,
+    ) -> None:
+        super().__init__(path)
+        self._on_failure = on_failure
+        self._append_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._backlog: collections.deque[list[Row]] = collections.deque()
+        self._failure: StoreError | None = None
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        try:
+            self.journal = Journal.open(self.path + SUFFIX, journal_size)
+            try:
+                self._head_seq, self._head_hash = self._recover()
+                self.journal.reset()
+            except BaseException:
+                self.journal.close()
+                raise
+        except BaseException:
+            super().close()
+            raise
+        self._indexed = self._head_seq
+        self._writer().execute("PRAGMA synchronous = NORMAL")
+        self._thread = threading.Thread(target=self._index, name="stockade-indexer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, events: Sequence[Event]) -> list[StoredEvent]:
+        prepared = [_prepare(event) for event in events]  # ValueError before anything is written
+        if not prepared:
+            return []
+        with self._append_lock:
+            self._check_open()
+            if self._failure is not None:
+                self._retry()
+            seq, prev = self._head_seq, self._head_hash
+            first_prev = prev
+            rows: list[Row] = []
+            stored: list[StoredEvent] = []
+            payloads: list[bytes] = []
+            for event, d, raw, payload in prepared:
+                seq += 1
+                digest = hash_payload(prev, seq, payload)
+                rows.append(
+                    (
+                        seq,
+                        d["time"],
+                        d["run"],
+                        d["cell"],
+                        d["kind"],
+                        d["layer"],
+                        d["outcome"],
+                        raw,
+                        prev,
+                        digest,
+                    )
+                )
+                stored.append(StoredEvent(seq, digest, prev, event, raw))
+                payloads.append(payload)
+                prev = digest
+            record = self.journal.encode(rows[0][0], first_prev, payloads)
+            if not self.journal.fits(record):
+                # Full: SQLite gets everything and is flushed; then the file is
+                # free to be written from its start again.
+                self._drain()
+                self._flush_sqlite()
+                self.journal.reset()
+                record = self.journal.encode(rows[0][0], first_prev, payloads)
+            if self.journal.fits(record):
+                self.journal.append(record)
+                with self._cond:
+                    self._backlog.append(rows)
+                    self._cond.notify_all()
+            else:
+                # Bigger than the whole journal: straight into SQLite, flushed.
+                self._insert(rows)
+                self._flush_sqlite()
+                with self._cond:
+                    self._indexed = seq
+            self._head_seq, self._head_hash = seq, prev
+        return stored
+
+    def _retry(self) -> None:
+        """After the indexer failed: let it try its backlog again and wait;
+        raise its error when it still cannot write."""
+        with self._cond:
+            self._failure = None
+            self._cond.notify_all()
+        self._drain()
+
+    def _drain(self) -> None:
+        """Wait until SQLite holds every appended event.
+
+        Raises:
+            StoreError: the indexer cannot write SQLite.
+        """
+        with self._cond:
+            while self._indexed < self._head_seq and self._failure is None:
+                self._cond.wait()
+            if self._failure is not None:
+                raise self._failure
+
+    def _flush_sqlite(self) -> None:
+        """Make every committed transaction durable: fsync the database and its
+        WAL (``synchronous=NORMAL`` commits do not; a checkpoint syncs the WAL
+        before copying and the database after, so these two cover all)."""
+        for name in (self.path, self.path + "-wal"):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot flush the event store {name}: {exc.strerror}", path=self.path
+                ) from exc
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot flush the event store {name}: {exc.strerror}", path=self.path
+                ) from exc
+            finally:
+                os.close(fd)
+
+    def _insert(self, rows: Sequence[Row]) -> None:
+        with self._lock:
+            conn = self._writer()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(_INSERT, rows)
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback(conn)
+                raise _store_error(exc, self.path, "write") from exc
+            except BaseException:
+                _rollback(conn)
+                raise
+
+    # ------------------------------------------------------------------ the indexer
+
+    def _index(self) -> None:
+        while True:
+            with self._cond:
+                while (not self._backlog or self._failure is not None) and not self._closing:
+                    self._cond.wait()
+                if self._closing and (not self._backlog or self._failure is not None):
+                    return
+                batches = list(self._backlog)
+            rows = [row for batch in batches for row in batch]
+            try:
+                self._insert(rows)
+            except StoreError as exc:
+                with self._cond:
+                    self._failure = exc
+                    self._cond.notify_all()
+                if self._on_failure is not None:
+                    with contextlib.suppress(Exception):
+                        self._on_failure(exc)
+                continue
+            with self._cond:
+                for _ in batches:
+                    self._backlog.popleft()
+                self._indexed = rows[-1][0]
+                self._cond.notify_all()
+
+    @property
+    def failure(self) -> StoreError | None:
+        """The indexer's last error, until an append retries successfully."""
+        return self._failure
+
+    # ------------------------------------------------------------------ opening
+
+    def _recover(self) -> tuple[int, str]:
+        """Copy into SQLite what the journal holds beyond it; SQLite's head after.
+
+        Raises:
+            StoreError: the journal does not continue SQLite's chain.
+        """
+        conn = self._writer()
+        row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        seq, prev = (int(row[0]), str(row[1])) if row else (0, GENESIS)
+        rows: list[Row] = []
+        for record in self.journal.records():
+            if record.first_seq + len(record.events) - 1 <= seq:
+                continue
+            if record.first_seq > seq + 1:
+                raise StoreError(
+                    f"the journal {self.journal.path} does not continue the event store {self.path} "
+                    f"(it resumes at event {record.first_seq}, the store ends at {seq}); keep both files "
+                    "for inspection and move the journal aside to open the store without it",
+                    path=self.path,
+                )
+            running = record.prev
+            for number, payload in enumerate(record.events, record.first_seq):
+                digest = hash_payload(running, number, payload)
+                if number > seq:
+                    if running != prev:
+                        raise StoreError(
+                            f"event {number} in the journal {self.journal.path} does not continue the chain "
+                            f"of the event store {self.path}; keep both files and run `stockade verify`",
+                            path=self.path,
+                        )
+                    rows.append(_row(number, payload, running, digest, self.journal.path))
+                    seq, prev = number, digest
+                running = digest
+        if rows:
+            self._insert(rows)
+            self._flush_sqlite()
+        return seq, prev
+
+    # ------------------------------------------------------------------ reading
+
+    def _caught_up(self) -> None:
+        """Wait (briefly) until SQLite holds every event appended so far, so a
+        read never misses one that ``append`` returned; not on failure."""
+        with self._cond:
+            target = self._head_seq
+            while self._indexed < target and self._failure is None and not self._closing:
+                self._cond.wait()
+
+    def query(self, **kwargs: Any) -> Iterator[StoredEvent]:
+        self._caught_up()
+        return super().query(**kwargs)
+
+    def last_seq(self) -> int:
+        self._check_open()
+        return self._head_seq
+
+    def verify(self) -> VerifyResult:
+        self._caught_up()
+        return super().verify()
+
+    def stored_json(self, seq: int) -> str | None:
+        self._caught_up()
+        return super().stored_json(seq)
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Index what is left, flush SQLite, close everything. Idempotent."""
+        with self._append_lock:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                with self._cond:
+                    self._closing = True
+                    self._cond.notify_all()
+                thread.join()
+                with contextlib.suppress(StoreError):
+                    if self._failure is None:
+                        self._flush_sqlite()
+                self.journal.close()
+        super().close()
+
+
+def _row(seq: int, payload: bytes, prev: str, digest: str, where: str) -> Row:
+    try:
+        raw = payload.decode("utf-8")
+        d = json.loads(raw)
+        return (
+            seq,
+            float(d["time"]),
+            d["run"],
+            d["cell"],
+            d["kind"],
+            d["layer"],
+            d["outcome"],
+            raw,
+            prev,
+            digest,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(
+            f"event {seq} in the journal {where} is not a valid event ({exc})", path=where
+        ) from exc
+
+
+def open_journaled_store(
+    path: str,
+    *,
+    journal_size: int = DEFAULT_SIZE,
+    on_failure: Callable[[StoreError], None] | None = None,
+) -> JournaledStore:
+    """Open the store at ``path`` for the daemon: created like ``open_store``'s,
+    with its journal ``path + ".journal"`` (see the module docstring).
+
+    ``on_failure`` is called from the indexer's thread when SQLite cannot be
+    written (appends raise the same error from then on).
+
+    Raises:
+        StoreError: as ``open_store``; or the journal cannot be created,
+            locked (another process writes the store) or does not continue
+            the store's chain.
+    """
+    return JournaledStore(path, journal_size=journal_size, on_failure=on_failure)
+
+
+__all__ = ["JournaledStore", "open_journaled_store"]
