@@ -220,6 +220,7 @@ class FileAccess:
             roots.append(os.path.realpath(home))
         self._hidden_roots = tuple(_parts(r) for r in dict.fromkeys(roots))
         self._hidden_cache: dict[tuple[tuple[str, ...], tuple[str, ...]], str | None] = {}
+        self._grant_cache: dict[tuple[str, bool], _Grant] = {}
         protect: list[str] = [e for e in fs.protect if e.startswith("/")]
         self._protect_relative = tuple(e for e in fs.protect if not e.startswith("/"))
         if policy.source:
@@ -382,6 +383,20 @@ class FileAccess:
         Raises:
             FsFailure: refused.
         """
+        # A pure function of the path and the run's policy, and a third of an
+        # fs intent's time with a policy of many grants: the grants found are
+        # cached (bounded, cleared when full); refusals are worked out again.
+        key = (path, write)
+        cached = self._grant_cache.get(key)
+        if cached is not None:
+            return cached
+        grant = self._grant_uncached(path, write=write)
+        if len(self._grant_cache) >= _HIDDEN_CACHE_MAX:
+            self._grant_cache.clear()
+        self._grant_cache[key] = grant
+        return grant
+
+    def _grant_uncached(self, path: str, *, write: bool) -> _Grant:
         if not path.startswith("/") or "\x00" in path:
             raise FsFailure("refused", f"{_show(path)!r} is not an absolute path; name the file from '/'")
         parts = _parts(os.path.normpath(path))

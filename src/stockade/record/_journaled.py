@@ -28,6 +28,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -38,6 +39,12 @@ from stockade.record._journal import DEFAULT_SIZE, SUFFIX, Journal
 from stockade.record._store import _INSERT, SqliteStore, _prepare, _rollback, _store_error
 
 Row = tuple[Any, ...]
+
+INDEX_ROWS = 512
+"""Rows the indexer lets pile up before it inserts them at once ..."""
+INDEX_DELAY = 0.02
+"""... or seconds it lets the first of them wait (readers never wait that long:
+they make it go at once)."""
 
 
 class JournaledStore(SqliteStore):
@@ -57,6 +64,9 @@ class JournaledStore(SqliteStore):
         self._backlog: collections.deque[list[Row]] = collections.deque()
         self._failure: StoreError | None = None
         self._closing = False
+        self._urgent = False
+        self._backlog_rows = 0
+        self._backlog_since = 0.0
         self._thread: threading.Thread | None = None
         try:
             self.journal = Journal.open(self.path + SUFFIX, journal_size)
@@ -120,8 +130,12 @@ class JournaledStore(SqliteStore):
             if self.journal.fits(record):
                 self.journal.append(record)
                 with self._cond:
+                    if not self._backlog:
+                        self._backlog_since = time.monotonic()
                     self._backlog.append(rows)
-                    self._cond.notify_all()
+                    self._backlog_rows += len(rows)
+                    if self._backlog_rows >= INDEX_ROWS or len(self._backlog) == 1:
+                        self._cond.notify_all()
             else:
                 # Bigger than the whole journal: straight into SQLite, flushed.
                 self._insert(rows)
@@ -146,10 +160,16 @@ class JournaledStore(SqliteStore):
             StoreError: the indexer cannot write SQLite.
         """
         with self._cond:
+            self._urge()
             while self._indexed < self._head_seq and self._failure is None:
                 self._cond.wait()
             if self._failure is not None:
                 raise self._failure
+
+    def _urge(self) -> None:
+        """Someone waits for the indexer (under ``_cond``): it goes at once."""
+        self._urgent = True
+        self._cond.notify_all()
 
     def _flush_sqlite(self) -> None:
         """Make every committed transaction durable: fsync the database and its
@@ -192,10 +212,10 @@ class JournaledStore(SqliteStore):
     def _index(self) -> None:
         while True:
             with self._cond:
-                while (not self._backlog or self._failure is not None) and not self._closing:
-                    self._cond.wait()
-                if self._closing and (not self._backlog or self._failure is not None):
-                    return
+                while not self._ready_to_index():
+                    if self._closing and (not self._backlog or self._failure is not None):
+                        return
+                    self._cond.wait(self._index_wait())
                 batches = list(self._backlog)
             rows = [row for batch in batches for row in batch]
             try:
@@ -211,8 +231,28 @@ class JournaledStore(SqliteStore):
             with self._cond:
                 for _ in batches:
                     self._backlog.popleft()
+                self._backlog_rows -= len(rows)
                 self._indexed = rows[-1][0]
+                if not self._backlog:
+                    self._urgent = False
                 self._cond.notify_all()
+
+    def _ready_to_index(self) -> bool:
+        """Whether the indexer goes now (under ``_cond``). It waits for a
+        batch to grow (``INDEX_ROWS``) or age (``INDEX_DELAY``) unless a reader,
+        a wrap or ``close`` waits for it: many rows per transaction cost less
+        each, and the daemon's loop is not slowed down by the indexer's share
+        of the interpreter after every single intent."""
+        if not self._backlog or self._failure is not None:
+            return False
+        if self._urgent or self._closing or self._backlog_rows >= INDEX_ROWS:
+            return True
+        return time.monotonic() >= self._backlog_since + INDEX_DELAY
+
+    def _index_wait(self) -> float | None:
+        if not self._backlog or self._failure is not None:
+            return None
+        return max(0.0, self._backlog_since + INDEX_DELAY - time.monotonic())
 
     @property
     def failure(self) -> StoreError | None:
@@ -266,6 +306,8 @@ class JournaledStore(SqliteStore):
         read never misses one that ``append`` returned; not on failure."""
         with self._cond:
             target = self._head_seq
+            if self._indexed < target:
+                self._urge()
             while self._indexed < target and self._failure is None and not self._closing:
                 self._cond.wait()
 
