@@ -175,6 +175,94 @@ def _fsync_floor(directory: Path, rounds: int = 500) -> tuple[float, float]:
     return times[len(times) // 2] * 1e6, times[int(len(times) * 0.99)] * 1e6
 
 
+FLOOR_SERVER = r"""
+import asyncio, os, sys
+sock_path, journal, durable = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+fd = os.open(journal, os.O_RDWR | os.O_CREAT | os.O_DSYNC, 0o600)
+os.posix_fallocate(fd, 0, 32 << 20)
+os.fsync(fd)
+offset = 0
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.buf = transport, b""
+
+    def data_received(self, data):
+        global offset
+        self.buf += data
+        while len(self.buf) >= 4:
+            n = int.from_bytes(self.buf[:4], "big")
+            if len(self.buf) < 4 + n:
+                return
+            frame, self.buf = self.buf[: 4 + n], self.buf[4 + n :]
+            if durable:
+                os.pwrite(fd, frame, offset)
+                offset = (offset + len(frame)) % (31 << 20)
+            self.transport.write(frame)
+
+async def main():
+    server = await asyncio.get_running_loop().create_unix_server(Echo, sock_path)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    server.close()
+
+asyncio.run(main())
+"""
+
+
+def _echo_floor(directory: Path, durable: bool, rounds: int) -> tuple[float, float]:
+    """p50 and p99, in microseconds, of the same client loop against a bare
+    asyncio server that echoes each frame, after one ``O_DSYNC`` write of it to
+    a preallocated file when ``durable``: what a Python daemon answering only
+    after a durable write costs on this machine before doing any work."""
+    sock_path = directory / f"floor-{int(durable)}.sock"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            FLOOR_SERVER,
+            str(sock_path),
+            str(directory / "floor.journal"),
+            str(int(durable)),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline() != b"ready\n":
+            raise SystemExit("the floor server did not start")
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(sock_path))
+        body = json.dumps(
+            {
+                "v": 1,
+                "id": 1,
+                "method": "intent",
+                "params": {
+                    "token": "x" * 180,
+                    "intent": "fs.read",
+                    "args": {"path": "/tmp/granted/small.txt"},
+                },
+            }
+        ).encode()
+        frame = struct.pack(">I", len(body)) + body
+        times = []
+        for i in range(rounds + 200):
+            t = time.perf_counter_ns()
+            sock.sendall(frame)
+            got = 0
+            while got < len(frame):
+                got += len(sock.recv(65536))
+            if i >= 200:
+                times.append(time.perf_counter_ns() - t)
+        sock.close()
+    finally:
+        server.communicate(b"", timeout=30)
+    times.sort()
+    return times[len(times) // 2] / 1000, times[int(len(times) * 0.99)] / 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -273,6 +361,12 @@ def main() -> None:
         p50, p90, p99 = (rt[k] / 1000 for k in ("p50", "p90", "p99"))
         print(f"  p50 {p50:.0f} us   p90 {p90:.0f} us   p99 {p99:.0f} us")
         floor50, floor99 = _fsync_floor(tmp)
+        echo50, echo99 = _echo_floor(tmp, False, args.requests)
+        dsync50, dsync99 = _echo_floor(tmp, True, args.requests)
+        print("  side by side, the same client loop against a bare asyncio echo server (the floor):")
+        print(f"    echo only                          p50 {echo50:.0f} us   p99 {echo99:.0f} us")
+        print(f"    echo after one O_DSYNC write        p50 {dsync50:.0f} us   p99 {dsync99:.0f} us")
+        print(f"    stockade / durable echo: p50 {p50 / dsync50:.2f}x, p99 {p99 / dsync99:.2f}x")
         print(f"  (one durable SQLite commit on this disk alone: p50 {floor50:.0f} us, p99 {floor99:.0f} us)")
         print("throughput (allowed intents answered per second, each recorded durably first):")
         for r in results:
