@@ -24,6 +24,7 @@ Nothing here asserts a time; it prints the figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,27 +183,39 @@ sock_path, journal, durable = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 fd = os.open(journal, os.O_RDWR | os.O_CREAT | os.O_DSYNC, 0o600)
 os.posix_fallocate(fd, 0, 32 << 20)
 os.fsync(fd)
-offset = 0
+offset, pending, scheduled = 0, [], False
+
+def flush():
+    # Group commit, as the daemon's recorder: one durable write for every
+    # frame this pass of the loop received, then the answers.
+    global offset, pending, scheduled
+    batch, pending, scheduled = pending, [], False
+    if durable:
+        data = b"".join(frame for _, frame in batch)
+        os.pwrite(fd, data, offset)
+        offset = (offset + len(data)) % (31 << 20)
+    for transport, frame in batch:
+        transport.write(frame)
 
 class Echo(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport, self.buf = transport, b""
 
     def data_received(self, data):
-        global offset
+        global scheduled
         self.buf += data
         while len(self.buf) >= 4:
             n = int.from_bytes(self.buf[:4], "big")
             if len(self.buf) < 4 + n:
                 return
             frame, self.buf = self.buf[: 4 + n], self.buf[4 + n :]
-            if durable:
-                os.pwrite(fd, frame, offset)
-                offset = (offset + len(frame)) % (31 << 20)
-            self.transport.write(frame)
+            pending.append((self.transport, frame))
+            if not scheduled:
+                scheduled = True
+                asyncio.get_running_loop().call_soon(flush)
 
 async def main():
-    server = await asyncio.get_running_loop().create_unix_server(Echo, sock_path)
+    server = await asyncio.get_running_loop().create_unix_server(Echo, sock_path, backlog=256)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     server.close()
@@ -209,12 +223,18 @@ async def main():
 asyncio.run(main())
 """
 
+_FLOOR_FRAME = json.dumps(
+    {
+        "v": 1,
+        "id": 1,
+        "method": "intent",
+        "params": {"token": "x" * 180, "intent": "fs.read", "args": {"path": "/tmp/granted/small.txt"}},
+    }
+).encode()
 
-def _echo_floor(directory: Path, durable: bool, rounds: int) -> tuple[float, float]:
-    """p50 and p99, in microseconds, of the same client loop against a bare
-    asyncio server that echoes each frame, after one ``O_DSYNC`` write of it to
-    a preallocated file when ``durable``: what a Python daemon answering only
-    after a durable write costs on this machine before doing any work."""
+
+@contextlib.contextmanager
+def _floor_server(directory: Path, durable: bool) -> Iterator[str]:
     sock_path = directory / f"floor-{int(durable)}.sock"
     server = subprocess.Popen(
         [
@@ -232,33 +252,79 @@ def _echo_floor(directory: Path, durable: bool, rounds: int) -> tuple[float, flo
         assert server.stdout is not None
         if server.stdout.readline() != b"ready\n":
             raise SystemExit("the floor server did not start")
+        yield str(sock_path)
+    finally:
+        server.communicate(b"", timeout=30)
+
+
+def _echo_once(sock: socket.socket, frame: bytes) -> None:
+    sock.sendall(frame)
+    got = 0
+    while got < len(frame):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise SystemExit("the floor server closed the connection")
+        got += len(chunk)
+
+
+def _echo_throughput(directory: Path, clients: int, seconds: float) -> float:
+    """Answers per second of the durable echo server (group commit) to
+    ``clients`` processes, each its own connection, in a loop for ``seconds``:
+    the most a one-interpreter Python daemon could answer here if recording
+    and answering were all it did."""
+    frame = struct.pack(">I", len(_FLOOR_FRAME)) + _FLOOR_FRAME
+    with _floor_server(directory, True) as sock_path:
+        start_r, start_w = os.pipe()
+        pipes, pids = [], []
+        for _ in range(clients):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # a client
+                try:
+                    os.close(r)
+                    sock = socket.socket(socket.AF_UNIX)
+                    sock.connect(sock_path)
+                    os.read(start_r, 1)
+                    done, end = 0, time.monotonic() + seconds
+                    while time.monotonic() < end:
+                        _echo_once(sock, frame)
+                        done += 1
+                    os.write(w, str(done).encode())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            pipes.append(r)
+            pids.append(pid)
+        started = time.monotonic()
+        os.write(start_w, b"x" * clients)
+        total = 0
+        for r in pipes:
+            total += int(os.read(r, 64) or b"0")
+            os.close(r)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        elapsed = time.monotonic() - started
+        os.close(start_r)
+        os.close(start_w)
+    return total / elapsed
+
+
+def _echo_floor(directory: Path, durable: bool, rounds: int) -> tuple[float, float]:
+    """p50 and p99, in microseconds, of the same client loop against a bare
+    asyncio server that echoes each frame, after one ``O_DSYNC`` write of it to
+    a preallocated file when ``durable``: what a Python daemon answering only
+    after a durable write costs on this machine before doing any work."""
+    frame = struct.pack(">I", len(_FLOOR_FRAME)) + _FLOOR_FRAME
+    times = []
+    with _floor_server(directory, durable) as sock_path:
         sock = socket.socket(socket.AF_UNIX)
-        sock.connect(str(sock_path))
-        body = json.dumps(
-            {
-                "v": 1,
-                "id": 1,
-                "method": "intent",
-                "params": {
-                    "token": "x" * 180,
-                    "intent": "fs.read",
-                    "args": {"path": "/tmp/granted/small.txt"},
-                },
-            }
-        ).encode()
-        frame = struct.pack(">I", len(body)) + body
-        times = []
+        sock.connect(sock_path)
         for i in range(rounds + 200):
             t = time.perf_counter_ns()
-            sock.sendall(frame)
-            got = 0
-            while got < len(frame):
-                got += len(sock.recv(65536))
+            _echo_once(sock, frame)
             if i >= 200:
                 times.append(time.perf_counter_ns() - t)
         sock.close()
-    finally:
-        server.communicate(b"", timeout=30)
     times.sort()
     return times[len(times) // 2] / 1000, times[int(len(times) * 0.99)] / 1000
 
@@ -368,12 +434,17 @@ def main() -> None:
         print(f"    echo after one O_DSYNC write        p50 {dsync50:.0f} us   p99 {dsync99:.0f} us")
         print(f"    stockade / durable echo: p50 {p50 / dsync50:.2f}x, p99 {p99 / dsync99:.2f}x")
         print(f"  (one durable SQLite commit on this disk alone: p50 {floor50:.0f} us, p99 {floor99:.0f} us)")
-        print("throughput (allowed intents answered per second, each recorded durably first):")
+        print("throughput (allowed intents answered per second, each recorded durably first),")
+        print("side by side with the durable echo server (group commit, same client loop, from the host):")
         for r in results:
             if "throughput" in r:
                 t = r["throughput"]
                 rate, done, secs = t["per_second"], t["intents"], t["seconds"]
-                print(f"  {t['clients']:>3} clients  {rate:>9.0f} /s   ({done} in {secs} s)")
+                floor = _echo_throughput(tmp, t["clients"], args.seconds)
+                print(
+                    f"  {t['clients']:>3} clients  {rate:>9.0f} /s   ({done} in {secs} s)"
+                    f"   durable echo {floor:>7.0f} /s   stockade / echo {rate / floor:.2f}x"
+                )
         stored = after["last_seq"] - before["last_seq"]
         commits = after["commits"] - before["commits"]
         print(
