@@ -94,6 +94,50 @@ def test_intents_allowed_denied_forged_and_hostile(tmp_path: Path) -> None:
         assert wire.call("verify")["ok"] is True
 
 
+def test_a_read_the_rules_allow_but_the_broker_refuses_is_recorded_twice_and_counted(tmp_path: Path) -> None:
+    granted = tmp_path / "granted"
+    granted.mkdir()
+    (granted / "link.txt").symlink_to("/etc/hostname")
+    plan = [
+        {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/link.txt"}},
+        {"op": "intent", "intent": "fs.list", "args": {"path": str(granted)}},
+        {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/missing.txt"}},
+    ]
+    tools = [
+        {"id": "read-granted", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}},
+        {"id": "list-granted", "intent": "fs.list", "verdict": "allow", "match": {"path": str(granted)}},
+    ]
+    policy = agent_policy(tmp_path, plan, tools=tools)
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        info, lines = run_to_end(wire, events, policy)
+        out = {line["step"]: line["out"] for line in lines}
+        # The link: allowed by the rule, refused by the broker (it never follows one).
+        refused = out[1]["result"]
+        assert refused["verdict"] == "deny" and refused["rule"] == "read-granted"
+        assert refused["reason"].startswith("refused by the broker") and "symbolic link" in refused["reason"]
+        assert "hostname" not in json.dumps(refused.get("value") or {}).replace(str(granted), "")
+        listed = out[2]["result"]
+        assert listed["verdict"] == "allow" and {e["name"] for e in listed["value"]["entries"]} >= {"ok.txt"}
+        missing = out[3]["result"]
+        assert missing["verdict"] == "allow" and missing["value"]["error"]["code"] == "not_found"
+        recorded = _intents(stored_events(wire, info["id"]))
+        assert [(e["detail"]["intent"], e["detail"]["verdict"]) for e in recorded] == [
+            ("fs.read", "allow"),
+            ("fs.read", "deny"),  # the broker's refusal, right after the rule's verdict
+            ("fs.list", "allow"),
+            ("fs.read", "allow"),  # allowed; the file is missing (an error, not a denial)
+        ]
+        assert (
+            recorded[1]["detail"]["rule"] == "read-granted"
+            and "symbolic link" in recorded[1]["detail"]["reason"]
+        )
+        # One intent each, and the refusal counts toward the tripwire.
+        assert info["intents"] == 3 and info["denials"] == 1
+        assert wire.call("verify")["ok"] is True
+
+
 def test_another_runs_token_is_refused_and_recorded(tmp_path: Path) -> None:
     granted = tmp_path / "granted"
     holder_ws = workspace(tmp_path, "holder")

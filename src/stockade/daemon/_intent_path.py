@@ -139,6 +139,8 @@ class IntentPath:
             decision = Decision(
                 "deny", decision.rule, f"{decision.reason}; the run is unattended, so nobody can approve"
             )
+        if decision.verdict == "allow" and intent in _READ_ONLY:
+            return await self._read_then_record(run, cell, intent, args, decision, tool_call=tool_call)
         await self._record_intent(run, cell, intent, args, decision, tool_call=tool_call)
         if decision.verdict == "deny":
             return _answer(decision)
@@ -180,6 +182,48 @@ class IntentPath:
             run.intents += 1
         if decision.verdict == "deny" and count:
             await self._count_denial(run)
+
+    async def _read_then_record(
+        self,
+        run: Run,
+        cell: str,
+        intent: str,
+        args: Mapping[str, object],
+        decision: Decision,
+        *,
+        tool_call: str | None = None,
+    ) -> dict[str, Any]:
+        """An allowed intent that changes nothing (``_READ_ONLY``): done first,
+        then recorded, with the broker's own refusal if it met one, in one
+        write; the agent still reads nothing before that write is durable.
+        The same events as ``_record_intent`` then ``_execute``, one pass of
+        the loop and (for a refusal) one durable write fewer."""
+        redacted = redact(args)
+        events = [intent_event(run, cell, intent, redacted, decision, tool_call=tool_call)]
+        error: RequestError | None = None
+        value: dict[str, object] = {}
+        try:
+            value = _execute_now(run, intent, args)
+        except RequestError as exc:
+            error = exc
+        refused = refusal(value) if error is None else None
+        answer = _answer(decision)
+        if refused is not None:
+            denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
+            events.append(intent_event(run, cell, intent, redacted, denied, tool_call=tool_call))
+            answer = _answer(denied)
+        try:
+            await self.recorder.record_soon(events)
+        except StoreError as exc:
+            raise RequestError(
+                "unavailable", f"the event store cannot write, so the intent is refused: {exc}"
+            ) from exc
+        run.intents += 1
+        if refused is not None:
+            await self._count_denial(run)
+        if error is not None:
+            raise error
+        return {**answer, "value": value}
 
     async def _count_denial(self, run: Run) -> None:
         run.denials += 1
@@ -256,6 +300,10 @@ class IntentPath:
             return {**_answer(denied), "value": value}
         return {**_answer(decision), "value": value}
 
+
+_READ_ONLY = frozenset({"fs.read", "fs.list"})
+"""Intents whose execution changes nothing: done before their event is durable
+(never answered before it)."""
 
 _TOKEN_WORDS = {
     TokenCheck.MALFORMED: "malformed",
