@@ -3,6 +3,7 @@ a subscriber that stops reading, a store that stops writing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -283,3 +284,62 @@ def test_a_store_failure_the_daemon_could_not_record_is_recorded_at_the_next_sta
         assert [e["kind"] for e in stored] == ["daemon.start", "store.error"]
         assert stored[1]["detail"]["error"] == "disk full"
     assert not (state / "store-error.json").exists()
+
+
+def test_a_really_full_disk_halts_the_run_and_loses_no_acknowledged_event(tmp_path: Path) -> None:
+    """The state directory on a small tmpfs, filled while an agent works: the
+    journal's space was allocated at start, so intents are still made durable
+    there; SQLite cannot grow, so the indexer fails, the run is halted and new
+    runs refused; once space is freed, a new run makes the daemon index what
+    it had acknowledged, and nothing is missing."""
+    import subprocess as sp
+
+    state = tmp_path / "state"
+    state.mkdir()
+    sp.run(["mount", "-t", "tmpfs", "-o", "size=40m,mode=0700", "tmpfs", str(state)], check=True)
+    try:
+        granted = tmp_path / "granted"
+        ws = workspace(tmp_path)
+        fifo = ws / "hold"
+        os.mkfifo(fifo, 0o666)
+        read = {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+        policy = agent_policy(tmp_path, [{"op": "block", "fifo": str(fifo)}, *[read] * 400], ws=ws)
+        with daemon_at(tmp_path) as dt:
+            wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+            events.call("events.subscribe")
+            info = wire.call("run.start", {"policy_path": str(policy), "detach": True})
+            follow = Wire(dt.socket_path)
+            seen = follow.call("run.logs", {"run": info["id"], "follow": True})["data"]
+            while "blocking" not in seen:
+                seen += follow.push()["event"]["data"]
+            filler = state / "filler"
+            with open(filler, "wb", buffering=0) as f:  # every byte the filesystem has left
+                for size in (1 << 20, 4096, 1):
+                    with contextlib.suppress(OSError):
+                        while True:
+                            f.write(b"\0" * size)
+            release(fifo)
+            while True:
+                push = follow.push()["event"]
+                if push["kind"] == "run.ended":
+                    break
+            final = next(r for r in wire.call("run.list", {"all": True})["runs"] if r["id"] == info["id"])
+            assert final["state"] == "halted" and "full" in final["halted"], final
+            status = wire.call("status")
+            assert status["accepting_runs"] is False and "full" in status["store"]["error"]
+            refused = wire.request("run.start", {"policy_path": str(agent_policy(tmp_path, [], name="x"))})
+            assert refused["error"]["code"] == "unavailable" and "full" in refused["error"]["message"]
+            acknowledged = final["intents"]
+            assert acknowledged > 0
+            # Space again: the next run makes the daemon try the store, which
+            # first indexes every event it had acknowledged.
+            filler.unlink()
+            again = wire.call("run.start", {"policy_path": str(agent_policy(tmp_path, [], name="after"))})
+            events.until(kind_is("run.end", again["id"]))
+            assert wire.call("status")["accepting_runs"] is True
+            stored = [e["event"] for e in stored_events(wire, info["id"])]
+            allowed = [e for e in stored if e["kind"] == "intent" and e["detail"]["verdict"] == "allow"]
+            assert len(allowed) >= acknowledged
+            assert wire.call("verify")["ok"] is True
+    finally:
+        sp.run(["umount", "-l", str(state)], check=False)
