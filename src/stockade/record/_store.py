@@ -6,10 +6,17 @@ with ``synchronous=FULL``: ``append`` returns only once its events are on the
 disk, one transaction per call, and readers (``query``, ``verify``, other
 processes such as ``stockade export``) read a consistent snapshot on their own
 connections while the daemon writes. docs/RECORD.md describes the file.
+
+The daemon writes through ``_journaled.JournaledStore`` instead: an event is
+acknowledged once it is in the journal ``<path>.journal`` and reaches SQLite
+a moment later (after a crash, at the daemon's next start). So a read-only
+store reads the journal too and serves the events it holds beyond SQLite's
+last one after SQLite's rows (``_journal_tail``); a writable one never does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -31,6 +38,8 @@ from stockade.record._chain import (
     hash_payload,
 )
 from stockade.record._event import Event
+from stockade.record._journal import SUFFIX, JournalRecord, read_records
+from stockade.record._journal_tail import Tail, TailEvent, indexed_fields, tail_after
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x53544B44
@@ -60,14 +69,20 @@ _INSERT = (
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _COLUMNS = ("run", "cell", "kind", "layer", "outcome")
-_VERIFY = (
+_VERIFY_SELECT = (
     "SELECT seq, prev, hash, CAST(json AS BLOB), "
     # SQLite compares the indexed columns with the JSON (in C: four times
     # faster than json.loads); a row that fails is looked at again in Python.
     "CASE WHEN json_valid(json) AND instr(json, '\\u0000') = 0 THEN time = json_extract(json, '$.time') "
     + "".join(f"AND {c} IS json_extract(json, '$.{c}') " for c in _COLUMNS)
-    + "ELSE 0 END, time, run, cell, kind, layer, outcome FROM events ORDER BY seq"
+    + "ELSE 0 END, time, run, cell, kind, layer, outcome FROM events "
 )
+_VERIFY = _VERIFY_SELECT + "ORDER BY seq"
+_VERIFY_AFTER = _VERIFY_SELECT + "WHERE seq > ? ORDER BY seq"
+"""The rows a read-only store has not walked yet when it looks again (see _journal_tail)."""
+_JOURNAL_TRIES = 3
+"""How many times a read-only store reads the journal and SQLite again when
+the journal does not resume right after SQLite (see _journal_tail)."""
 _BUSY_TIMEOUT = 10.0
 """Seconds a connection waits for another's lock (a second writer, or a
 checkpoint) before giving up with SQLITE_BUSY."""
@@ -333,38 +348,52 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path, "read") from exc
         try:
-            clauses = ["seq > ?"]
-            params: list[Any] = [after_seq]
-            if since is not None:
-                # Times are not in seq order (a kernel stamp can be older than
-                # the event stored before it), so the time index cannot give
-                # the rows in order; it gives the first seq that can match,
-                # and the rows are then read in seq order from there.
-                first = conn.execute(
-                    "SELECT min(seq) FROM events INDEXED BY events_time WHERE time >= ?", (since,)
-                ).fetchone()[0]
-                if first is None:
-                    return
-                clauses += ["seq >= ?", "time >= ?"]
-                params += [first, float(since)]
-            if run is not None:
-                clauses.append("run = ?")
-                params.append(run)
-            if cell is not None:
-                clauses.append("cell = ?")
-                params.append(cell)
-            sql = f"SELECT seq, hash, prev, json FROM events WHERE {' AND '.join(clauses)} ORDER BY seq"
-            if limit is not None:
-                sql += " LIMIT ?"
-                params.append(limit)
-            cursor = conn.execute(sql, params)
-            while rows := cursor.fetchmany(_FETCH):
-                for seq, digest, prev, raw in rows:
-                    yield _stored(self.path, seq, digest, prev, raw)
+            if self.readonly:
+                yield from self._rows_and_tail(conn, since, run, cell, after_seq, limit)
+            else:
+                yield from self._select(conn, since, run, cell, after_seq, limit)
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path, "read") from exc
         finally:
             conn.close()
+
+    def _select(
+        self,
+        conn: sqlite3.Connection,
+        since: float | None,
+        run: str | None,
+        cell: str | None,
+        after_seq: int,
+        limit: int | None,
+    ) -> Iterator[StoredEvent]:
+        clauses = ["seq > ?"]
+        params: list[Any] = [after_seq]
+        if since is not None:
+            # Times are not in seq order (a kernel stamp can be older than
+            # the event stored before it), so the time index cannot give
+            # the rows in order; it gives the first seq that can match,
+            # and the rows are then read in seq order from there.
+            first = conn.execute(
+                "SELECT min(seq) FROM events INDEXED BY events_time WHERE time >= ?", (since,)
+            ).fetchone()[0]
+            if first is None:
+                return
+            clauses += ["seq >= ?", "time >= ?"]
+            params += [first, float(since)]
+        if run is not None:
+            clauses.append("run = ?")
+            params.append(run)
+        if cell is not None:
+            clauses.append("cell = ?")
+            params.append(cell)
+        sql = f"SELECT seq, hash, prev, json FROM events WHERE {' AND '.join(clauses)} ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        cursor = conn.execute(sql, params)
+        while rows := cursor.fetchmany(_FETCH):
+            for seq, digest, prev, raw in rows:
+                yield _stored(self.path, seq, digest, prev, raw)
 
     def last_seq(self) -> int:
         with self._lock:
@@ -372,6 +401,8 @@ class SqliteStore:
                 self._check_open()
             assert self._conn is not None
             try:
+                if self.readonly:
+                    return self._last_seq_with_tail(self._conn)
                 row = self._conn.execute("SELECT max(seq) FROM events").fetchone()
             except sqlite3.Error as exc:
                 raise _store_error(exc, self.path, "read") from exc
@@ -387,11 +418,27 @@ class SqliteStore:
         try:
             # Bytes, not text: a tampered row need not even be valid UTF-8.
             conn.text_factory = bytes
-            cursor = conn.execute(_VERIFY)
+            if self.readonly:
+                return self._verify_with_tail(conn, verifier)
+            self._walk(conn, verifier, None)
+        except sqlite3.Error as exc:
+            raise _store_error(exc, self.path, "read") from exc
+        finally:
+            conn.close()
+        return verifier.result()
+
+    def _walk(self, conn: sqlite3.Connection, verifier: ChainVerifier, after_seq: int | None) -> bool:
+        """Feed the rows to ``verifier`` (all of them, or those numbered above
+        ``after_seq``); False at the first bad one."""
+        # All of them means no WHERE: a row slipped in with a seq of 0 or
+        # below must reach the verifier too.
+        sql, params = (_VERIFY, ()) if after_seq is None else (_VERIFY_AFTER, (after_seq,))
+        cursor = conn.execute(sql, params)
+        try:
             while rows := cursor.fetchmany(_FETCH):
                 for seq, prev, digest, payload, consistent, *columns in rows:
                     if verifier.check(seq, _text(prev), _text(digest), payload or b"") is not None:
-                        return verifier.result()
+                        return False
                     if not consistent:
                         # Python's reading is the reference: SQLite's JSON
                         # functions cut a string at an escaped NUL, so such
@@ -399,28 +446,177 @@ class SqliteStore:
                         problem = _columns_problem(payload, columns)
                         if problem is not None:
                             verifier.fail(seq, f"event {seq} was altered: {problem}")
-                            return verifier.result()
-        except sqlite3.Error as exc:
-            raise _store_error(exc, self.path, "read") from exc
+                            return False
         finally:
-            conn.close()
-        return verifier.result()
+            cursor.close()  # a walk that stops early ends its read before the caller's COMMIT
+        return True
 
     def stored_json(self, seq: int) -> str | None:
         """The stored JSON of event ``seq`` as it is in the file (even if it is
-        not valid), or None when there is no such event: to show a bad event."""
+        not valid), or None when there is no such event: to show a bad event.
+        A read-only store also looks in the daemon's journal beyond SQLite's
+        last event, whether or not it continues the chain."""
         self._check_open()
         try:
             conn = self._connect_reader()
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path, "read") from exc
         try:
+            records = self._journal_records(conn) if self.readonly else []
+            conn.execute("BEGIN")  # the row and the head from one snapshot
             row = conn.execute("SELECT CAST(json AS BLOB) FROM events WHERE seq = ?", (seq,)).fetchone()
+            head, last_hash = _head(conn) if records else (0, GENESIS)
+            conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path, "read") from exc
         finally:
             conn.close()
-        return None if row is None else bytes(row[0] or b"").decode("utf-8", "replace")
+        if row is not None:
+            return bytes(row[0] or b"").decode("utf-8", "replace")
+        for event in tail_after(records, head, last_hash).events:
+            if event.seq == seq:
+                return event.payload.decode("utf-8", "replace")
+        return None
+
+    # -- the daemon's journal (read-only stores) ---------------------------
+    #
+    # Only a read-only store reads the journal: the daemon's own store
+    # (``JournaledStore``) copies it in when it opens and waits for its
+    # indexer before it reads. _journal_tail says why the journal is read
+    # before each SQLite snapshot and not after.
+
+    def _journal_records(self, conn: sqlite3.Connection) -> list[JournalRecord]:
+        """The journal's records that reach beyond what SQLite holds now."""
+        cursor = conn.execute("SELECT max(seq) FROM events")
+        try:
+            known = cursor.fetchone()[0]
+        finally:
+            # Ends this statement's read: the snapshot the caller takes next
+            # must begin after the journal was read, not before.
+            cursor.close()
+        return read_records(self.path + SUFFIX, after_seq=int(known or 0))
+
+    def _rows_and_tail(
+        self,
+        conn: sqlite3.Connection,
+        since: float | None,
+        run: str | None,
+        cell: str | None,
+        after_seq: int,
+        limit: int | None,
+    ) -> Iterator[StoredEvent]:
+        left = limit
+        for _ in range(_JOURNAL_TRIES):
+            records = self._journal_records(conn)
+            if not records:
+                yield from self._select(conn, since, run, cell, after_seq, left)
+                return
+            conn.execute("BEGIN")  # the head and the rows from one snapshot
+            head, last_hash = _head(conn)
+            for stored in self._select(conn, since, run, cell, after_seq, left):
+                yield stored
+                if left is not None:
+                    left -= 1
+            conn.execute("COMMIT")
+            if left == 0:
+                return  # SQLite's rows were enough; what follows them is not asked for
+            tail = tail_after(records, head, last_hash)
+            if tail.gap:
+                # Not from a live daemon (see _journal_tail): look again from
+                # where these rows ended before calling it an error.
+                after_seq = max(after_seq, head)
+                continue
+            for event in tail.continuing():
+                if event.seq <= after_seq or not self._matches(event, since, run, cell):
+                    continue
+                yield _stored(self.path, event.seq, event.hash, event.prev, self._journal_text(event))
+                if left is not None:
+                    left -= 1
+                    if left == 0:
+                        return
+            return
+        raise self._gap_error(tail)
+
+    def _last_seq_with_tail(self, conn: sqlite3.Connection) -> int:
+        for _ in range(_JOURNAL_TRIES):
+            records = self._journal_records(conn)
+            head, last_hash = _head(conn)
+            tail = tail_after(records, head, last_hash)
+            if not tail.gap:
+                continuing = tail.continuing()
+                return continuing[-1].seq if continuing else head
+        raise self._gap_error(tail)
+
+    def _verify_with_tail(self, conn: sqlite3.Connection, verifier: ChainVerifier) -> VerifyResult:
+        after_seq: int | None = None
+        for attempt in range(1, _JOURNAL_TRIES + 1):
+            records = self._journal_records(conn)
+            conn.execute("BEGIN")  # the head and the rows from one snapshot
+            head, last_hash = _head(conn)
+            intact = self._walk(conn, verifier, after_seq)
+            conn.execute("COMMIT")
+            if not intact or not records:
+                return verifier.result()
+            tail = tail_after(records, head, last_hash)
+            if tail.gap and attempt < _JOURNAL_TRIES:
+                after_seq = head
+                continue
+            # The tail goes through the same verifier: a gap, or an event
+            # that does not continue SQLite's chain, is a break like any other.
+            for event in tail.events:
+                if verifier.check(event.seq, event.prev, event.hash, event.payload) is not None:
+                    break
+                fields = indexed_fields(event.payload)
+                if isinstance(fields, str):
+                    verifier.fail(event.seq, f"event {event.seq} was altered: {fields}")
+                    break
+            result = verifier.result()
+            if result.first_bad_seq is not None and result.first_bad_seq > head:
+                where = (
+                    f"; events after {head} are not in SQLite yet but in the daemon's journal "
+                    f"{self.path + SUFFIX} (the daemon will refuse to start on it: keep both files "
+                    "for inspection)"
+                )
+                return dataclasses.replace(result, reason=result.reason + where)
+            return result
+        raise AssertionError("unreachable: the last attempt always returns")
+
+    def _matches(self, event: TailEvent, since: float | None, run: str | None, cell: str | None) -> bool:
+        """Whether ``query``'s filters keep ``event``, as SQLite's WHERE would keep its row."""
+        if since is None and run is None and cell is None:
+            return True
+        fields = indexed_fields(event.payload)
+        if isinstance(fields, str):
+            raise StoreError(
+                f"event {event.seq} in the daemon's journal {self.path + SUFFIX} is not a valid event "
+                f"({fields}); run `stockade verify --db {self.path}`",
+                path=self.path,
+            )
+        return (
+            (since is None or fields.time >= since)
+            and (run is None or fields.run == run)
+            and (cell is None or fields.cell == cell)
+        )
+
+    def _journal_text(self, event: TailEvent) -> str:
+        try:
+            return event.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StoreError(
+                f"event {event.seq} in the daemon's journal {self.path + SUFFIX} is not a valid event "
+                f"(it is not UTF-8 text); run `stockade verify --db {self.path}`",
+                path=self.path,
+            ) from None
+
+    def _gap_error(self, tail: Tail) -> StoreError:
+        resumes = tail.events[0].seq
+        return StoreError(
+            f"cannot read the event store {self.path}: the daemon's journal {self.path + SUFFIX} "
+            f"resumes at event {resumes} but the store ends at event {tail.after}, so events "
+            f"{tail.after + 1} to {resumes - 1} are in neither; keep both files for inspection and "
+            f"run `stockade verify --db {self.path}`",
+            path=self.path,
+        )
 
     # -- lifetime ----------------------------------------------------------
 
@@ -453,7 +649,10 @@ def open_store(path: str, *, readonly: bool = False) -> SqliteStore:
 
     ``readonly=True`` opens an existing store for reading only (``stockade
     verify`` and ``export``), safely while a daemon writes it; ``append`` then
-    raises ``StoreError``.
+    raises ``StoreError``. Its reads include the events the daemon acknowledged
+    that are still only in its journal (``<path>.journal``, read, never
+    written; see the module docstring), and raise ``StoreError`` when that
+    journal cannot be read or resumes after a gap.
 
     Raises:
         StoreError: the file cannot be created or opened, cannot be written
@@ -463,6 +662,12 @@ def open_store(path: str, *, readonly: bool = False) -> SqliteStore:
 
 
 # -- helpers ---------------------------------------------------------------
+
+
+def _head(conn: sqlite3.Connection) -> tuple[int, str]:
+    """SQLite's last event: its number and hash (0 and the genesis hash when empty)."""
+    row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+    return (int(row[0]), _text(row[1])) if row else (0, GENESIS)
 
 
 def _create_file(path: str) -> None:
