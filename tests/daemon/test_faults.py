@@ -312,6 +312,9 @@ def test_a_really_full_disk_halts_the_run_and_loses_no_acknowledged_event(tmp_pa
             seen = follow.call("run.logs", {"run": info["id"], "follow": True})["data"]
             while "blocking" not in seen:
                 seen += follow.push()["event"]["data"]
+            # Everything so far indexed first: the disk fills under the agent's
+            # intents, not under the run's start.
+            assert stored_events(wire, info["id"])
             filler = state / "filler"
             with open(filler, "wb", buffering=0) as f:  # every byte the filesystem has left
                 for size in (1 << 20, 4096, 1):

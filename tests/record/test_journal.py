@@ -445,6 +445,32 @@ def test_an_indexer_failure_refuses_appends_until_its_cause_is_gone(
     assert sqlite_seqs(db) == [1, 2]
 
 
+def test_an_indexer_bug_is_a_store_failure_not_a_hang(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any exception in the indexer (not only StoreError) becomes the store's
+    failure: appends and drains are refused with it instead of waiting for a
+    thread that died."""
+    broken = threading.Event()
+    broken.set()
+    failures: list[StoreError] = []
+    insert = JournaledStore._insert
+
+    def buggy_insert(self: JournaledStore, rows: Any) -> None:
+        if threading.current_thread().name == "stockade-indexer" and broken.is_set():
+            raise AssertionError("a bug in the indexer")
+        insert(self, rows)
+
+    monkeypatch.setattr(JournaledStore, "_insert", buggy_insert)
+    with open_journaled_store(db, journal_size=4096, on_failure=failures.append) as store:
+        store.append([make_event(0)])
+        with pytest.raises(StoreError, match=r"the indexer failed .*a bug in the indexer"):
+            for n in range(1, 200):  # the wrap drains: it must raise, not hang
+                store.append([make_event(n)])
+        assert failures and "a bug in the indexer" in str(failures[0])
+        broken.clear()
+        store.append([make_event(999)])
+        assert store.verify().ok
+
+
 # -- read-only readers ----------------------------------------------------------
 
 

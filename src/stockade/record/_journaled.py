@@ -138,6 +138,7 @@ class JournaledStore(SqliteStore):
                         self._cond.notify_all()
             else:
                 # Bigger than the whole journal: straight into SQLite, flushed.
+                # In order: the failed ``fits`` above drained the indexer first.
                 self._insert(rows)
                 self._flush_sqlite()
                 with self._cond:
@@ -164,7 +165,8 @@ class JournaledStore(SqliteStore):
             while self._indexed < self._head_seq and self._failure is None:
                 self._cond.wait()
             if self._failure is not None:
-                raise self._failure
+                # A new exception each time: re-raising one object would grow its traceback.
+                raise StoreError(str(self._failure), path=self.path) from self._failure
 
     def _urge(self) -> None:
         """Someone waits for the indexer (under ``_cond``): it goes at once."""
@@ -220,7 +222,12 @@ class JournaledStore(SqliteStore):
             rows = [row for batch in batches for row in batch]
             try:
                 self._insert(rows)
-            except StoreError as exc:
+            except Exception as exc:  # whatever it is, the indexer must not die silently
+                if not isinstance(exc, StoreError):
+                    exc = StoreError(
+                        f"cannot write the event store {self.path}: the indexer failed ({exc!r})",
+                        path=self.path,
+                    )
                 with self._cond:
                     self._failure = exc
                     self._cond.notify_all()
