@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,44 @@ def test_a_policy_with_a_way_out_needs_the_gateway(
     code, report, err = _json(capsys, ["--policy", str(open_)])
     assert code == 5 and report["ok"] is False
     assert "gateway: sockets in a cell's network" in err
+
+
+def test_the_record_checks_look_at_the_state_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, report, err = _json(capsys, ["--state", str(tmp_path / "state")])
+    assert code == 0, err
+    checks = {c["name"]: c for c in report["record"]}
+    assert checks["state directory"]["ok"] is True and "will create it" in checks["state directory"]["here"]
+    assert checks["a local filesystem"]["ok"] is True
+    assert checks["room for the record"]["ok"] is True and "free" in checks["room for the record"]["here"]
+    # A file where the directory should be.
+    (tmp_path / "file").write_text("")
+    code, report, err = _json(capsys, ["--state", str(tmp_path / "file")])
+    assert code == 5 and report["ok"] is False
+    assert "record: state directory" in err
+    bad = next(c for c in report["record"] if c["name"] == "state directory")
+    assert "not a directory" in bad["here"] and bad["fix"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_full_or_read_only_state_directory_exits_5_with_the_fix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], check=True)
+    try:
+        code, report, err = _json(capsys, ["--state", str(small / "state")])
+        assert code == 5 and "record: room for the record" in err
+        room = next(c for c in report["record"] if c["name"] == "room for the record")
+        assert room["ok"] is False and "MiB" in room["here"] and "free at least" in room["fix"]
+        subprocess.run(["mount", "-o", "remount,ro", str(small)], check=True)
+        code, report, err = _json(capsys, ["--state", str(small / "state")])
+        assert code == 5 and "record: a local filesystem" in err
+        local = next(c for c in report["record"] if c["name"] == "a local filesystem")
+        assert "read-only" in local["here"] and local["fix"]
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

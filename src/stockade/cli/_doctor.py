@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from stockade.cell._host import Finding, HostFacts
     from stockade.gateway._host import GatewayCheck
     from stockade.policy import Policy
+    from stockade.record._host import RecordCheck
 
 
 @click.command("doctor")
@@ -29,8 +30,15 @@ if TYPE_CHECKING:
     default=None,
     help="Check what this policy file needs (default: the built-in default policy).",
 )
+@click.option(
+    "--state",
+    "state",
+    metavar="DIR",
+    default=None,
+    help="The daemon's state directory to check (default: $STOCKADE_STATE, else the daemon's default).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the facts and verdicts as JSON.")
-def doctor(policy_file: str | None, as_json: bool) -> None:
+def doctor(policy_file: str | None, state: str | None, as_json: bool) -> None:
     """Show which containment layers this host offers and what a policy needs.
 
     Exits 0 when every layer the policy needs is here, 5 when one is missing,
@@ -45,12 +53,18 @@ def doctor(policy_file: str | None, as_json: bool) -> None:
     from stockade.gateway._host import probe_gateway
 
     gateway = probe_gateway()
+    from stockade.daemon._paths import state_dir
+    from stockade.record._host import probe_record
+
+    record = probe_record(state_dir(state))
     if as_json:
-        _print_json(facts, policy, findings, gateway)
+        _print_json(facts, policy, findings, gateway, record)
     else:
         _print_tables(facts, policy, findings)
         _print_gateway(policy, gateway)
+        _print_record(record)
     missing = [f.requirement.feature for f in findings if not f.met]
+    missing += [f"record: {c.name}" for c in record if not c.ok]
     if _wants_network(policy):
         missing += [f"gateway: {c.name}" for c in gateway if c.needed and not c.ok]
     if missing:
@@ -113,13 +127,19 @@ def _plain(fact: Any) -> dict[str, Any]:
 
 
 def _print_json(
-    facts: HostFacts, policy: Policy, findings: list[Finding], gateway: list[GatewayCheck]
+    facts: HostFacts,
+    policy: Policy,
+    findings: list[Finding],
+    gateway: list[GatewayCheck],
+    record: list[RecordCheck],
 ) -> None:
     import dataclasses
     import json
 
     data = report(facts, policy, findings)
     data["gateway"] = [dataclasses.asdict(check) for check in gateway]
+    data["record"] = [dataclasses.asdict(check) for check in record]
+    data["ok"] = data["ok"] and all(c.ok for c in record)
     if _wants_network(policy):
         data["ok"] = data["ok"] and all(c.ok for c in gateway if c.needed)
     click.echo(json.dumps(data, indent=2))
@@ -146,6 +166,25 @@ def _print_gateway(policy: Policy, gateway: list[GatewayCheck]) -> None:
     if _wants_network(policy) and any(c.needed and not c.ok for c in gateway):
         console.print(
             f"[red]Policy {policy.name!r} gives its agent a way out, which this host cannot serve.[/red]"
+        )
+
+
+def _print_record(record: list[RecordCheck]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title="What the record needs (docs/RECORD.md)", title_justify="left")
+    table.add_column("", width=1)
+    table.add_column("check", style="bold")
+    table.add_column("here")
+    for check in record:
+        mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
+        table.add_row(mark, check.name, check.here + (f" — {check.fix}" if check.fix else ""))
+    console.print(table)
+    if any(not c.ok for c in record):
+        console.print(
+            "[red]The daemon cannot record here, so it would not start: every run needs the record.[/red]"
         )
 
 

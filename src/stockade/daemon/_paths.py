@@ -8,6 +8,7 @@ directory:
 
 ```
 events.db                 the event store (SQLite, WAL)
+events.db.journal         its journal: acknowledged events before SQLite has them (32 MiB)
 daemon.sock               the control socket (0600)
 runs/<id>/run.json        what the run is, and how it ended
 runs/<id>/transcript.log  the agent's stdout and stderr, capped
