@@ -108,6 +108,7 @@ class Journal:
                     os.ftruncate(fd, have)
                     raise _error(exc, path, "allocate") from exc
                 os.fsync(fd)  # the allocation (the file's size) itself
+                _fsync_directory(os.path.dirname(os.path.abspath(path)))  # and its name
             return cls(path, fd, max(have, size))
         except BaseException:
             os.close(fd)
@@ -264,6 +265,21 @@ def _read_error(exc: OSError, path: str) -> StoreError:
     else:
         why = f"{exc.strerror} (errno {exc.errno}); check the disk"
     return StoreError(f"cannot read the event store's journal {path}: {why}", path=path)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make a new file's directory entry durable: without it, a power loss
+    could take the whole journal, and every record in it, away."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _error(exc, directory, "open") from exc
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise _error(exc, directory, "flush") from exc
+    finally:
+        os.close(fd)
 
 
 def _error(exc: OSError, path: str, doing: str) -> StoreError:
