@@ -152,17 +152,10 @@ def _wants_network(policy: Policy) -> bool:
 
 def _print_gateway(policy: Policy, gateway: list[GatewayCheck]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(highlight=False)
-    table = Table(title="What the gateway needs (docs/GATEWAY.md)", title_justify="left")
-    table.add_column("", width=1)
-    table.add_column("check", style="bold")
-    table.add_column("here")
-    for check in gateway:
-        mark = "[green]✓[/green]" if check.ok else ("[red]✗[/red]" if check.needed else "[yellow]![/yellow]")
-        table.add_row(mark, check.name, check.here + (f" — {check.fix}" if check.fix else ""))
-    console.print(table)
+    rows = [(c.ok, c.needed, c.name, c.here, c.fix) for c in gateway]
+    console.print(_checks_table("What the gateway needs (docs/GATEWAY.md)", rows))
     if _wants_network(policy) and any(c.needed and not c.ok for c in gateway):
         console.print(
             f"[red]Policy {policy.name!r} gives its agent a way out, which this host cannot serve.[/red]"
@@ -171,21 +164,28 @@ def _print_gateway(policy: Policy, gateway: list[GatewayCheck]) -> None:
 
 def _print_record(record: list[RecordCheck]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(highlight=False)
-    table = Table(title="What the record needs (docs/RECORD.md)", title_justify="left")
-    table.add_column("", width=1)
-    table.add_column("check", style="bold")
-    table.add_column("here")
-    for check in record:
-        mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
-        table.add_row(mark, check.name, check.here + (f" — {check.fix}" if check.fix else ""))
-    console.print(table)
+    rows = [(c.ok, True, c.name, c.here, c.fix) for c in record]
+    console.print(_checks_table("What the record needs (docs/RECORD.md)", rows))
     if any(not c.ok for c in record):
         console.print(
             "[red]The daemon cannot record here, so it would not start: every run needs the record.[/red]"
         )
+
+
+def _checks_table(title: str, rows: list[tuple[bool, bool, str, str, str | None]]) -> Any:
+    """A table of (ok, needed, name, what is here, fix) checks: ✓, ✗ or ! (not needed)."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("", width=1)
+    table.add_column("check", style="bold")
+    table.add_column("here")
+    for ok, needed, name, here, fix in rows:
+        mark = "[green]✓[/green]" if ok else ("[red]✗[/red]" if needed else "[yellow]![/yellow]")
+        table.add_row(mark, name, here + (f" — {fix}" if fix else ""))
+    return table
 
 
 # --------------------------------------------------------------------------- tables

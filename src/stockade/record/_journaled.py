@@ -36,7 +36,7 @@ from stockade.errors import StoreError
 from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, hash_payload
 from stockade.record._event import Event
 from stockade.record._journal import DEFAULT_SIZE, SUFFIX, Journal
-from stockade.record._store import _INSERT, SqliteStore, _prepare, _rollback, _store_error
+from stockade.record._store import _INSERT, SqliteStore, _chain, _prepare, _rollback, _store_error
 
 Row = tuple[Any, ...]
 
@@ -94,31 +94,10 @@ class JournaledStore(SqliteStore):
             self._check_open()
             if self._failure is not None:
                 self._retry()
-            seq, prev = self._head_seq, self._head_hash
-            first_prev = prev
-            rows: list[Row] = []
-            stored: list[StoredEvent] = []
-            payloads: list[bytes] = []
-            for event, d, raw, payload in prepared:
-                seq += 1
-                digest = hash_payload(prev, seq, payload)
-                rows.append(
-                    (
-                        seq,
-                        d["time"],
-                        d["run"],
-                        d["cell"],
-                        d["kind"],
-                        d["layer"],
-                        d["outcome"],
-                        raw,
-                        prev,
-                        digest,
-                    )
-                )
-                stored.append(StoredEvent(seq, digest, prev, event, raw))
-                payloads.append(payload)
-                prev = digest
+            first_prev = self._head_hash
+            rows, stored = _chain(prepared, self._head_seq, first_prev)
+            seq, prev = rows[-1][0], rows[-1][-1]
+            payloads = [payload for _event, _d, _raw, payload in prepared]
             record = self.journal.encode(rows[0][0], first_prev, payloads)
             if not self.journal.fits(record):
                 # Full: SQLite gets everything and is flushed; then the file is

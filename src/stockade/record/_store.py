@@ -279,27 +279,7 @@ class SqliteStore:
                 # correct even if another process appended (it should not).
                 row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
                 seq, prev = (int(row[0]), str(row[1])) if row else (0, GENESIS)
-                rows: list[tuple[Any, ...]] = []
-                stored: list[StoredEvent] = []
-                for event, d, raw, payload in prepared:
-                    seq += 1
-                    digest = hash_payload(prev, seq, payload)
-                    rows.append(
-                        (
-                            seq,
-                            d["time"],
-                            d["run"],
-                            d["cell"],
-                            d["kind"],
-                            d["layer"],
-                            d["outcome"],
-                            raw,
-                            prev,
-                            digest,
-                        )
-                    )
-                    stored.append(StoredEvent(seq, digest, prev, event, raw))
-                    prev = digest
+                rows, stored = _chain(prepared, seq, prev)
                 conn.executemany(_INSERT, rows)
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
@@ -700,6 +680,24 @@ def _prepare(event: Event) -> tuple[Event, dict[str, Any], str, bytes]:
             "(valid Unicode), numbers, booleans, None, lists and dicts in its detail"
         ) from exc
     return event, d, raw, payload
+
+
+def _chain(
+    prepared: Sequence[tuple[Event, dict[str, Any], str, bytes]], seq: int, prev: str
+) -> tuple[list[tuple[Any, ...]], list[StoredEvent]]:
+    """Number and chain ``prepared`` events after event ``seq`` whose hash is
+    ``prev``: their rows (``_INSERT``'s columns) and their stored events."""
+    rows: list[tuple[Any, ...]] = []
+    stored: list[StoredEvent] = []
+    for event, d, raw, payload in prepared:
+        seq += 1
+        digest = hash_payload(prev, seq, payload)
+        rows.append(
+            (seq, d["time"], d["run"], d["cell"], d["kind"], d["layer"], d["outcome"], raw, prev, digest)
+        )
+        stored.append(StoredEvent(seq, digest, prev, event, raw))
+        prev = digest
+    return rows, stored
 
 
 def _stored(path: str, seq: int, digest: str, prev: str, raw: str | bytes) -> StoredEvent:
