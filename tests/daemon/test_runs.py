@@ -379,7 +379,7 @@ def test_large_reads_exec_in_a_workbench_and_questions(tmp_path: Path) -> None:
 
 
 def test_a_cell_cannot_make_the_daemon_hold_much_for_it(tmp_path: Path) -> None:
-    from stockade.daemon._server import BROKER_BUFFER_BUDGET, MAX_BROKER_CONNECTIONS
+    from stockade.daemon._peer import BROKER_BUFFER_BUDGET, MAX_BROKER_CONNECTIONS
 
     granted = tmp_path / "granted"
     read = {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}

@@ -4,7 +4,8 @@ This is the only module of the daemon that touches sockets. It reads bytes,
 feeds them to the sans-I/O ``Connection`` (``stockade.broker._protocol``),
 hands each request to ``Runs`` or answers it here, and writes what comes back.
 It runs on one asyncio loop; cells run in threads of their own (``_runs``),
-and the store is written by the recorder's thread (``_bus``).
+and the store is written by the recorder (``_bus``). One connection is a
+``_peer.Peer``.
 
 What keeps one peer from hurting the others:
 
@@ -24,7 +25,6 @@ What keeps one peer from hurting the others:
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import fcntl
 import os
@@ -32,16 +32,14 @@ import resource
 import signal
 import socket
 import stat
-import struct
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from stockade import __version__
-from stockade.broker._protocol import MAX_FRAME, Connection, ErrorCode, ProtocolViolation, Request
+from stockade.broker._protocol import MAX_FRAME, Request
 from stockade.daemon import _paths
 from stockade.daemon._bus import (
     EventBus,
@@ -51,29 +49,18 @@ from stockade.daemon._bus import (
     export_page,
     noted_store_error,
 )
+from stockade.daemon._peer import MAX_BROKER_CONNECTIONS, MAX_INFLIGHT, Peer
 from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs
 from stockade.daemon._tools import record_tool_call
-from stockade.errors import DaemonError, ProtocolError, StockadeError, StoreError
+from stockade.errors import DaemonError, StockadeError, StoreError
 from stockade.gateway._options import GatewayOptions
 from stockade.record import Event
 from stockade.record._chain import StoredEvent
 
-MAX_INFLIGHT = 64
-"""Requests of one connection served at once; more wait, and reading pauses."""
-MAX_BROKER_CONNECTIONS = 64
-"""Connections one run's broker socket takes at once."""
-BROKER_MAX_FRAME = 24 * 1024 * 1024
-"""The frame limit of a broker socket: a 16 MiB read or write is a frame of
-about 21.4 MiB (docs/BROKER.md), so the control socket's 1 MiB is too small."""
-BROKER_BUFFER_BUDGET = 64 * 1024 * 1024
-"""Bytes of unfinished frames all of one run's broker connections may hold at
-once; past it the connection that asked for more is closed. A cell cannot make
-the daemon hold more than this for it, whatever its memory limit."""
 SUBSCRIBER_BUFFER = 4 * 1024 * 1024
 """Bytes of pushes a subscriber may leave unread before it is dropped."""
 STOP_GRACE = 10.0
 """Seconds runs get to end when the daemon stops (SIGTERM), before they are killed."""
-_UCRED = struct.Struct("3i")
 
 
 class Daemon:
@@ -99,7 +86,7 @@ class Daemon:
         self.subscriber_buffer = subscriber_buffer
         self.started = time.time()
         self.bus = EventBus()
-        self._peers: set[_Peer] = set()
+        self._peers: set[Peer] = set()
         self._server: asyncio.AbstractServer | None = None
         self._stopped: asyncio.Event | None = None
         self._stopping = False
@@ -147,7 +134,7 @@ class Daemon:
             await asyncio.to_thread(_sweep_stale_cells)
             await recorder.record_soon(events)
             self._server = await loop.create_unix_server(
-                lambda: _Peer(self, None), sock=_listen(self.socket_path, os.getuid(), os.getgid())
+                lambda: Peer(self, None), sock=_listen(self.socket_path, os.getuid(), os.getgid())
             )
         except BaseException:
             await self._release()
@@ -254,7 +241,7 @@ class Daemon:
         """Listen on ``path`` for ``run``'s cell: 0600, owned by the cell's host uid."""
         assert self._loop is not None
         sock = _listen(path, uid, gid)
-        server = await self._loop.create_unix_server(lambda: _Peer(self, run), sock=sock)
+        server = await self._loop.create_unix_server(lambda: Peer(self, run), sock=sock)
 
         def close() -> None:
             server.close()
@@ -265,7 +252,7 @@ class Daemon:
 
     # ------------------------------------------------------------------ requests
 
-    async def control(self, peer: _Peer, req: Request) -> dict[str, Any]:
+    async def control(self, peer: Peer, req: Request) -> dict[str, Any]:
         """Serve one request of the control socket; its result.
 
         Raises:
@@ -345,7 +332,7 @@ class Daemon:
             "approvals.list, approvals.decide (docs/PROTOCOL.md)",
         )
 
-    async def broker(self, peer: _Peer, req: Request) -> dict[str, Any]:
+    async def broker(self, peer: Peer, req: Request) -> dict[str, Any]:
         assert self.runs is not None and peer.run is not None
         if req.method == "tool.record":
             return await record_tool_call(self.runs, peer.run, req.params, cell=peer.cell)
@@ -385,7 +372,7 @@ class Daemon:
             "store": store,
         }
 
-    async def _logs(self, peer: _Peer, p: Mapping[str, Any]) -> dict[str, Any]:
+    async def _logs(self, peer: Peer, p: Mapping[str, Any]) -> dict[str, Any]:
         assert self.runs is not None
         found = self.runs.find(p.get("run"))
         run_id = found.id if isinstance(found, Run) else str(found["id"])
@@ -416,7 +403,7 @@ class Daemon:
         """Bytes of unfinished frames held for ``run``'s broker connections."""
         return sum(p.conn.buffered for p in self._peers if p.run is run)
 
-    def register(self, peer: _Peer) -> bool:
+    def register(self, peer: Peer) -> bool:
         if (
             peer.run is not None
             and sum(1 for p in self._peers if p.run is peer.run) >= MAX_BROKER_CONNECTIONS
@@ -425,7 +412,7 @@ class Daemon:
         self._peers.add(peer)
         return True
 
-    def forget(self, peer: _Peer) -> None:
+    def forget(self, peer: Peer) -> None:
         self._peers.discard(peer)
         self.bus.drop_owner(peer)
         if self.runs is None or self._stopping:
@@ -437,211 +424,7 @@ class Daemon:
                 asyncio.get_running_loop().create_task(self.runs.stop(run, grace=0.0, by="its client left"))
 
 
-# --------------------------------------------------------------------------- one connection
-
-
-class _Peer(asyncio.Protocol):
-    """One connection, to the control socket (``run`` is None) or to a run's broker socket.
-
-    Control requests are served concurrently (a ``run.stop`` that waits does
-    not hold up an ``approvals.decide``); a broker connection's intents are
-    served one after the other, in order, as an agent expects.
-    """
-
-    def __init__(self, daemon: Daemon, run: Run | None) -> None:
-        self.daemon = daemon
-        self.run = run
-        self.conn = Connection(max_frame=daemon.max_frame if run is None else BROKER_MAX_FRAME)
-        self.transport: asyncio.Transport | None = None
-        self.cell = ""
-        self.who = "operator"
-        self.owned: set[str] = set()
-        self.sub_ids: list[int] = []
-        self._backlog: deque[Request] = deque()
-        self._inflight = 0
-        self._paused_reading = False
-        self._writing_paused = False
-        self._closing = False
-        self._decoders: dict[int, codecs.IncrementalDecoder] = {}
-
-    # -- asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        if not self.daemon.register(self):
-            transport.write(
-                self.conn.fail(
-                    0, "unavailable", f"this run has {MAX_BROKER_CONNECTIONS} connections open; close one"
-                )
-            )
-            transport.close()
-            self._closing = True
-            return
-        sock = transport.get_extra_info("socket")
-        pid, uid = _peer_cred(sock)
-        if self.run is None:
-            self.who = _user_name(uid)
-        elif pid > 0:
-            self.cell = _cell_of(pid)
-
-    def data_received(self, data: bytes) -> None:
-        for item in self.conn.receive(data):
-            if isinstance(item, ProtocolViolation):
-                self.write(self.conn.fail(item.id, item.code, item.message))
-            else:
-                self._backlog.append(item)
-        if self.conn.closed:
-            self.close()
-            return
-        if (
-            self.run is not None
-            and self.conn.buffered
-            and self.daemon.buffered(self.run) > BROKER_BUFFER_BUDGET
-        ):
-            self.write(
-                self.conn.fail(
-                    0,
-                    "too_large",
-                    f"this run's connections hold more than {BROKER_BUFFER_BUDGET >> 20} MiB of unfinished "
-                    "frames; send one large intent at a time",
-                )
-            )
-            self.close()
-            return
-        self._pump()
-
-    def eof_received(self) -> bool | None:
-        # A peer that stops mid-frame is simply gone; nothing was half-served.
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
-        self._backlog.clear()
-        self.daemon.forget(self)
-
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-        self._set_reading()
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        self._set_reading()
-
-    # -- serving
-
-    def _pump(self) -> None:
-        limit = 1 if self.run is not None else MAX_INFLIGHT
-        while self._backlog and self._inflight < limit and not self._closing:
-            req = self._backlog.popleft()
-            self._inflight += 1
-            asyncio.get_running_loop().create_task(self._serve(req))
-        self._set_reading()
-
-    def _set_reading(self) -> None:
-        if self.transport is None or self._closing:
-            return
-        want_pause = self._writing_paused or len(self._backlog) >= MAX_INFLIGHT
-        if want_pause and not self._paused_reading:
-            self.transport.pause_reading()
-            self._paused_reading = True
-        elif not want_pause and self._paused_reading:
-            self.transport.resume_reading()
-            self._paused_reading = False
-
-    async def _serve(self, req: Request) -> None:
-        try:
-            if self.run is not None:
-                result = await self.daemon.broker(self, req)
-            else:
-                result = await self.daemon.control(self, req)
-            frame = self.conn.respond(req.id, result)
-        except RequestError as exc:
-            frame = self.conn.fail(req.id, _code(exc.code), str(exc))
-        except StoreError as exc:
-            frame = self.conn.fail(req.id, "unavailable", f"the event store cannot write: {exc}")
-        except StockadeError as exc:
-            frame = self.conn.fail(req.id, "internal", str(exc))
-        except Exception as exc:  # a bug: say so, keep serving
-            print(f"stockade: internal error serving {req.method}: {exc!r}", file=sys.stderr)
-            frame = self.conn.fail(req.id, "internal", f"the daemon failed serving {req.method}: {exc!r}")
-        self.write(frame)
-        self._inflight -= 1
-        self._pump()
-
-    def write(self, frame: bytes) -> None:
-        if self.transport is not None and not self._closing:
-            self.transport.write(frame)
-
-    def close(self) -> None:
-        if self.transport is not None and not self._closing:
-            self._closing = True
-            self.transport.close()
-
-    # -- pushes
-
-    def _room(self) -> bool:
-        return (
-            self.transport is not None
-            and not self._closing
-            and self.transport.get_write_buffer_size() <= self.daemon.subscriber_buffer
-        )
-
-    def push_event(self, sub: int, message: dict[str, Any]) -> bool:
-        """A subscription's ``send``: False (after a last push saying so) when it fell behind."""
-        if self._closing:
-            return False
-        if not self._room():
-            self._push_dropped(sub)
-            return False
-        try:
-            self.write(self.conn.push(sub, message))
-        except ProtocolError:
-            pass  # too large for a frame (it cannot be: events are smaller); skip it
-        return True
-
-    def push_output(self, sub: int, stream: int, offset: int, data: bytes) -> bool:
-        """A transcript follower's ``send``."""
-        if self._closing:
-            return False
-        if not self._room():
-            self._push_dropped(sub)
-            return False
-        decoder = self._decoders.get(sub)
-        if decoder is None:
-            decoder = self._decoders[sub] = codecs.getincrementaldecoder("utf-8")("replace")
-        text = decoder.decode(data)
-        # A chunk is at most 64 KiB of output: its push fits a frame.
-        message = {
-            "kind": "run.output",
-            "stream": "stdout" if stream == 1 else "stderr",
-            "offset": offset,
-            "data": text,
-        }
-        with contextlib.suppress(ProtocolError):
-            self.write(self.conn.push(sub, message))
-        return True
-
-    def push_end(self, sub: int, info: dict[str, Any]) -> None:
-        """A transcript follower's ``end``: the run is over."""
-        self._decoders.pop(sub, None)
-        with contextlib.suppress(ProtocolError):
-            self.write(self.conn.push(sub, {"kind": "run.ended", "run": info}))
-
-    def _push_dropped(self, sub: int) -> None:
-        # One small frame past the limit, so the client knows why the stream stopped.
-        note = {"kind": "subscription.dropped", "reason": "the client fell behind; subscribe again"}
-        with contextlib.suppress(ProtocolError):
-            self.write(self.conn.push(sub, note))
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def _code(code: str) -> ErrorCode:
-    from stockade.broker._protocol import ERROR_CODES
-
-    return code if code in ERROR_CODES else "internal"
 
 
 def _listen(path: str, uid: int, gid: int) -> socket.socket:
@@ -704,41 +487,6 @@ def _check_stale_socket(path: str) -> None:
     finally:
         probe.close()
     raise DaemonError(f"a daemon is already listening on {path}; stop it, or give this one another --socket")
-
-
-def _peer_cred(sock: socket.socket | None) -> tuple[int, int]:
-    if sock is None:
-        return 0, -1
-    try:
-        pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    except OSError:
-        return 0, -1
-    return pid, uid
-
-
-def _user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _cell_of(pid: int) -> str:
-    """The cell a process belongs to, from its cgroup (``…/stockade/<cell>@<pid>``); '' if none."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        parts = path.split("/")
-        for i, part in enumerate(parts[:-1]):
-            if part == "stockade" and "@" in parts[i + 1]:
-                return parts[i + 1].rpartition("@")[0]
-    return ""
 
 
 def _tail(path: str, lines: int | None) -> tuple[bytes, int, bool]:
