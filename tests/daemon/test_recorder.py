@@ -135,3 +135,27 @@ def test_other_threads_record_through_the_loop_and_wait_until_durable(tmp_path: 
             await asyncio.to_thread(recorder.close)
 
     asyncio.run(main())
+
+
+def test_a_thread_recording_as_the_loop_ends_gets_an_error_not_a_hang(tmp_path: Path) -> None:
+    loop = asyncio.new_event_loop()
+    recorder, _ = _recorder(tmp_path, loop)
+    outcome: list[object] = []
+
+    def from_thread() -> None:
+        try:
+            outcome.append(recorder.record([_event(1)]))
+        except StoreError as exc:
+            outcome.append(exc)
+
+    # The thread hands its events to a loop that never runs again.
+    thread = threading.Thread(target=from_thread)
+    thread.start()
+    while not loop._ready:  # type: ignore[attr-defined]  # its callback is queued
+        thread.join(0.01)
+    loop.close()
+    thread.join(10)
+    assert not thread.is_alive(), "record() waited for ever on a closed loop"
+    assert len(outcome) == 1 and isinstance(outcome[0], StoreError)
+    assert "ended before" in str(outcome[0])
+    recorder.close()

@@ -150,7 +150,16 @@ class Recorder:
             raise StoreError(
                 f"the daemon is ending; {len(events)} events were not recorded", path=self.path
             ) from None
-        return waiter.result()
+        while True:
+            try:
+                return waiter.result(timeout=0.5)
+            except concurrent.futures.TimeoutError:
+                # A loop that stopped with our callback still queued never runs
+                # it: say so rather than wait for ever.
+                if self._loop.is_closed():
+                    raise StoreError(
+                        f"the daemon ended before {len(events)} events were recorded", path=self.path
+                    ) from None
 
     @property
     def store(self) -> JournaledStore:
