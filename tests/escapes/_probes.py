@@ -16,11 +16,14 @@ kept) and ``sys_call(name_or_nr, *args)``, a raw ``syscall(2)`` that raises
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -265,6 +268,38 @@ def assert_no_denials(probe: Probe, *, layers: Iterable[str] = ("landlock", "sec
     wanted = set(layers)
     extra = [e for e in probe.denials() if e.layer in wanted]
     assert not extra, f"unexpected refusals:\n{probe.transcript()}"
+
+
+MOUNT_RECORDED = {errno.EROFS: "EROFS", errno.EBUSY: "EBUSY"}
+"""What the read-only mount layer refuses that the kernel audit rules of
+``stockade.record._audit_mount`` record. A rename across mounts (EXDEV) is
+not: an ordinary ``mv`` between two mounts meets it too."""
+EXDEV_GAP = "a rename across mounts (EXDEV) is not recorded: an ordinary mv between mounts meets it too"
+
+
+def mount_records(probe: Probe, outcome: Outcome, *paths: Path | str) -> list[Event]:
+    """The mount layer's records of a refused attempt: events of layer
+    ``mount`` with the attempt's errno, naming one of ``paths`` (the file, or
+    the directory it would have been made in)."""
+    code = MOUNT_RECORDED.get(outcome.errno or 0)
+    wanted = {os.path.normpath(str(p)) for p in paths}
+    return [
+        e
+        for e in probe.denials("mount")
+        if code is not None
+        and e.detail.get("errno") == code
+        and os.path.normpath(str(e.detail.get("path"))) in wanted
+        and code in e.summary
+    ]
+
+
+def assert_mount_refusal(probe: Probe, outcome: Outcome, *paths: Path | str) -> Event:
+    """The attempt failed with EROFS or EBUSY and that is on record (``mount_records``)."""
+    assert outcome.errno in MOUNT_RECORDED, f"{outcome}: not a refusal the mount layer records"
+    found = mount_records(probe, outcome, *paths)
+    assert found, f"no mount-layer record of {outcome} on {sorted(map(str, paths))}:\n{probe.transcript()}"
+    assert found[0].outcome == "denied" and found[0].kind == "cell.denied" and found[0].detail.get("comm")
+    return found[0]
 
 
 def expect_record(probe: Probe, found: list[Event], what: str, *, gap: str | None) -> None:

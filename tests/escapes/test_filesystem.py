@@ -32,14 +32,17 @@ from tests.escapes._fshost import (
     with_fs,
 )
 from tests.escapes._probes import (
+    EXDEV_GAP,
     PYTHON,
     Attempt,
     assert_landlock_denial,
+    assert_mount_refusal,
     assert_refused,
     assert_seccomp_denial,
     assert_works,
     expect_record,
     leaked,
+    mount_records,
     run_probe,
     script,
 )
@@ -641,6 +644,17 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
     else:
         assert not os.path.lexists(target), f"{rel} was left behind on the host"
     assert (ws / ".git" / "HEAD").read_text().endswith("#")
+    # Each attempt is on record (the kernel audit rules of record/_audit_mount).
+    assert_mount_refusal(probe, probe["write"], target, target.parent)
+    assert_mount_refusal(probe, probe["delete"], target, target.parent)
+    assert not [e for e in probe.denials("mount") if "control" in e.summary or "HEAD" in str(e.detail)]
+    replace = probe["replace"]
+    expect_record(
+        probe,
+        mount_records(probe, replace, target, target.parent),
+        "the replacing rename",
+        gap=EXDEV_GAP if replace.errno == EXDEV else None,
+    )
 
 
 @pytest.mark.parametrize("present", [False, True], ids=["absent", "present"])
@@ -668,6 +682,8 @@ def test_rename_of_a_protected_parent(host_dir: Path, parent: str, present: bool
     assert_refused(probe["rename"], EBUSY)
     assert_refused(probe["plant"], EROFS)
     assert assert_works(probe["control"]) is True
+    assert_mount_refusal(probe, probe["rename"], ws / parent)
+    assert_mount_refusal(probe, probe["plant"], ws / ".git" / "hooks" / "pre-commit", ws / ".git" / "hooks")
     hook = ws / ".git" / "hooks" / "pre-commit"
     assert (hook.read_text() == "original .git/hooks/pre-commit\n") if present else not hook.exists()
     assert not (ws / f"{parent}-moved").exists()

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Final
 from stockade._netns import initial
 from stockade.errors import HostError
 from stockade.record._audit_core import AUDIT_USER_AVC, AuditCorrelator
+from stockade.record._audit_mount import AUDIT_ADD_RULE, rule_payloads
 from stockade.record._event import Event
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ _STATUS = struct.Struct("=11I")
 """``struct audit_status`` (Linux 5.10+ layout, 44 bytes); older kernels send
 fewer fields, which are read as zero."""
 
-_INTERESTING: Final = frozenset({1107, 1300, 1320, 1326, 1423, 1424})
+_INTERESTING: Final = frozenset({1107, 1300, 1302, 1307, 1320, 1326, 1423, 1424})
 _FIX = (
     "run stockade as root on the host, not inside a container (it needs CAP_AUDIT_READ and CAP_AUDIT_CONTROL)"
 )
@@ -239,6 +240,25 @@ class AuditReader:
                     os.strerror(reply.error),
                     backlog_limit,
                 )
+
+        self.mount_rules_error: str | None = None
+        """Why the rules that record refusals of read-only mounts could not be
+        added (``_audit_mount``); None when they are in place. They stay when
+        the reader closes, as auditing stays on: another reader may need them."""
+        for payload in rule_payloads():
+            reply = self._request(AUDIT_ADD_RULE, payload, timeout, reply=False)
+            if reply.error and reply.error != errno.EEXIST and self.mount_rules_error is None:
+                self.mount_rules_error = os.strerror(reply.error)
+        if self.mount_rules_error is not None:
+            # Not fatal: Landlock and seccomp are still recorded; every cell's
+            # record says what it lacks (``cell.audit_lost``, reason "rules").
+            why = "the audit configuration is locked (auditctl -e 2)" if locked else self.mount_rules_error
+            self._core.mount_rules_missing = why
+            _log().warning(
+                "cannot add the kernel audit rules that record refusals of read-only mounts (%s); "
+                "writes to protected files will be refused but not recorded",
+                why,
+            )
 
     def _set(self, mask: int, *, timeout: float, enabled: int = 0, backlog_limit: int = 0) -> _Waiter:
         """AUDIT_SET one field of ``struct audit_status`` (the others are ignored by mask)."""

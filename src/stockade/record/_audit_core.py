@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES, X32_SYSCALL_BIT
+from stockade.record._audit_mount import AUDIT_CWD, AUDIT_PATH, KEY_FIELD, MountRefusal, mount_event_detail
 from stockade.record._event import Event, Outcome
 
 # Message types, from <linux/audit.h>.
@@ -82,7 +83,7 @@ KIND_DENIED: Final = "cell.denied"
 KIND_AUDITED: Final = "cell.audited"
 KIND_LOST: Final = "cell.audit_lost"
 
-LossReason = Literal["overrun", "kernel", "landlock_count", "cap"]
+LossReason = Literal["overrun", "kernel", "landlock_count", "cap", "rules"]
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,7 @@ def lost_event(cell: str, reason: LossReason, count: int | None, when: float) ->
         "kernel": "the kernel's audit backlog or rate limit dropped them",
         "landlock_count": "the Landlock domain counted more denials than were logged",
         "cap": "the cell passed the limit of denials kept per run; they were counted, not kept",
+        "rules": "the kernel audit rules that record refusals of read-only mounts could not be added",
     }[reason]
     return Event(
         kind=KIND_LOST,
@@ -307,6 +309,20 @@ def lost_event(cell: str, reason: LossReason, count: int | None, when: float) ->
         detail={"reason": reason, "count": count},
         time=when,
         summary=f"{n} kernel audit records were lost ({why}); denials of this cell may be missing",
+    )
+
+
+def mount_event(cell: str, refusal: MountRefusal) -> Event:
+    """The event for a system call a read-only mount (or a mount point) refused."""
+    detail, summary = mount_event_detail(refusal)
+    return Event(
+        kind=KIND_DENIED,
+        cell=cell,
+        layer="mount",
+        outcome="denied",
+        detail=detail,
+        time=refusal.time,
+        summary=summary,
     )
 
 
@@ -369,7 +385,15 @@ class AuditCorrelator:
         self._domains: dict[str, _Domain] = {}
         self._groups: OrderedDict[int, _Group] = OrderedDict()
         self._limbo: deque[tuple[float, AuditRecord, AuditRecord | None]] = deque(maxlen=limbo_size)
+        # Refusals of read-only mounts (``_audit_mount``): gathered by serial,
+        # and kept a while for a cell not watched yet, like the limbo above.
+        self._mount: OrderedDict[int, MountRefusal] = OrderedDict()
+        self._mount_limbo: deque[tuple[float, MountRefusal]] = deque(maxlen=limbo_size)
         self._events: dict[str, list[Event]] = {}
+        self.mount_rules_missing: str | None = None
+        """Set by the reader when the rules of ``_audit_mount`` are not in
+        place: each cell's events then say so once."""
+        self._told: set[str] = set()
 
     # -- cells --
 
@@ -399,6 +423,7 @@ class AuditCorrelator:
             del self._domains[dom]
         self._events.pop(cell, None)
         self._overflow.pop(cell, None)
+        self._told.discard(cell)
 
     def watched(self) -> list[str]:
         return list(self._watches)
@@ -409,6 +434,9 @@ class AuditCorrelator:
         dropped = self._overflow.pop(cell, 0)
         if dropped:
             events = [*(events or []), lost_event(cell, "cap", dropped, time.time())]
+        if self.mount_rules_missing is not None and cell not in self._told and cell in self._watches:
+            self._told.add(cell)
+            events = [*(events or []), lost_event(cell, "rules", None, time.time())]
         if not events:
             return []
         self._events[cell] = []
@@ -417,9 +445,12 @@ class AuditCorrelator:
     # -- records --
 
     def wants(self, msg_type: int) -> bool:
-        """False for a SYSCALL or EOE record while no Landlock record waits for
-        one: the reader then skips decoding it (most of a denial storm)."""
-        return bool(self._groups) or msg_type not in (AUDIT_SYSCALL, AUDIT_EOE)
+        """False for an EOE, PATH or CWD record while no Landlock record nor
+        refused system call waits for one: the reader then skips decoding it.
+        A SYSCALL record is always wanted: it may begin a mount refusal."""
+        if msg_type in (AUDIT_EOE, AUDIT_PATH, AUDIT_CWD):
+            return bool(self._groups) or bool(self._mount)
+        return True
 
     def feed(self, msg_type: int, body: str, now: float) -> tuple[list[Event], str | None]:
         """Process one netlink audit message.
@@ -436,15 +467,10 @@ class AuditCorrelator:
             if m is not None and stamp is not None:
                 marker = f"{m[1]}:{m[2]}"
                 self._finish_before(int(stamp[3]), out)
-        elif msg_type in (AUDIT_SYSCALL, AUDIT_EOE):
+        elif msg_type in (AUDIT_SYSCALL, AUDIT_EOE, AUDIT_PATH, AUDIT_CWD):
             stamp = _STAMP.match(body)
-            group = self._groups.get(int(stamp[3])) if stamp is not None else None
-            if group is not None and stamp is not None:
-                if msg_type == AUDIT_SYSCALL:
-                    fields = parse_syscall_fields(body[stamp.end() :])
-                    group.syscall = AuditRecord(msg_type, 0.0, 0, fields)
-                del self._groups[int(stamp[3])]
-                self._finish(group, now, out)
+            if stamp is not None:
+                self._syscall_part(msg_type, body, stamp, now, out)
         elif msg_type == AUDIT_SECCOMP:
             rec = parse_record(msg_type, body)
             if rec is not None:
@@ -482,6 +508,45 @@ class AuditCorrelator:
 
     # -- internals --
 
+    def _syscall_part(
+        self, msg_type: int, body: str, stamp: re.Match[str], now: float, out: list[Event]
+    ) -> None:
+        """A SYSCALL, EOE, PATH or CWD record: the end of a Landlock group, or a
+        part of a refused system call (``_audit_mount``)."""
+        serial = int(stamp[3])
+        group = self._groups.get(serial)
+        if group is not None:
+            if msg_type == AUDIT_SYSCALL:
+                fields = parse_syscall_fields(body[stamp.end() :])
+                group.syscall = AuditRecord(msg_type, 0.0, 0, fields)
+            if msg_type in (AUDIT_SYSCALL, AUDIT_EOE):
+                del self._groups[serial]
+                self._finish(group, now, out)
+            return
+        if msg_type == AUDIT_SYSCALL:
+            if KEY_FIELD in body:
+                when = int(stamp[1]) + int(stamp[2]) / 1000
+                self._mount[serial] = MountRefusal(now, when, parse_fields(body[stamp.end() :]))
+            return
+        refusal = self._mount.get(serial)
+        if refusal is None:
+            return
+        if msg_type == AUDIT_EOE:
+            del self._mount[serial]
+            self._finish_mount(refusal, now, out)
+        elif msg_type == AUDIT_CWD:
+            refusal.cwd = parse_fields(body[stamp.end() :]).get("cwd")
+        else:
+            fields = parse_fields(body[stamp.end() :])
+            refusal.paths.append((fields.get("name", ""), fields.get("nametype", "")))
+
+    def _finish_mount(self, refusal: MountRefusal, now: float, out: list[Event]) -> None:
+        cell = self._by_session.get(refusal.session or AUDIT_SID_UNSET)
+        if cell is None:
+            self._mount_limbo.append((now, refusal))
+        else:
+            self._emit(mount_event(cell, refusal), out)
+
     def _emit(self, event: Event, out: list[Event]) -> None:
         bucket = self._events.get(event.cell)
         if bucket is not None:
@@ -492,6 +557,12 @@ class AuditCorrelator:
             out.append(event)
 
     def _expire(self, now: float, out: list[Event]) -> None:
+        while self._mount:
+            serial, refusal = next(iter(self._mount.items()))
+            if now - refusal.arrived < self._group_ttl and len(self._mount) <= self._max_groups:
+                break
+            del self._mount[serial]
+            self._finish_mount(refusal, now, out)
         # A group whose task has no audit context never gets SYSCALL or EOE.
         while self._groups:
             serial, group = next(iter(self._groups.items()))
@@ -504,6 +575,9 @@ class AuditCorrelator:
         for s in [s for s in self._groups if serial is None or s < serial]:
             group = self._groups.pop(s)
             self._finish(group, group.arrived, out)
+        for s in [s for s in self._mount if serial is None or s < serial]:
+            refusal = self._mount.pop(s)
+            self._finish_mount(refusal, refusal.arrived, out)
 
     def _finish(self, group: _Group, now: float, out: list[Event]) -> None:
         # The domain record follows the access record that first showed it: learn first.
@@ -562,9 +636,22 @@ class AuditCorrelator:
             return
         self._emit(lost_event(info.cell, "landlock_count", denials - info.logged, rec.time), out)
 
+    def _replay_mount_limbo(self, now: float, out: list[Event]) -> None:
+        while self._mount_limbo and now - self._mount_limbo[0][0] > self._limbo_ttl:
+            self._mount_limbo.popleft()
+        waiting = list(self._mount_limbo)
+        self._mount_limbo.clear()
+        for arrived, refusal in waiting:
+            cell = self._by_session.get(refusal.session or AUDIT_SID_UNSET)
+            if cell is None:
+                self._mount_limbo.append((arrived, refusal))
+            else:
+                self._emit(mount_event(cell, refusal), out)
+
     def _replay_limbo(self, now: float, out: list[Event] | None = None) -> list[Event]:
         """Attribute what limbo holds that a newly watched cell or learnt domain claims."""
         out = [] if out is None else out
+        self._replay_mount_limbo(now, out)
         while self._limbo and now - self._limbo[0][0] > self._limbo_ttl:
             self._limbo.popleft()
         if not self._limbo:

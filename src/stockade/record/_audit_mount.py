@@ -1,0 +1,172 @@
+"""Refusals of the cell's read-only mounts, from the kernel audit log (sans-I/O).
+
+A cell's protected files (``.git/hooks``, ``.bashrc``, the policy file…) and
+read-only grants inside a writable tree are read-only mounts. A write there
+fails with ``EROFS`` in the VFS (``mnt_want_write``), and a rename or removal
+of one of their mount points with ``EBUSY``, before any security hook runs:
+Landlock never sees them, so they leave no Landlock record. To record them
+anyway, the audit reader installs two kernel audit rules on the syscall-exit
+filter (``rule_payloads``), the equivalent of::
+
+    -a always,exit -F arch=b64 -S all -F exit=-EROFS -F loginuid_set=1 -k stockade-vfs
+    -a always,exit -F arch=b64 -S rename,renameat,renameat2,unlink,unlinkat,rmdir \\
+        -F exit=-EBUSY -F loginuid_set=1 -k stockade-vfs
+
+Every cell runs in an audit session of its own (the launcher sets its
+loginuid), so the rules match its processes; the correlator keeps only the
+records whose ``ses`` is a watched cell's. Processes of logged-in users on the
+host match too, but such failures are rare, and their records are dropped.
+
+For each matching system call the kernel sends, under one serial, a
+``1300 SYSCALL`` record (``success=no exit=-30 … ses= comm= exe= key="stockade-vfs"``),
+``1307 CWD``, one ``1302 PATH`` record per name the call looked up
+(``name=`` as the process passed it, ``nametype=PARENT|NORMAL|CREATE|DELETE``),
+``1327 PROCTITLE`` (never read: it may hold a token) and ``1320 EOE``.
+``MountRefusal`` gathers them; ``mount_event`` makes the event.
+
+Written by hand because no library builds ``struct audit_rule_data``
+(``<linux/audit.h>``) short of linking libaudit.
+"""
+
+from __future__ import annotations
+
+import os.path
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES
+
+AUDIT_PATH: Final = 1302
+AUDIT_CWD: Final = 1307
+AUDIT_ADD_RULE: Final = 1011
+RULE_KEY: Final = "stockade-vfs"
+KEY_FIELD: Final = f'key="{RULE_KEY}"'
+"""How the key appears in a SYSCALL record's body: a cheap test before parsing."""
+
+_AUDIT_FILTER_EXIT: Final = 0x04
+_AUDIT_ALWAYS: Final = 2
+_AUDIT_EQUAL: Final = 0x40000000
+_AUDIT_ARCH: Final = 11
+_AUDIT_LOGINUID_SET: Final = 24
+_AUDIT_EXIT: Final = 103
+_AUDIT_FILTERKEY: Final = 210
+_AUDIT_BITMASK_SIZE: Final = 64
+_AUDIT_MAX_FIELDS: Final = 64
+
+EROFS: Final = 30
+EBUSY: Final = 16
+_ERRNO_NAMES: Final = {EROFS: "EROFS", EBUSY: "EBUSY"}
+_WHY: Final = {EROFS: "a read-only mount", EBUSY: "a mount point"}
+_MOUNT_POINT_CALLS: Final = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir")
+
+
+def _rule(errno_value: int, syscalls: tuple[str, ...] | None) -> bytes:
+    """One ``struct audit_rule_data`` for the exit filter (see the module docstring)."""
+    mask = [0xFFFFFFFF] * _AUDIT_BITMASK_SIZE if syscalls is None else [0] * _AUDIT_BITMASK_SIZE
+    if syscalls is not None:
+        numbers = {name: nr for nr, name in SYSCALL_NAMES.items()}
+        for name in syscalls:
+            nr = numbers[name]
+            mask[nr // 32] |= 1 << (nr % 32)
+    key = RULE_KEY.encode()
+    pairs = [
+        (_AUDIT_ARCH, AUDIT_ARCH_X86_64),
+        (_AUDIT_EXIT, (-errno_value) & 0xFFFFFFFF),
+        (_AUDIT_LOGINUID_SET, 1),
+        (_AUDIT_FILTERKEY, len(key)),
+    ]
+    pad = [0] * (_AUDIT_MAX_FIELDS - len(pairs))
+    return (
+        struct.pack(
+            f"=III{_AUDIT_BITMASK_SIZE}I{_AUDIT_MAX_FIELDS}I{_AUDIT_MAX_FIELDS}I{_AUDIT_MAX_FIELDS}II",
+            _AUDIT_FILTER_EXIT,
+            _AUDIT_ALWAYS,
+            len(pairs),
+            *mask,
+            *[f for f, _ in pairs],
+            *pad,
+            *[v for _, v in pairs],
+            *pad,
+            *[_AUDIT_EQUAL] * len(pairs),
+            *pad,
+            len(key),
+        )
+        + key
+    )
+
+
+def rule_payloads() -> tuple[bytes, ...]:
+    """The two ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
+    return (_rule(EROFS, None), _rule(EBUSY, _MOUNT_POINT_CALLS))
+
+
+@dataclass
+class MountRefusal:
+    """The records of one refused system call, gathered under its serial."""
+
+    arrived: float
+    time: float
+    syscall: dict[str, str]
+    cwd: str | None = None
+    paths: list[tuple[str, str]] = field(default_factory=list)
+    """(name, nametype) of each PATH record, in the kernel's order."""
+
+    @property
+    def session(self) -> int | None:
+        try:
+            return int(self.syscall.get("ses", ""))
+        except ValueError:
+            return None
+
+
+def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
+    """The event's detail and summary for a gathered refusal."""
+    s = refusal.syscall
+    nr = _int(s.get("syscall"))
+    name = SYSCALL_NAMES.get(nr) if nr is not None and _int(s.get("arch"), 16) == AUDIT_ARCH_X86_64 else None
+    code = -(_int(s.get("exit")) or 0)
+    paths = [_absolute(p, refusal.cwd) for p, kind in refusal.paths if kind != "PARENT"]
+    if not paths:  # a name the call would have created: the kernel logs only its directory
+        paths = [_absolute(p, refusal.cwd) for p, _kind in refusal.paths]
+    detail: dict[str, Any] = {
+        "syscall": name,
+        "nr": nr,
+        "errno": _ERRNO_NAMES.get(code, code),
+        "paths": paths,
+        "pid": _int(s.get("pid")),
+        "comm": s.get("comm"),
+        "exe": s.get("exe"),
+    }
+    if paths:
+        detail["path"] = paths[0]
+    what = f"{name or f'system call {nr}'} of {paths[0]}" if paths else (name or f"system call {nr}")
+    why = _WHY.get(code, f"errno {code}")
+    return detail, f"{what} refused: {why} ({_ERRNO_NAMES.get(code, code)})"
+
+
+def _absolute(name: str, cwd: str | None) -> str:
+    if os.path.isabs(name) or not cwd:
+        return os.path.normpath(name) if os.path.isabs(name) else name
+    return os.path.normpath(os.path.join(cwd, name))
+
+
+def _int(value: str | None, base: int = 10) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value, base)
+    except ValueError:
+        return None
+
+
+__all__ = [
+    "AUDIT_ADD_RULE",
+    "AUDIT_CWD",
+    "AUDIT_PATH",
+    "KEY_FIELD",
+    "RULE_KEY",
+    "MountRefusal",
+    "mount_event_detail",
+    "rule_payloads",
+]

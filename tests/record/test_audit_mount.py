@@ -1,0 +1,113 @@
+"""Refusals of read-only mounts from the kernel audit log: the rules' bytes and
+the correlator's events, from records this kernel (6.18) sent (sans-I/O)."""
+
+from __future__ import annotations
+
+import struct
+
+from stockade.record._audit_core import AUDIT_EOE, AUDIT_SYSCALL, AuditCorrelator
+from stockade.record._audit_mount import AUDIT_CWD, AUDIT_PATH, RULE_KEY, rule_payloads
+
+SERIAL = 14724090
+SYSCALL = (
+    f"audit(1795976400.720:{SERIAL}): arch=c000003e syscall=257 success=no exit=-30 a0=ffffff9c "
+    "a1=7f1282d9f890 a2=80241 a3=1b6 items=1 ppid=15982 pid=15985 auid=54321 uid=0 gid=0 euid=0 "
+    'suid=0 fsuid=0 egid=0 sgid=0 fsgid=0 tty=(none) ses=37084 comm="python" '
+    f'exe="/usr/bin/python3.11" key="{RULE_KEY}"'
+)
+CWD = f'audit(1795976400.720:{SERIAL}): cwd="/work/ws"'
+PATH_PARENT = (
+    f'audit(1795976400.720:{SERIAL}): item=0 name=".git/hooks/" inode=2179075 dev=fe:00 mode=040755 '
+    "ouid=0 ogid=0 rdev=00:00 nametype=PARENT cap_fp=0 cap_fi=0 cap_fe=0 cap_fver=0 cap_frootid=0"
+)
+PATH_NORMAL = (
+    PATH_PARENT.replace("item=0", "item=1")
+    .replace('name=".git/hooks/"', 'name=".git/hooks/pre-commit"')
+    .replace("nametype=PARENT", "nametype=NORMAL")
+)
+EOE = f"audit(1795976400.720:{SERIAL}): "
+
+
+def _feed(core: AuditCorrelator, records: list[tuple[int, str]], now: float = 100.0) -> list[object]:
+    out: list[object] = []
+    for msg_type, body in records:
+        if core.wants(msg_type):
+            out.extend(core.feed(msg_type, body, now)[0])
+    return out
+
+
+def test_a_refused_write_becomes_one_event_of_the_mount_layer() -> None:
+    core = AuditCorrelator()
+    core.watch("c1", session=37084, pid=15985, now=100.0)
+    events = _feed(
+        core,
+        [
+            (AUDIT_SYSCALL, SYSCALL),
+            (AUDIT_CWD, CWD),
+            (AUDIT_PATH, PATH_PARENT),
+            (AUDIT_PATH, PATH_NORMAL),
+            (AUDIT_EOE, EOE),
+        ],
+    )
+    assert len(events) == 1
+    event = events[0]
+    assert (event.kind, event.layer, event.outcome, event.cell) == ("cell.denied", "mount", "denied", "c1")  # type: ignore[attr-defined]
+    detail = event.detail  # type: ignore[attr-defined]
+    assert detail["syscall"] == "openat" and detail["errno"] == "EROFS"
+    assert detail["path"] == "/work/ws/.git/hooks/pre-commit" and detail["pid"] == 15985
+    assert event.summary == "openat of /work/ws/.git/hooks/pre-commit refused: a read-only mount (EROFS)"  # type: ignore[attr-defined]
+    assert core.take("c1") == events
+
+
+def test_a_name_that_would_have_been_created_is_named_by_its_directory() -> None:
+    core = AuditCorrelator()
+    core.watch("c1", session=37084, pid=15985, now=100.0)
+    (event,) = _feed(
+        core, [(AUDIT_SYSCALL, SYSCALL), (AUDIT_CWD, CWD), (AUDIT_PATH, PATH_PARENT), (AUDIT_EOE, EOE)]
+    )
+    assert event.detail["path"] == "/work/ws/.git/hooks"  # type: ignore[attr-defined]
+
+
+def test_records_of_other_sessions_and_without_the_key_make_nothing() -> None:
+    core = AuditCorrelator()
+    core.watch("c1", session=1, pid=2, now=100.0)
+    assert (
+        _feed(core, [(AUDIT_SYSCALL, SYSCALL), (AUDIT_CWD, CWD), (AUDIT_PATH, PATH_NORMAL), (AUDIT_EOE, EOE)])
+        == []
+    )
+    other = SYSCALL.replace(f'key="{RULE_KEY}"', "key=(null)")
+    assert _feed(core, [(AUDIT_SYSCALL, other), (AUDIT_EOE, EOE)]) == []
+    # Nothing waits: the reader is told not to decode the records that follow.
+    assert not core.wants(AUDIT_PATH) and not core.wants(AUDIT_EOE) and core.wants(AUDIT_SYSCALL)
+
+
+def test_a_cell_watched_a_moment_later_still_gets_its_refusal() -> None:
+    core = AuditCorrelator()
+    assert _feed(core, [(AUDIT_SYSCALL, SYSCALL), (AUDIT_PATH, PATH_NORMAL), (AUDIT_EOE, EOE)]) == []
+    late = core.watch("c1", session=37084, pid=15985, now=101.0)
+    assert [e.layer for e in late] == ["mount"]
+
+
+def test_a_refusal_without_its_eoe_is_finished_by_the_barrier_or_by_time() -> None:
+    core = AuditCorrelator(group_ttl=0.5)
+    core.watch("c1", session=37084, pid=15985, now=100.0)
+    assert _feed(core, [(AUDIT_SYSCALL, SYSCALL), (AUDIT_PATH, PATH_NORMAL)]) == []
+    assert [e.layer for e in core.flush(100.1)] == ["mount"]
+    assert _feed(core, [(AUDIT_SYSCALL, SYSCALL)], now=100.0) == []
+    later = core.feed(1326, "audit(1795976401.000:1): ses=999", 101.0)[0]  # any record; the group aged out
+    assert [e.layer for e in later] == ["mount"]
+
+
+def test_the_rules_are_exit_filters_for_erofs_and_ebusy_of_processes_with_a_login_uid() -> None:
+    erofs, ebusy = rule_payloads()
+    for rule, code in ((erofs, 30), (ebusy, 16)):
+        flags, action, count = struct.unpack_from("=III", rule)
+        assert (flags, action, count) == (0x04, 2, 4)
+        fields = struct.unpack_from("=4I", rule, 12 + 64 * 4)
+        values = struct.unpack_from("=4I", rule, 12 + 64 * 4 + 64 * 4)
+        assert fields == (11, 103, 24, 210)  # arch, exit, loginuid_set, filterkey
+        assert values[:3] == (0xC000003E, (-code) & 0xFFFFFFFF, 1)
+        assert rule.endswith(RULE_KEY.encode()) and values[3] == len(RULE_KEY)
+    mask = struct.unpack_from("=64I", ebusy, 12)
+    assert sum(bin(m).count("1") for m in mask) == 6  # rename, renameat, renameat2, unlink, unlinkat, rmdir
+    assert all(m == 0xFFFFFFFF for m in struct.unpack_from("=64I", erofs, 12))
