@@ -270,11 +270,10 @@ def assert_no_denials(probe: Probe, *, layers: Iterable[str] = ("landlock", "sec
     assert not extra, f"unexpected refusals:\n{probe.transcript()}"
 
 
-MOUNT_RECORDED = {errno.EROFS: "EROFS", errno.EBUSY: "EBUSY"}
+MOUNT_RECORDED = {errno.EROFS: "EROFS", errno.EBUSY: "EBUSY", errno.EXDEV: "EXDEV"}
 """What the read-only mount layer refuses that the kernel audit rules of
-``stockade.record._audit_mount`` record. A rename across mounts (EXDEV) is
-not: an ordinary ``mv`` between two mounts meets it too."""
-EXDEV_GAP = "a rename across mounts (EXDEV) is not recorded: an ordinary mv between mounts meets it too"
+``stockade.record._audit_mount`` record (an EXDEV only into a protected or
+pinned directory, or a place the cell may not write: see ``Cell``)."""
 
 
 def mount_records(probe: Probe, outcome: Outcome, *paths: Path | str) -> list[Event]:
@@ -294,7 +293,7 @@ def mount_records(probe: Probe, outcome: Outcome, *paths: Path | str) -> list[Ev
 
 
 def assert_mount_refusal(probe: Probe, outcome: Outcome, *paths: Path | str) -> Event:
-    """The attempt failed with EROFS or EBUSY and that is on record (``mount_records``)."""
+    """The attempt failed with EROFS, EBUSY or EXDEV and that is on record (``mount_records``)."""
     assert outcome.errno in MOUNT_RECORDED, f"{outcome}: not a refusal the mount layer records"
     found = mount_records(probe, outcome, *paths)
     assert found, f"no mount-layer record of {outcome} on {sorted(map(str, paths))}:\n{probe.transcript()}"

@@ -32,7 +32,6 @@ from tests.escapes._fshost import (
     with_fs,
 )
 from tests.escapes._probes import (
-    EXDEV_GAP,
     PYTHON,
     Attempt,
     assert_landlock_denial,
@@ -42,7 +41,6 @@ from tests.escapes._probes import (
     assert_works,
     expect_record,
     leaked,
-    mount_records,
     run_probe,
     script,
 )
@@ -614,11 +612,13 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
     itself) are read-only mounts inside the writable workspace, placed even
     when the file does not exist yet. Writing, deleting or renaming over one
     fails: EROFS for a write (the read-only mount refuses in mnt_want_write,
-    before any security hook, so the kernel records nothing), EBUSY for
+    before any security hook, so Landlock records nothing), EBUSY for
     unlink/rename (it is a mount point) or EXDEV for a rename into a pinned
-    directory (another mount); the VFS refuses those, unrecorded. Evidence:
-    the host file is unchanged (or still absent) after the run. The file next
-    to it stays writable (the control)."""
+    directory (another mount). Each refusal is on record through the audit
+    rules of ``record/_audit_mount`` (an EXDEV because it goes into a
+    protected or pinned directory). Evidence: the host
+    file is unchanged (or still absent) after the run. The file next to it
+    stays writable (the control)."""
     ws, policy = _protected_workspace(host_dir, present)
     target = ws / rel
     before = snapshot(target) if present else None
@@ -648,13 +648,7 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
     assert_mount_refusal(probe, probe["write"], target, target.parent)
     assert_mount_refusal(probe, probe["delete"], target, target.parent)
     assert not [e for e in probe.denials("mount") if "control" in e.summary or "HEAD" in str(e.detail)]
-    replace = probe["replace"]
-    expect_record(
-        probe,
-        mount_records(probe, replace, target, target.parent),
-        "the replacing rename",
-        gap=EXDEV_GAP if replace.errno == EXDEV else None,
-    )
+    assert_mount_refusal(probe, probe["replace"], target, target.parent)
 
 
 @pytest.mark.parametrize("present", [False, True], ids=["absent", "present"])
@@ -662,9 +656,10 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
 def test_rename_of_a_protected_parent(host_dir: Path, parent: str, present: bool) -> None:
     """Renaming the directory that holds a protected path (to put a fresh,
     writable one in its place) fails with EBUSY: every directory between the
-    workspace and a protected path is a mount point. The VFS refuses, so the
-    kernel records nothing. Evidence: no hook was planted on the host. An
-    ordinary directory renames fine (the control)."""
+    workspace and a protected path is a mount point. The VFS refuses before
+    Landlock; the audit rules of ``record/_audit_mount`` record the EBUSY and
+    the EROFS. Evidence: no hook was planted on the host, and both refusals
+    are on record. An ordinary directory renames fine (the control)."""
     ws, policy = _protected_workspace(host_dir, present)
     with Cell(policy, workspace=ws, environ={}) as cell:
         probe = run_probe(
@@ -687,6 +682,33 @@ def test_rename_of_a_protected_parent(host_dir: Path, parent: str, present: bool
     hook = ws / ".git" / "hooks" / "pre-commit"
     assert (hook.read_text() == "original .git/hooks/pre-commit\n") if present else not hook.exists()
     assert not (ws / f"{parent}-moved").exists()
+
+
+def test_a_move_between_two_writable_places_is_no_refusal_on_record(host_dir: Path) -> None:
+    """The control of the mount layer's records: ``os.rename`` from the cell's
+    /tmp into the workspace crosses mounts (EXDEV, as for any ``mv``, which
+    then copies). The kernel logs it like a rename into a protected directory,
+    but both places are the cell's to write, so it is not kept; the same
+    rename into ``.git/hooks`` (protected) is."""
+    ws, policy = _protected_workspace(host_dir, present=False)
+    with Cell(policy, workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt(
+                    "move", "open('/tmp/made.txt', 'w').write('x'); os.rename('/tmp/made.txt', 'made.txt')"
+                ),
+                Attempt(
+                    "plant",
+                    "open('/tmp/hook', 'w').write('x'); os.rename('/tmp/hook', '.git/hooks/post-merge')",
+                ),
+            ],
+        )
+    assert_refused(probe["move"], EXDEV)
+    assert_refused(probe["plant"], EXDEV)
+    assert_mount_refusal(probe, probe["plant"], ws / ".git" / "hooks")
+    crossings = [e for e in probe.denials("mount") if e.detail.get("errno") == "EXDEV"]
+    assert len(crossings) == 1, probe.transcript()
 
 
 @pytest.mark.parametrize("rel", [".mcp.json", ".bashrc"])
@@ -717,6 +739,7 @@ def test_protected_file_that_is_a_symlink_into_the_workspace(host_dir: Path, rel
         probe = run_probe(cell, Attempt("write", f"open({rel!r}, 'w').write('evil\\n')"))
     assert_refused(probe["write"], EROFS)
     assert (ws / rel).read_text() == "original\n"
+    assert_mount_refusal(probe, probe["write"], ws / rel)
 
 
 def test_git_dir_that_is_a_symlink_cannot_be_swapped(host_dir: Path) -> None:
@@ -909,8 +932,10 @@ def test_proc_sys_kernel_core_pattern(cell: Cell) -> None:
     """core_pattern names a program the host kernel runs as root on a crash.
     /proc/sys is bind-mounted read-only in the cell, so the write fails with
     EROFS before any security hook (and, without that mount, the discretionary
-    check would refuse: root's file, root unmapped); the kernel records
-    nothing. Evidence: the host's value is unchanged. Reading it works."""
+    check would refuse: root's file, root unmapped). The EROFS is on record
+    (an event of layer ``mount``, from the audit rules of
+    ``record/_audit_mount``). Evidence: the host's value is unchanged. Reading
+    it works."""
     before = Path("/proc/sys/kernel/core_pattern").read_bytes()
     probe = run_probe(
         cell,
@@ -922,6 +947,8 @@ def test_proc_sys_kernel_core_pattern(cell: Cell) -> None:
     assert_refused(probe["write"], EROFS, EACCES)
     assert assert_works(probe["control"]).encode() == before
     assert Path("/proc/sys/kernel/core_pattern").read_bytes() == before
+    if probe["write"].errno == EROFS:
+        assert_mount_refusal(probe, probe["write"], "/proc/sys/kernel/core_pattern")
 
 
 def test_file_descriptors_inherited_from_the_launcher(cell: Cell, host_dir: Path) -> None:

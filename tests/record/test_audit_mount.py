@@ -98,9 +98,9 @@ def test_a_refusal_without_its_eoe_is_finished_by_the_barrier_or_by_time() -> No
     assert [e.layer for e in later] == ["mount"]
 
 
-def test_the_rules_are_exit_filters_for_erofs_and_ebusy_of_processes_with_a_login_uid() -> None:
-    erofs, ebusy = rule_payloads()
-    for rule, code in ((erofs, 30), (ebusy, 16)):
+def test_the_rules_are_exit_filters_for_erofs_ebusy_and_exdev_of_processes_with_a_login_uid() -> None:
+    erofs, ebusy, exdev = rule_payloads()
+    for rule, code in ((erofs, 30), (ebusy, 16), (exdev, 18)):
         flags, action, count = struct.unpack_from("=III", rule)
         assert (flags, action, count) == (0x04, 2, 4)
         fields = struct.unpack_from("=4I", rule, 12 + 64 * 4)
@@ -108,6 +108,7 @@ def test_the_rules_are_exit_filters_for_erofs_and_ebusy_of_processes_with_a_logi
         assert fields == (11, 103, 24, 210)  # arch, exit, loginuid_set, filterkey
         assert values[:3] == (0xC000003E, (-code) & 0xFFFFFFFF, 1)
         assert rule.endswith(RULE_KEY.encode()) and values[3] == len(RULE_KEY)
-    mask = struct.unpack_from("=64I", ebusy, 12)
-    assert sum(bin(m).count("1") for m in mask) == 6  # rename, renameat, renameat2, unlink, unlinkat, rmdir
     assert all(m == 0xFFFFFFFF for m in struct.unpack_from("=64I", erofs, 12))
+    # rename, renameat, renameat2 and unlink, unlinkat, rmdir; and link, linkat
+    assert sum(bin(m).count("1") for m in struct.unpack_from("=64I", ebusy, 12)) == 6
+    assert sum(bin(m).count("1") for m in struct.unpack_from("=64I", exdev, 12)) == 5

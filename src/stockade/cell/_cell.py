@@ -267,7 +267,7 @@ class Cell:
         stats = cgroup.stats()
         cgroup.destroy()
         if audit is not None and launched.session is not None:
-            events.extend(audit.collect(cell_id))
+            events.extend(e for e in audit.collect(cell_id) if not _benign_crossing(e, plan))
             audit.unwatch(cell_id)
         limits_hit: list[str] = []
         if timed_out:
@@ -680,6 +680,49 @@ def _start_event(cell_id: str, policy: Policy, command: tuple[str, ...], plan: C
             "hidden": list(plan.hidden),
         },
     )
+
+
+def _benign_crossing(event: Event, plan: CellPlan) -> bool:
+    """A rename or link across mounts (EXDEV) into a place the cell may write:
+    what an ordinary ``mv`` from /tmp to the workspace meets before it copies
+    instead, not an attempt on anything. Kept (record/_audit_mount.py): one
+    into a read-only mount inside those places (a protected directory), into
+    a directory pinned because it holds a protected path (``.git``), or into
+    a place the cell may not write (either directory: the kernel logs both
+    without saying which is the source). It logs only directories: a rename
+    from another mount straight onto a protected file of the workspace's top
+    directory is refused (EXDEV) but looks like any ``mv`` into it, so it is
+    not kept (``mv``'s copy that follows meets EROFS, which is)."""
+    if event.layer != "mount" or event.detail.get("errno") != "EXDEV":
+        return False
+    paths = event.detail.get("paths")
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+        return False
+    writable = (*plan.grants.write, *plan.grants.write_exec)
+
+    def inside(path: str, root: str) -> bool:
+        return path == root or path.startswith(root.rstrip("/") + "/")
+
+    protected = [
+        m.dst
+        for m in plan.mounts
+        if m.kind == "bind" and not m.writable and any(inside(m.dst, w) for w in writable)
+    ]
+    # Both directories must be ordinary writable places: the kernel logs the
+    # two without saying which is the source.
+    if any(inside(path, p) for path in paths for p in protected):
+        return False
+    pinned = {
+        m.dst
+        for m in plan.mounts
+        if m.kind == "bind"
+        and m.writable
+        and m.dst != plan.workspace
+        and any(p != m.dst and inside(p, m.dst) for p in protected)
+    }
+    if any(path in pinned for path in paths):
+        return False
+    return all(any(inside(path, w) for w in writable) for path in paths)
 
 
 def _limit_event(cell_id: str, layer: Literal["cell", "cgroup", "timeout"], summary: str) -> Event:

@@ -350,8 +350,9 @@ def _owned_by(path: str, uid: int) -> bool:
     mount, refuses writes and the kernel records them. But Landlock has no
     right for chmod, chown or utimes, and on files the cell's uid owns, file
     permissions do not stop those either: such a grant is a read-only mount
-    (writes then fail with EROFS, unrecorded). Only the grant's own directory
-    is looked at.
+    (writes then fail with EROFS, recorded through the audit rules of
+    record/_audit_mount, not Landlock's). Only the grant's own directory is
+    looked at.
     """
     try:
         return os.stat(path).st_uid == uid
@@ -586,9 +587,9 @@ def _read_only_inside_writable(read_dirs: list[str], write_dirs: list[str], work
 
     Landlock rights add up down a tree, so no Landlock rule can make part of a
     writable tree read-only; these are made read-only mounts instead (the
-    mount layer refuses writes there with EROFS, which the kernel does not
-    record). An AgentOS manifest granting ``/`` with the system directories
-    read-only is the common case.
+    mount layer refuses writes there with EROFS, recorded through the audit
+    rules of record/_audit_mount). An AgentOS manifest granting ``/`` with the
+    system directories read-only is the common case.
     """
     nested: list[str] = []
     for path in read_dirs:

@@ -11,6 +11,14 @@ filter (``rule_payloads``), the equivalent of::
     -a always,exit -F arch=b64 -S all -F exit=-EROFS -F loginuid_set=1 -k stockade-vfs
     -a always,exit -F arch=b64 -S rename,renameat,renameat2,unlink,unlinkat,rmdir \\
         -F exit=-EBUSY -F loginuid_set=1 -k stockade-vfs
+    -a always,exit -F arch=b64 -S rename,renameat,renameat2,link,linkat \\
+        -F exit=-EXDEV -F loginuid_set=1 -k stockade-vfs
+
+An ``EXDEV`` (a rename or link across mounts) is also what an ordinary ``mv``
+between two writable mounts meets before it copies instead; the cell keeps
+only those whose destination is not a place it may write (``Cell``'s filter,
+which knows the plan), so a rename into a protected directory is on record
+and a ``mv`` from ``/tmp`` to the workspace is not.
 
 Every cell runs in an audit session of its own (the launcher sets its
 loginuid), so the rules match its processes; the correlator keeps only the
@@ -56,9 +64,11 @@ _AUDIT_MAX_FIELDS: Final = 64
 
 EROFS: Final = 30
 EBUSY: Final = 16
-_ERRNO_NAMES: Final = {EROFS: "EROFS", EBUSY: "EBUSY"}
-_WHY: Final = {EROFS: "a read-only mount", EBUSY: "a mount point"}
+EXDEV: Final = 18
+_ERRNO_NAMES: Final = {EROFS: "EROFS", EBUSY: "EBUSY", EXDEV: "EXDEV"}
+_WHY: Final = {EROFS: "a read-only mount", EBUSY: "a mount point", EXDEV: "another mount"}
 _MOUNT_POINT_CALLS: Final = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir")
+_CROSSING_CALLS: Final = ("rename", "renameat", "renameat2", "link", "linkat")
 
 
 def _rule(errno_value: int, syscalls: tuple[str, ...] | None) -> bytes:
@@ -97,8 +107,8 @@ def _rule(errno_value: int, syscalls: tuple[str, ...] | None) -> bytes:
 
 
 def rule_payloads() -> tuple[bytes, ...]:
-    """The two ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
-    return (_rule(EROFS, None), _rule(EBUSY, _MOUNT_POINT_CALLS))
+    """The three ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
+    return (_rule(EROFS, None), _rule(EBUSY, _MOUNT_POINT_CALLS), _rule(EXDEV, _CROSSING_CALLS))
 
 
 @dataclass
@@ -126,9 +136,9 @@ def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
     nr = _int(s.get("syscall"))
     name = SYSCALL_NAMES.get(nr) if nr is not None and _int(s.get("arch"), 16) == AUDIT_ARCH_X86_64 else None
     code = -(_int(s.get("exit")) or 0)
-    paths = [_absolute(p, refusal.cwd) for p, kind in refusal.paths if kind != "PARENT"]
-    if not paths:  # a name the call would have created: the kernel logs only its directory
-        paths = [_absolute(p, refusal.cwd) for p, _kind in refusal.paths]
+    paths = [_absolute(p, refusal.cwd) for p, _kind in refusal.paths]
+    named = [_absolute(p, refusal.cwd) for p, kind in refusal.paths if kind != "PARENT"]
+    target = _target(code, paths, named)
     detail: dict[str, Any] = {
         "syscall": name,
         "nr": nr,
@@ -138,11 +148,26 @@ def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
         "comm": s.get("comm"),
         "exe": s.get("exe"),
     }
-    if paths:
-        detail["path"] = paths[0]
-    what = f"{name or f'system call {nr}'} of {paths[0]}" if paths else (name or f"system call {nr}")
+    call = name or f"system call {nr}"
+    if target is not None:
+        detail["path"] = target
+        what = f"{call} into {target}" if code == EXDEV else f"{call} of {target}"
+    else:
+        what = call
     why = _WHY.get(code, f"errno {code}")
     return detail, f"{what} refused: {why} ({_ERRNO_NAMES.get(code, code)})"
+
+
+def _target(code: int, paths: list[str], named: list[str]) -> str | None:
+    """The path an event names: for EXDEV the first directory the kernel
+    logged (the one it would have gone into, as this kernel logs a rename;
+    ``paths`` has both); else the file itself, or (a name it would have
+    created) its directory."""
+    if code == EXDEV and paths:
+        return paths[0]
+    if named:
+        return named[0]
+    return paths[0] if paths else None
 
 
 def _absolute(name: str, cwd: str | None) -> str:
