@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES, X32_SYSCALL_BIT
-from stockade.record._audit_mount import AUDIT_CWD, AUDIT_PATH, KEY_FIELD, MountRefusal, mount_event_detail
+from stockade.record._audit_mount import (
+    AUDIT_CWD,
+    AUDIT_PATH,
+    KEY_FIELD,
+    MountRefusal,
+    mount_event_detail,
+)
+from stockade.record._audit_mount import int_field as _int
 from stockade.record._event import Event, Outcome
 
 # Message types, from <linux/audit.h>.
@@ -152,15 +159,6 @@ def parse_record(msg_type: int, body: str) -> AuditRecord | None:
         serial=int(serial),
         fields=parse_fields(body[stamp.end() :]),
     )
-
-
-def _int(value: str | None, base: int = 10) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value, base)
-    except ValueError:
-        return None
 
 
 def _syscall_name(arch: str | None, nr: int | None) -> str | None:

@@ -133,9 +133,13 @@ class MountRefusal:
 def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
     """The event's detail and summary for a gathered refusal."""
     s = refusal.syscall
-    nr = _int(s.get("syscall"))
-    name = SYSCALL_NAMES.get(nr) if nr is not None and _int(s.get("arch"), 16) == AUDIT_ARCH_X86_64 else None
-    code = -(_int(s.get("exit")) or 0)
+    nr = int_field(s.get("syscall"))
+    name = (
+        SYSCALL_NAMES.get(nr)
+        if nr is not None and int_field(s.get("arch"), 16) == AUDIT_ARCH_X86_64
+        else None
+    )
+    code = -(int_field(s.get("exit")) or 0)
     paths = [_absolute(p, refusal.cwd) for p, _kind in refusal.paths]
     named = [_absolute(p, refusal.cwd) for p, kind in refusal.paths if kind != "PARENT"]
     target = _target(code, paths, named)
@@ -144,7 +148,7 @@ def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
         "nr": nr,
         "errno": _ERRNO_NAMES.get(code, code),
         "paths": paths,
-        "pid": _int(s.get("pid")),
+        "pid": int_field(s.get("pid")),
         "comm": s.get("comm"),
         "exe": s.get("exe"),
     }
@@ -176,7 +180,8 @@ def _absolute(name: str, cwd: str | None) -> str:
     return os.path.normpath(os.path.join(cwd, name))
 
 
-def _int(value: str | None, base: int = 10) -> int | None:
+def int_field(value: str | None, base: int = 10) -> int | None:
+    """A record field as an integer; None when absent or not a number."""
     if value is None:
         return None
     try:
@@ -192,6 +197,7 @@ __all__ = [
     "KEY_FIELD",
     "RULE_KEY",
     "MountRefusal",
+    "int_field",
     "mount_event_detail",
     "rule_payloads",
 ]
