@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 
 from stockade.record._audit_core import AUDIT_EOE, AUDIT_SYSCALL, AuditCorrelator
-from stockade.record._audit_mount import AUDIT_CWD, AUDIT_PATH, RULE_KEY, rule_payloads
+from stockade.record._audit_mount import AUDIT_CWD, AUDIT_PATH, CELL_LOGINUID, RULE_KEY, rule_payloads
 
 SERIAL = 14724090
 SYSCALL = (
@@ -98,15 +98,15 @@ def test_a_refusal_without_its_eoe_is_finished_by_the_barrier_or_by_time() -> No
     assert [e.layer for e in later] == ["mount"]
 
 
-def test_the_rules_are_exit_filters_for_erofs_ebusy_and_exdev_of_processes_with_a_login_uid() -> None:
+def test_the_rules_are_exit_filters_for_erofs_ebusy_and_exdev_of_cells_only() -> None:
     erofs, ebusy, exdev = rule_payloads()
     for rule, code in ((erofs, 30), (ebusy, 16), (exdev, 18)):
         flags, action, count = struct.unpack_from("=III", rule)
         assert (flags, action, count) == (0x04, 2, 4)
         fields = struct.unpack_from("=4I", rule, 12 + 64 * 4)
         values = struct.unpack_from("=4I", rule, 12 + 64 * 4 + 64 * 4)
-        assert fields == (11, 103, 24, 210)  # arch, exit, loginuid_set, filterkey
-        assert values[:3] == (0xC000003E, (-code) & 0xFFFFFFFF, 1)
+        assert fields == (11, 103, 9, 210)  # arch, exit, loginuid, filterkey
+        assert values[:3] == (0xC000003E, (-code) & 0xFFFFFFFF, CELL_LOGINUID)
         assert rule.endswith(RULE_KEY.encode()) and values[3] == len(RULE_KEY)
     assert all(m == 0xFFFFFFFF for m in struct.unpack_from("=64I", erofs, 12))
     # rename, renameat, renameat2 and unlink, unlinkat, rmdir; and link, linkat

@@ -21,6 +21,7 @@ from stockade.cell._plan import NOBODY, CellPlan, ProtectPlaceholder, plan_cell
 from stockade.errors import CellError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
+from stockade.record._audit_mount import CELL_LOGINUID
 
 if TYPE_CHECKING:
     from stockade.record._audit import AuditReader
@@ -225,7 +226,9 @@ class Cell:
                 cgroup_procs=cgroup.procs_files(),
                 landlock=landlock,
                 seccomp=seccomp,
-                audit_loginuid=plan.host_uid if audit is not None else None,
+                # A login uid no person has: every cell its own audit session,
+                # and the mount layer's audit rules match cells only.
+                audit_loginuid=CELL_LOGINUID if audit is not None else None,
                 stdin=stdin if stdin is not None else null_fd,
                 stdout=out_w,
                 stderr=err_w,

@@ -8,11 +8,11 @@ Landlock never sees them, so they leave no Landlock record. To record them
 anyway, the audit reader installs two kernel audit rules on the syscall-exit
 filter (``rule_payloads``), the equivalent of::
 
-    -a always,exit -F arch=b64 -S all -F exit=-EROFS -F loginuid_set=1 -k stockade-vfs
+    -a always,exit -F arch=b64 -S all -F exit=-EROFS -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S rename,renameat,renameat2,unlink,unlinkat,rmdir \\
-        -F exit=-EBUSY -F loginuid_set=1 -k stockade-vfs
+        -F exit=-EBUSY -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S rename,renameat,renameat2,link,linkat \\
-        -F exit=-EXDEV -F loginuid_set=1 -k stockade-vfs
+        -F exit=-EXDEV -F auid=1398033220 -k stockade-vfs
 
 An ``EXDEV`` (a rename or link across mounts) is also what an ordinary ``mv``
 between two writable mounts meets before it copies instead; the cell keeps
@@ -20,10 +20,11 @@ only those whose destination is not a place it may write (``Cell``'s filter,
 which knows the plan), so a rename into a protected directory is on record
 and a ``mv`` from ``/tmp`` to the workspace is not.
 
-Every cell runs in an audit session of its own (the launcher sets its
-loginuid), so the rules match its processes; the correlator keeps only the
-records whose ``ses`` is a watched cell's. Processes of logged-in users on the
-host match too, but such failures are rare, and their records are dropped.
+Every cell runs in an audit session of its own: the launcher sets its login
+uid to ``CELL_LOGINUID``, a value no person logs in with, so the rules match
+cells' processes and nothing else of the host (an ``mv`` across filesystems
+by a logged-in user makes no record); the correlator then attributes each
+record to its cell by ``ses``.
 
 For each matching system call the kernel sends, under one serial, a
 ``1300 SYSCALL`` record (``success=no exit=-30 … ses= comm= exe= key="stockade-vfs"``),
@@ -52,11 +53,16 @@ RULE_KEY: Final = "stockade-vfs"
 KEY_FIELD: Final = f'key="{RULE_KEY}"'
 """How the key appears in a SYSCALL record's body: a cheap test before parsing."""
 
+CELL_LOGINUID: Final = 0x53544B44
+"""The login uid of every cell's processes ("STKD", 1398033220): no account
+has it, so the rules above match cells only. Each cell still gets its own
+audit session (``ses``): the kernel starts one at every write of a login uid."""
+
 _AUDIT_FILTER_EXIT: Final = 0x04
 _AUDIT_ALWAYS: Final = 2
 _AUDIT_EQUAL: Final = 0x40000000
 _AUDIT_ARCH: Final = 11
-_AUDIT_LOGINUID_SET: Final = 24
+_AUDIT_LOGINUID: Final = 9
 _AUDIT_EXIT: Final = 103
 _AUDIT_FILTERKEY: Final = 210
 _AUDIT_BITMASK_SIZE: Final = 64
@@ -83,7 +89,7 @@ def _rule(errno_value: int, syscalls: tuple[str, ...] | None) -> bytes:
     pairs = [
         (_AUDIT_ARCH, AUDIT_ARCH_X86_64),
         (_AUDIT_EXIT, (-errno_value) & 0xFFFFFFFF),
-        (_AUDIT_LOGINUID_SET, 1),
+        (_AUDIT_LOGINUID, CELL_LOGINUID),
         (_AUDIT_FILTERKEY, len(key)),
     ]
     pad = [0] * (_AUDIT_MAX_FIELDS - len(pairs))
@@ -194,6 +200,7 @@ __all__ = [
     "AUDIT_ADD_RULE",
     "AUDIT_CWD",
     "AUDIT_PATH",
+    "CELL_LOGINUID",
     "KEY_FIELD",
     "RULE_KEY",
     "MountRefusal",
