@@ -628,3 +628,26 @@ def test_openat2_refuses_every_way_out(tree: Path) -> None:
             assert info.value.errno == err, path
     finally:
         os.close(root)
+
+
+def test_openat2_reports_the_kernels_error_and_refuses_a_nul(tree: Path) -> None:
+    """openat2 keeps the kernel's errors (ENOENT; EXDEV outside the root) and
+    a NUL in a name never reaches the kernel (which would stop reading there
+    and open another file)."""
+    root = os.open(tree, os.O_PATH | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError) as missing:
+            openat2(root, "nothing-here", os.O_RDONLY, resolve=BENEATH)
+        assert missing.value.errno == errno.ENOENT
+        with pytest.raises(OSError) as outside:
+            openat2(root, "../x", os.O_RDONLY, resolve=BENEATH)
+        assert outside.value.errno == errno.EXDEV
+        with pytest.raises(ValueError, match="NUL"):
+            openat2(root, "a\x00b", os.O_RDONLY, resolve=BENEATH)
+        fd = openat2(root, ".", os.O_PATH | os.O_DIRECTORY, resolve=BENEATH)
+        try:
+            assert os.get_inheritable(fd) is False  # O_CLOEXEC always added
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)

@@ -108,9 +108,13 @@ def openat2(dirfd: int, path: str, flags: int, *, mode: int = 0, resolve: int = 
         OSError: the kernel's error (ELOOP: a symlink; EXDEV: outside ``dirfd``
             or across a mount).
         HostError: this kernel has no openat2 (before Linux 5.6).
+        ValueError: a NUL in ``path``.
     """
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
     encoded = os.fsencode(path)
+    if b"\0" in encoded:
+        # The kernel would read the name only up to it: another file.
+        raise ValueError(f"openat2: a NUL in the name {path!r}")
     for _attempt in range(8):
         try:
             return syscall(SYS_OPENAT2, dirfd, encoded, ctypes.byref(how), ctypes.sizeof(how))
