@@ -633,6 +633,8 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
                     "control",
                     "open('.git/HEAD', 'a').write('#'); open('notes.txt', 'w').write('ok'); return True",
                 ),
+                # Asking is no attempt: it must leave no record.
+                Attempt("ask", f"return os.access({rel!r}, os.W_OK)"),
             ],
         )
     assert_refused(probe["write"], EROFS)
@@ -648,6 +650,10 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
     assert_mount_refusal(probe, probe["write"], target, target.parent)
     assert_mount_refusal(probe, probe["delete"], target, target.parent)
     assert not [e for e in probe.denials("mount") if "control" in e.summary or "HEAD" in str(e.detail)]
+    assert assert_works(probe["ask"]) is False
+    assert not [
+        e for e in probe.denials("mount") if e.detail.get("syscall") in ("access", "faccessat", "faccessat2")
+    ]
     assert_mount_refusal(probe, probe["replace"], target, target.parent)
 
 

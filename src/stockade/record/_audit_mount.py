@@ -8,7 +8,8 @@ Landlock never sees them, so they leave no Landlock record. To record them
 anyway, the audit reader installs two kernel audit rules on the syscall-exit
 filter (``rule_payloads``), the equivalent of::
 
-    -a always,exit -F arch=b64 -S all -F exit=-EROFS -F auid=1398033220 -k stockade-vfs
+    -a always,exit -F arch=b64 -S open,openat,…(every call that changes a file) \\
+        -F exit=-EROFS -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S rename,renameat,renameat2,unlink,unlinkat,rmdir \\
         -F exit=-EBUSY -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S rename,renameat,renameat2,link,linkat \\
@@ -75,6 +76,17 @@ _ERRNO_NAMES: Final = {EROFS: "EROFS", EBUSY: "EBUSY", EXDEV: "EXDEV"}
 _WHY: Final = {EROFS: "a read-only mount", EBUSY: "a mount point", EXDEV: "another mount"}
 _MOUNT_POINT_CALLS: Final = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir")
 _CROSSING_CALLS: Final = ("rename", "renameat", "renameat2", "link", "linkat")
+_WRITING_CALLS: Final = (
+    *("open", "openat", "openat2", "creat", "truncate", "ftruncate"),
+    *("mkdir", "mkdirat", "rmdir", "mknod", "mknodat", "symlink", "symlinkat"),
+    *("rename", "renameat", "renameat2", "link", "linkat", "unlink", "unlinkat"),
+    *("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat"),
+    *("utime", "utimes", "utimensat", "futimesat"),
+    *("setxattr", "lsetxattr", "fsetxattr", "setxattrat"),
+    *("removexattr", "lremovexattr", "fremovexattr", "removexattrat"),
+)
+"""The calls that change a file or a directory. Not ``access``/``faccessat``:
+asking whether a read-only file is writable (``test -w``) is no attempt."""
 
 
 def _rule(errno_value: int, syscalls: tuple[str, ...] | None) -> bytes:
@@ -114,7 +126,7 @@ def _rule(errno_value: int, syscalls: tuple[str, ...] | None) -> bytes:
 
 def rule_payloads() -> tuple[bytes, ...]:
     """The three ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
-    return (_rule(EROFS, None), _rule(EBUSY, _MOUNT_POINT_CALLS), _rule(EXDEV, _CROSSING_CALLS))
+    return (_rule(EROFS, _WRITING_CALLS), _rule(EBUSY, _MOUNT_POINT_CALLS), _rule(EXDEV, _CROSSING_CALLS))
 
 
 @dataclass
