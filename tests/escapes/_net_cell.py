@@ -194,6 +194,18 @@ class Probe:
     def seccomp(self, syscall: str) -> list[Event]:
         return [e for e in self.denials() if e.layer == "seccomp" and e.detail.get("syscall") == syscall]
 
+    def decoy_connects(self, path: str) -> list[Event]:
+        """The mount layer's records of a connect refused by a decoy at ``path``
+        (``record/_audit_mount``: ECONNREFUSED, the path named)."""
+        return [
+            e
+            for e in self.denials()
+            if e.layer == "mount"
+            and e.detail.get("syscall") == "connect"
+            and e.detail.get("errno") == "ECONNREFUSED"
+            and e.detail.get("path") == path
+        ]
+
     def transcript(self) -> str:
         r = self.result
         lines = [

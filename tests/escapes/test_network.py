@@ -760,10 +760,12 @@ def test_run_sockets_are_decoys(run_sockets: dict[str, socket.socket]) -> None:
     and the sockets see nothing. Any open of the decoy is refused by
     Landlock and recorded.
 
-    No event for the connect itself: Landlock has no right for connecting to a
-    pathname socket (up to ABI 7), and the decoy file is not one, so the kernel
-    refuses it before any layer that records; the open attempt shows the decoy
-    is refused territory."""
+    Landlock has no right for connecting to a pathname socket (up to ABI 7),
+    and the decoy file is not one, so the kernel refuses the connect before
+    any security hook; the audit rule of ``record/_audit_mount`` on connect
+    (ECONNREFUSED) records it, as an event of layer ``mount`` naming the path.
+    An ENOENT (nothing of that name in the view) is not recorded: nothing was
+    there to refuse."""
     flat = run_sockets["flat"].getsockname()
     nested = run_sockets["nested"].getsockname()
     p = probe(
@@ -788,6 +790,9 @@ attempt("neighbour", neighbour)
     assert p["mode"].ok and not stat.S_ISSOCK(p["mode"].value), p.transcript()
     assert_refused(p, "open", errno.EACCES)
     assert p.landlock("fs.read_file", path=flat), p.transcript()
+    assert len(p.decoy_connects(flat)) == 1, p.transcript()
+    if p["nested"].errno == errno.ECONNREFUSED:
+        assert p.decoy_connects(nested), p.transcript()
     for s in run_sockets.values():
         assert pending_connections(s) == []
     assert p["own"].ok and p["own"].value == "ping", p.transcript()
@@ -817,9 +822,10 @@ def test_host_socket_inside_a_read_only_grant_is_a_decoy(granted_socket_dir: str
     ECONNREFUSED (not a socket), whatever the socket's mode, and the host's
     sockets see nothing; an open of the decoy is refused by Landlock and recorded.
 
-    No event for the connect itself: the decoy is an empty file, which the
-    kernel refuses to connect to before any layer that records. Not covered
-    (docs): a socket the host creates in the grant after the cell started."""
+    The connect itself is refused before any security hook (the decoy is an
+    empty file); the audit rule of ``record/_audit_mount`` on connect
+    (ECONNREFUSED) records it. Not covered (docs): a socket the host creates in
+    the grant after the cell started."""
     open_path = os.path.join(granted_socket_dir, "app.sock")
     private_path = os.path.join(granted_socket_dir, "private.sock")
     with socket.socket(socket.AF_UNIX) as wide, socket.socket(socket.AF_UNIX) as private:
@@ -854,6 +860,7 @@ attempt("neighbour", neighbour)
     assert reached_private == []
     assert_refused(p, "wide", errno.ECONNREFUSED)
     assert_refused(p, "private", errno.ECONNREFUSED)
+    assert len(p.decoy_connects(open_path)) == 1 and len(p.decoy_connects(private_path)) == 1, p.transcript()
     assert p["mode"].ok and not stat.S_ISSOCK(p["mode"].value), p.transcript()
     assert_refused(p, "open", errno.EACCES)
     assert p.landlock("fs.read_file", path=open_path), p.transcript()

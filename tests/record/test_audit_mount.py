@@ -98,9 +98,9 @@ def test_a_refusal_without_its_eoe_is_finished_by_the_barrier_or_by_time() -> No
     assert [e.layer for e in later] == ["mount"]
 
 
-def test_the_rules_are_exit_filters_for_erofs_ebusy_and_exdev_of_cells_only() -> None:
-    erofs, ebusy, exdev = rule_payloads()
-    for rule, code in ((erofs, 30), (ebusy, 16), (exdev, 18)):
+def test_the_rules_are_exit_filters_for_the_mount_layers_errors_of_cells_only() -> None:
+    erofs, ebusy, exdev, refused = rule_payloads()
+    for rule, code in ((erofs, 30), (ebusy, 16), (exdev, 18), (refused, 111)):
         flags, action, count = struct.unpack_from("=III", rule)
         assert (flags, action, count) == (0x04, 2, 4)
         fields = struct.unpack_from("=4I", rule, 12 + 64 * 4)
@@ -118,3 +118,18 @@ def test_the_rules_are_exit_filters_for_erofs_ebusy_and_exdev_of_cells_only() ->
     # rename, renameat, renameat2 and unlink, unlinkat, rmdir; and link, linkat
     assert sum(bin(m).count("1") for m in struct.unpack_from("=64I", ebusy, 12)) == 6
     assert sum(bin(m).count("1") for m in struct.unpack_from("=64I", exdev, 12)) == 5
+    connect = struct.unpack_from("=64I", refused, 12)
+    assert sum(bin(m).count("1") for m in connect) == 1 and connect[42 // 32] & (1 << (42 % 32))
+
+
+def test_a_refused_connect_is_kept_only_when_it_named_a_path() -> None:
+    """A unix connect to a decoy names its path; a TCP connect with nothing
+    listening names none and is no decoy: no event."""
+    core = AuditCorrelator()
+    core.watch("c1", session=37084, pid=15985, now=100.0)
+    tcp = SYSCALL.replace("syscall=257", "syscall=42").replace("exit=-30", "exit=-111")
+    assert _feed(core, [(AUDIT_SYSCALL, tcp), (AUDIT_EOE, EOE)]) == []
+    unix_path = PATH_NORMAL.replace('name=".git/hooks/pre-commit"', 'name="/run/docker.sock"')
+    (event,) = _feed(core, [(AUDIT_SYSCALL, tcp), (AUDIT_PATH, unix_path), (AUDIT_EOE, EOE)])
+    assert event.detail["errno"] == "ECONNREFUSED" and event.detail["path"] == "/run/docker.sock"  # type: ignore[attr-defined]
+    assert "a decoy" in event.summary  # type: ignore[attr-defined]

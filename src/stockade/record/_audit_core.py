@@ -539,6 +539,8 @@ class AuditCorrelator:
             refusal.paths.append((fields.get("name", ""), fields.get("nametype", "")))
 
     def _finish_mount(self, refusal: MountRefusal, now: float, out: list[Event]) -> None:
+        if not refusal.paths and refusal.syscall.get("exit") == "-111":
+            return  # a refused connect that named no path: TCP, not a decoy
         cell = self._by_session.get(refusal.session or AUDIT_SID_UNSET)
         if cell is None:
             self._mount_limbo.append((now, refusal))

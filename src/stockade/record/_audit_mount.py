@@ -5,7 +5,7 @@ read-only grants inside a writable tree are read-only mounts. A write there
 fails with ``EROFS`` in the VFS (``mnt_want_write``), and a rename or removal
 of one of their mount points with ``EBUSY``, before any security hook runs:
 Landlock never sees them, so they leave no Landlock record. To record them
-anyway, the audit reader installs two kernel audit rules on the syscall-exit
+anyway, the audit reader installs four kernel audit rules on the syscall-exit
 filter (``rule_payloads``), the equivalent of::
 
     -a always,exit -F arch=b64 -S open,openat,…(every call that changes a file) \\
@@ -14,6 +14,13 @@ filter (``rule_payloads``), the equivalent of::
         -F exit=-EBUSY -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S rename,renameat,renameat2,link,linkat \\
         -F exit=-EXDEV -F auid=1398033220 -k stockade-vfs
+    -a always,exit -F arch=b64 -S connect -F exit=-ECONNREFUSED -F auid=1398033220 -k stockade-vfs
+
+The last one records a connect to a host socket the cell sees as a decoy
+(``/run/docker.sock``, the daemon's own socket, a socket found in a grant: an
+empty file in the cell's view). Landlock has no right for connecting to a
+pathname socket, so nothing else records it. Only connects that name a path
+are kept (a TCP connect with nothing listening is not a decoy).
 
 An ``EXDEV`` (a rename or link across mounts) is also what an ordinary ``mv``
 between two writable mounts meets before it copies instead; the cell keeps
@@ -72,8 +79,14 @@ _AUDIT_MAX_FIELDS: Final = 64
 EROFS: Final = 30
 EBUSY: Final = 16
 EXDEV: Final = 18
-_ERRNO_NAMES: Final = {EROFS: "EROFS", EBUSY: "EBUSY", EXDEV: "EXDEV"}
-_WHY: Final = {EROFS: "a read-only mount", EBUSY: "a mount point", EXDEV: "another mount"}
+ECONNREFUSED: Final = 111
+_ERRNO_NAMES: Final = {EROFS: "EROFS", EBUSY: "EBUSY", EXDEV: "EXDEV", ECONNREFUSED: "ECONNREFUSED"}
+_WHY: Final = {
+    EROFS: "a read-only mount",
+    EBUSY: "a mount point",
+    EXDEV: "another mount",
+    ECONNREFUSED: "no socket there (a decoy of the cell's view)",
+}
 _MOUNT_POINT_CALLS: Final = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir")
 _CROSSING_CALLS: Final = ("rename", "renameat", "renameat2", "link", "linkat")
 _WRITING_CALLS: Final = (
@@ -125,8 +138,13 @@ def _rule(errno_value: int, syscalls: tuple[str, ...] | None) -> bytes:
 
 
 def rule_payloads() -> tuple[bytes, ...]:
-    """The three ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
-    return (_rule(EROFS, _WRITING_CALLS), _rule(EBUSY, _MOUNT_POINT_CALLS), _rule(EXDEV, _CROSSING_CALLS))
+    """The four ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
+    return (
+        _rule(EROFS, _WRITING_CALLS),
+        _rule(EBUSY, _MOUNT_POINT_CALLS),
+        _rule(EXDEV, _CROSSING_CALLS),
+        _rule(ECONNREFUSED, ("connect",)),
+    )
 
 
 @dataclass
