@@ -102,14 +102,13 @@ _WRITING_CALLS: Final = (
 asking whether a read-only file is writable (``test -w``) is no attempt."""
 
 
-def _rule(errno_value: int, syscalls: tuple[str, ...] | None) -> bytes:
+def _rule(errno_value: int, syscalls: tuple[str, ...]) -> bytes:
     """One ``struct audit_rule_data`` for the exit filter (see the module docstring)."""
-    mask = [0xFFFFFFFF] * _AUDIT_BITMASK_SIZE if syscalls is None else [0] * _AUDIT_BITMASK_SIZE
-    if syscalls is not None:
-        numbers = {name: nr for nr, name in SYSCALL_NAMES.items()}
-        for name in syscalls:
-            nr = numbers[name]
-            mask[nr // 32] |= 1 << (nr % 32)
+    mask = [0] * _AUDIT_BITMASK_SIZE
+    numbers = {name: nr for nr, name in SYSCALL_NAMES.items()}
+    for name in syscalls:
+        nr = numbers[name]
+        mask[nr // 32] |= 1 << (nr % 32)
     key = RULE_KEY.encode()
     pairs = [
         (_AUDIT_ARCH, AUDIT_ARCH_X86_64),
