@@ -270,22 +270,31 @@ def assert_no_denials(probe: Probe, *, layers: Iterable[str] = ("landlock", "sec
     assert not extra, f"unexpected refusals:\n{probe.transcript()}"
 
 
-MOUNT_RECORDED = {errno.EROFS: "EROFS", errno.EBUSY: "EBUSY", errno.EXDEV: "EXDEV"}
-"""What the read-only mount layer refuses that the kernel audit rules of
+MOUNT_RECORDED = {
+    errno.EROFS: "EROFS",
+    errno.EBUSY: "EBUSY",
+    errno.EXDEV: "EXDEV",
+    errno.EACCES: "EACCES",
+    errno.EPERM: "EPERM",
+}
+"""What the read-only mount layer (and file permissions: EACCES, EPERM,
+layer ``dac``) refuses that the kernel audit rules of
 ``stockade.record._audit_mount`` record (an EXDEV only into a protected or
 pinned directory, or a place the cell may not write: see ``Cell``)."""
 
 
 def mount_records(probe: Probe, outcome: Outcome, *paths: Path | str) -> list[Event]:
-    """The mount layer's records of a refused attempt: events of layer
-    ``mount`` with the attempt's errno, naming one of ``paths`` (the file, or
-    the directory it would have been made in)."""
+    """The records of a refused attempt by the mount layer or file
+    permissions: events of layer ``mount`` or ``dac`` with the attempt's
+    errno, naming one of ``paths`` (the file, or the directory it would have
+    been made in)."""
     code = MOUNT_RECORDED.get(outcome.errno or 0)
     wanted = {os.path.normpath(str(p)) for p in paths}
     return [
         e
-        for e in probe.denials("mount")
-        if code is not None
+        for e in probe.denials()
+        if e.layer in ("mount", "dac")
+        and code is not None
         and e.detail.get("errno") == code
         and os.path.normpath(str(e.detail.get("path"))) in wanted
         and code in e.summary
@@ -293,7 +302,7 @@ def mount_records(probe: Probe, outcome: Outcome, *paths: Path | str) -> list[Ev
 
 
 def assert_mount_refusal(probe: Probe, outcome: Outcome, *paths: Path | str) -> Event:
-    """The attempt failed with EROFS, EBUSY or EXDEV and that is on record (``mount_records``)."""
+    """The attempt failed with an errno of ``MOUNT_RECORDED`` and that is on record (``mount_records``)."""
     assert outcome.errno in MOUNT_RECORDED, f"{outcome}: not a refusal the mount layer records"
     found = mount_records(probe, outcome, *paths)
     assert found, f"no mount-layer record of {outcome} on {sorted(map(str, paths))}:\n{probe.transcript()}"

@@ -2,11 +2,12 @@
 
 Each test asserts (a) the attempt failed, with the errno the refusing layer
 gives, (b) the record says what was tried (layer, path, blockers), and (c) the
-legitimate neighbour still works. Where the refusing layer is one the kernel
-does not log (a read-only mount, a discretionary permission check, a path
-absent from the view, the VFS refusing a cross-mount link), the docstring says
-so and the test asserts the strongest evidence there is instead: the host is
-unchanged and nothing secret came out. Gaps that stockade itself could close
+legitimate neighbour still works. A read-only mount, a discretionary
+permission check and the VFS refusing a cross-mount link log nothing by
+themselves; stockade's audit rules (record/_audit_mount.py) record them as
+layers ``mount`` and ``dac``. Where nothing records (a path absent from the
+view), the docstring says so and the test asserts the strongest evidence there
+is instead: the host is unchanged and nothing secret came out. Gaps that stockade itself could close
 go through ``expect_record(..., gap=...)``: the test is then an expected
 failure naming the gap, and fails outright once the record appears.
 """
@@ -250,8 +251,9 @@ def test_write_under_a_read_only_system_path(cell: Cell, op: str) -> None:
     and are recorded. overwrite and truncate are refused by the discretionary
     check on open/truncate, which runs before Landlock's file hooks: host root
     is unmapped in the cell's user namespace, so the file is "other" to the
-    agent (EACCES) and the kernel records nothing. chmod: no Landlock right,
-    refused as not the owner (EPERM), unrecorded. /etc/hosts is unchanged."""
+    agent (EACCES). chmod: no Landlock right, refused as not the owner
+    (EPERM). Those three are on record as layer ``dac`` (the audit rules of
+    ``record/_audit_mount``). /etc/hosts is unchanged."""
     target = "/etc/hosts"
     before = snapshot(Path(target))
     probe = run_probe(
@@ -266,6 +268,11 @@ def test_write_under_a_read_only_system_path(cell: Cell, op: str) -> None:
     assert snapshot(Path(target)) == before
     if op in ("rename", "delete"):
         assert_landlock_denial(probe, "/etc", "fs.remove_file")
+        # One refusal, one event: Landlock's record takes the call's SYSCALL record.
+        assert not [e for e in probe.denials() if e.layer == "dac"], probe.transcript()
+    else:
+        dac = assert_mount_refusal(probe, probe["attempt"], target)
+        assert dac.layer == "dac"
 
 
 def test_a_cells_rules_survive_other_cells_in_the_same_process(host_dir: Path) -> None:
@@ -892,8 +899,10 @@ def test_proc_kcore(cell: Cell) -> None:
     """/proc/kcore (and the /dev/core link to it). On this kernel it does not
     exist at all (CONFIG_PROC_KCORE is off: ENOENT); where it exists it is
     0400 root, and host root is unmapped in the cell, so the discretionary
-    check refuses (EACCES) before CAP_SYS_RAWIO is even asked. Neither is
-    recorded by the kernel. /proc/self/status still reads (the control)."""
+    check refuses (EACCES) before CAP_SYS_RAWIO is even asked. A read refused
+    by file permissions is not recorded (only refused changes are: reading is
+    what programs try all the time). /proc/self/status still reads (the
+    control)."""
     probe = run_probe(
         cell,
         [
@@ -915,8 +924,9 @@ def test_sys_writes(cell: Cell) -> None:
     """/sys is the host's, read-only by Landlock. Creating anything in it
     (a new cgroup, a file) meets Landlock's path hooks and is recorded. Writing
     an existing attribute is refused by the discretionary check first (root's
-    files, root unmapped: EACCES), which the kernel does not record; evidence:
-    the host's value is unchanged. Reading /sys still works (the control)."""
+    files, root unmapped: EACCES), recorded as layer ``dac`` by the audit rules
+    of ``record/_audit_mount``; and the host's value is unchanged. Reading /sys
+    still works (the control)."""
     knob = next(k for k in _SYS_KNOBS if os.path.exists(k))
     before = Path(knob).read_bytes()
     probe = run_probe(
@@ -932,6 +942,7 @@ def test_sys_writes(cell: Cell) -> None:
     assert_landlock_denial(probe, "/sys/kernel", "fs.make_dir")
     assert assert_works(probe["control"]) is True
     assert Path(knob).read_bytes() == before
+    assert assert_mount_refusal(probe, probe["write"], knob).layer == "dac"
 
 
 def test_proc_sys_kernel_core_pattern(cell: Cell) -> None:

@@ -99,7 +99,8 @@ def test_a_refusal_without_its_eoe_is_finished_by_the_barrier_or_by_time() -> No
 
 
 def test_the_rules_are_exit_filters_for_the_mount_layers_errors_of_cells_only() -> None:
-    erofs, ebusy, exdev, refused = rule_payloads()
+    erofs, ebusy, exdev, refused, *permissions = rule_payloads()
+    assert len(permissions) == 4
     for rule, code in ((erofs, 30), (ebusy, 16), (exdev, 18), (refused, 111)):
         flags, action, count = struct.unpack_from("=III", rule)
         assert (flags, action, count) == (0x04, 2, 4)
@@ -133,3 +134,31 @@ def test_a_refused_connect_is_kept_only_when_it_named_a_path() -> None:
     (event,) = _feed(core, [(AUDIT_SYSCALL, tcp), (AUDIT_PATH, unix_path), (AUDIT_EOE, EOE)])
     assert event.detail["errno"] == "ECONNREFUSED" and event.detail["path"] == "/run/docker.sock"  # type: ignore[attr-defined]
     assert "a decoy" in event.summary  # type: ignore[attr-defined]
+
+
+def test_the_permission_rules_take_opens_only_when_they_would_write() -> None:
+    openat_rule, open_rule, changing, eperm = rule_payloads()[4:]
+    for rule, arg in ((openat_rule, 2), (open_rule, 1)):
+        assert struct.unpack_from("=III", rule)[2] == 5
+        fields = struct.unpack_from("=5I", rule, 12 + 64 * 4)
+        values = struct.unpack_from("=5I", rule, 12 + 64 * 4 + 64 * 4)
+        ops = struct.unpack_from("=5I", rule, 12 + 64 * 4 * 3)
+        assert fields[:4] == (11, 103, 9, 200 + arg) and values[1] == (-13) & 0xFFFFFFFF
+        assert values[3] == 0o1 | 0o2 | 0o100 | 0o1000 and ops[3] == 0x08000000  # a write flag set
+    for rule, code in ((changing, 13), (eperm, 1)):
+        values = struct.unpack_from("=4I", rule, 12 + 64 * 4 + 64 * 4)
+        assert values[1] == (-code) & 0xFFFFFFFF
+        mask = struct.unpack_from("=64I", rule, 12)
+        assert not mask[257 // 32] & (1 << (257 % 32))  # not openat: it has its own rule
+        assert mask[90 // 32] & (1 << (90 % 32))  # chmod
+
+
+def test_a_refusal_by_file_permissions_is_of_the_dac_layer() -> None:
+    core = AuditCorrelator()
+    core.watch("c1", session=37084, pid=15985, now=100.0)
+    denied = SYSCALL.replace("exit=-30", "exit=-13")
+    (event,) = _feed(
+        core, [(AUDIT_SYSCALL, denied), (AUDIT_CWD, CWD), (AUDIT_PATH, PATH_NORMAL), (AUDIT_EOE, EOE)]
+    )
+    assert event.layer == "dac" and event.detail["errno"] == "EACCES"  # type: ignore[attr-defined]
+    assert event.summary.endswith("refused: file permissions (EACCES)")  # type: ignore[attr-defined]

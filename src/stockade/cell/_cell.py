@@ -270,7 +270,7 @@ class Cell:
         stats = cgroup.stats()
         cgroup.destroy()
         if audit is not None and launched.session is not None:
-            events.extend(e for e in audit.collect(cell_id) if not _benign_crossing(e, plan))
+            events.extend(e for e in audit.collect(cell_id) if not _not_an_attempt(e, plan))
             audit.unwatch(cell_id)
         limits_hit: list[str] = []
         if timed_out:
@@ -683,6 +683,28 @@ def _start_event(cell_id: str, policy: Policy, command: tuple[str, ...], plan: C
             "hidden": list(plan.hidden),
         },
     )
+
+
+VIEW_STAGE = "/newroot"
+"""Where the launcher builds the cell's view before it pivots into it
+(``_native.c``): no path of the agent's starts there."""
+
+
+def _not_an_attempt(event: Event, plan: CellPlan) -> bool:
+    """A refusal of the mount layer or of file permissions that the agent did
+    not try: the launcher's own, while it built the view (every path under
+    ``VIEW_STAGE``: it touches files it will bind over, and root-owned ones
+    refuse), or an ordinary move between writable places (``_benign_crossing``)."""
+    if event.layer not in ("mount", "dac"):
+        return False
+    paths = event.detail.get("paths")
+    if (
+        isinstance(paths, list)
+        and paths
+        and all(isinstance(p, str) and (p == VIEW_STAGE or p.startswith(VIEW_STAGE + "/")) for p in paths)
+    ):
+        return True
+    return _benign_crossing(event, plan)
 
 
 def _benign_crossing(event: Event, plan: CellPlan) -> bool:

@@ -39,6 +39,7 @@ from stockade.record._audit_mount import (
     KEY_FIELD,
     MountRefusal,
     mount_event_detail,
+    refusal_layer,
 )
 from stockade.record._audit_mount import int_field as _int
 from stockade.record._event import Event, Outcome
@@ -316,7 +317,7 @@ def mount_event(cell: str, refusal: MountRefusal) -> Event:
     return Event(
         kind=KIND_DENIED,
         cell=cell,
-        layer="mount",
+        layer="dac" if refusal_layer(refusal) == "dac" else "mount",
         outcome="denied",
         detail=detail,
         time=refusal.time,

@@ -1,22 +1,29 @@
-"""Refusals of the cell's read-only mounts, from the kernel audit log (sans-I/O).
+"""Refusals by the cell's view and by file permissions, from the kernel audit log (sans-I/O).
 
 A cell's protected files (``.git/hooks``, ``.bashrc``, the policy file…) and
 read-only grants inside a writable tree are read-only mounts. A write there
 fails with ``EROFS`` in the VFS (``mnt_want_write``), and a rename or removal
 of one of their mount points with ``EBUSY``, before any security hook runs:
-Landlock never sees them, so they leave no Landlock record. To record them
-anyway, the audit reader installs four kernel audit rules on the syscall-exit
+Landlock never sees them, so they leave no Landlock record. Nor does a
+refusal by file permissions (``EACCES``, ``EPERM``): the permission check of
+an open runs before Landlock's hook, and chmod or chown have no Landlock right
+at all; an overwrite of a root-owned system file ends there. To record them
+anyway, the audit reader installs eight kernel audit rules on the syscall-exit
 filter (``rule_payloads``), the equivalent of::
 
-    -a always,exit -F arch=b64 -S open,openat,…(every call that changes a file) \\
+    -a always,exit -F arch=b64 -S open,openat,… (every call that changes a file) \\
         -F exit=-EROFS -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S rename,renameat,renameat2,unlink,unlinkat,rmdir \\
         -F exit=-EBUSY -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S rename,renameat,renameat2,link,linkat \\
         -F exit=-EXDEV -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S connect -F exit=-ECONNREFUSED -F auid=1398033220 -k stockade-vfs
+    -a always,exit -F arch=b64 -S openat -F a2&0x243 -F exit=-EACCES -F auid=1398033220 -k stockade-vfs
+    -a always,exit -F arch=b64 -S open -F a1&0x243 -F exit=-EACCES -F auid=1398033220 -k stockade-vfs
+    -a always,exit -F arch=b64 -S creat,truncate,… -F exit=-EACCES -F auid=1398033220 -k stockade-vfs
+    -a always,exit -F arch=b64 -S creat,truncate,… -F exit=-EPERM -F auid=1398033220 -k stockade-vfs
 
-The last one records a connect to a host socket the cell sees as a decoy
+The rule on connect records a connect to a host socket the cell sees as a decoy
 (``/run/docker.sock``, the daemon's own socket, a socket found in a grant: an
 empty file in the cell's view). Landlock has no right for connecting to a
 pathname socket, so nothing else records it. Only connects that name a path
@@ -73,20 +80,35 @@ _AUDIT_ARCH: Final = 11
 _AUDIT_LOGINUID: Final = 9
 _AUDIT_EXIT: Final = 103
 _AUDIT_FILTERKEY: Final = 210
+_AUDIT_ARG0: Final = 200
+_AUDIT_BIT_MASK: Final = 0x08000000
 _AUDIT_BITMASK_SIZE: Final = 64
 _AUDIT_MAX_FIELDS: Final = 64
 
+EPERM: Final = 1
+EACCES: Final = 13
 EROFS: Final = 30
 EBUSY: Final = 16
 EXDEV: Final = 18
 ECONNREFUSED: Final = 111
-_ERRNO_NAMES: Final = {EROFS: "EROFS", EBUSY: "EBUSY", EXDEV: "EXDEV", ECONNREFUSED: "ECONNREFUSED"}
+_ERRNO_NAMES: Final = {
+    EPERM: "EPERM",
+    EACCES: "EACCES",
+    EROFS: "EROFS",
+    EBUSY: "EBUSY",
+    EXDEV: "EXDEV",
+    ECONNREFUSED: "ECONNREFUSED",
+}
 _WHY: Final = {
+    EPERM: "file permissions (not the owner)",
+    EACCES: "file permissions",
     EROFS: "a read-only mount",
     EBUSY: "a mount point",
     EXDEV: "another mount",
     ECONNREFUSED: "no socket there (a decoy of the cell's view)",
 }
+_WRITE_FLAGS: Final = 0o1 | 0o2 | 0o100 | 0o1000
+"""O_WRONLY | O_RDWR | O_CREAT | O_TRUNC: an open that would change something."""
 _MOUNT_POINT_CALLS: Final = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir")
 _CROSSING_CALLS: Final = ("rename", "renameat", "renameat2", "link", "linkat")
 _WRITING_CALLS: Final = (
@@ -102,8 +124,10 @@ _WRITING_CALLS: Final = (
 asking whether a read-only file is writable (``test -w``) is no attempt."""
 
 
-def _rule(errno_value: int, syscalls: tuple[str, ...]) -> bytes:
-    """One ``struct audit_rule_data`` for the exit filter (see the module docstring)."""
+def _rule(errno_value: int, syscalls: tuple[str, ...], flags_arg: int | None = None) -> bytes:
+    """One ``struct audit_rule_data`` for the exit filter (see the module
+    docstring); ``flags_arg``: the argument holding open(2) flags, which must
+    have one of ``_WRITE_FLAGS`` set."""
     mask = [0] * _AUDIT_BITMASK_SIZE
     numbers = {name: nr for nr, name in SYSCALL_NAMES.items()}
     for name in syscalls:
@@ -114,8 +138,13 @@ def _rule(errno_value: int, syscalls: tuple[str, ...]) -> bytes:
         (_AUDIT_ARCH, AUDIT_ARCH_X86_64),
         (_AUDIT_EXIT, (-errno_value) & 0xFFFFFFFF),
         (_AUDIT_LOGINUID, CELL_LOGINUID),
-        (_AUDIT_FILTERKEY, len(key)),
     ]
+    ops = [_AUDIT_EQUAL] * len(pairs)
+    if flags_arg is not None:
+        pairs.append((_AUDIT_ARG0 + flags_arg, _WRITE_FLAGS))
+        ops.append(_AUDIT_BIT_MASK)
+    pairs.append((_AUDIT_FILTERKEY, len(key)))
+    ops.append(_AUDIT_EQUAL)
     pad = [0] * (_AUDIT_MAX_FIELDS - len(pairs))
     return (
         struct.pack(
@@ -128,7 +157,7 @@ def _rule(errno_value: int, syscalls: tuple[str, ...]) -> bytes:
             *pad,
             *[v for _, v in pairs],
             *pad,
-            *[_AUDIT_EQUAL] * len(pairs),
+            *ops,
             *pad,
             len(key),
         )
@@ -136,14 +165,30 @@ def _rule(errno_value: int, syscalls: tuple[str, ...]) -> bytes:
     )
 
 
+_CHANGING_CALLS: Final = tuple(c for c in _WRITING_CALLS if c not in ("open", "openat", "openat2"))
+"""The writing calls whose every use changes something (an open may only read)."""
+
+
 def rule_payloads() -> tuple[bytes, ...]:
-    """The four ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
+    """The ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
     return (
         _rule(EROFS, _WRITING_CALLS),
         _rule(EBUSY, _MOUNT_POINT_CALLS),
         _rule(EXDEV, _CROSSING_CALLS),
         _rule(ECONNREFUSED, ("connect",)),
+        # File permissions (after Landlock let it through, or before Landlock
+        # looked: the permission check of an open runs first). A refusal
+        # Landlock records too is one event: its group takes the SYSCALL record.
+        _rule(EACCES, ("openat",), flags_arg=2),
+        _rule(EACCES, ("open",), flags_arg=1),
+        _rule(EACCES, _CHANGING_CALLS),
+        _rule(EPERM, _CHANGING_CALLS),
     )
+
+
+def refusal_layer(refusal: MountRefusal) -> str:
+    """``dac`` for a refusal by file permissions, else ``mount`` (the view)."""
+    return "dac" if refusal.syscall.get("exit") in ("-1", "-13") else "mount"
 
 
 @dataclass
@@ -235,5 +280,6 @@ __all__ = [
     "MountRefusal",
     "int_field",
     "mount_event_detail",
+    "refusal_layer",
     "rule_payloads",
 ]

@@ -13,11 +13,12 @@ from typing import Any, Literal
 EVENT_VERSION = 1
 
 Layer = Literal[
-    "cell", "landlock", "seccomp", "mount", "netns", "cgroup", "timeout", "broker", "gateway", "llm"
+    "cell", "landlock", "seccomp", "mount", "dac", "netns", "cgroup", "timeout", "broker", "gateway", "llm"
 ]
 """Which layer decided: the kernel ones (landlock, seccomp, mount = the
-filesystem view, netns = the network namespace, cgroup = resource limits,
-timeout = the wall clock) and the mediation ones (broker, gateway)."""
+filesystem view, dac = file permissions, netns = the network namespace,
+cgroup = resource limits, timeout = the wall clock) and the mediation ones
+(broker, gateway)."""
 
 Outcome = Literal["allowed", "denied", "audited", "info"]
 """``denied``: refused; ``audited``: would have been refused, let through
