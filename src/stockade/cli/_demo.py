@@ -33,6 +33,8 @@ _CATEGORIES = {
 _LAYERS = {
     "landlock": "kernel (Landlock)",
     "seccomp": "kernel (seccomp)",
+    "mount": "kernel (read-only mount)",
+    "dac": "kernel (file permissions)",
     "broker": "broker",
     "gateway": "gateway",
     "llm": "LLM endpoint",
