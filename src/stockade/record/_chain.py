@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
@@ -238,3 +239,23 @@ class ChainVerifier:
         return VerifyResult(
             True, checked, None, f"all {checked} events are intact and in order", self._last_hash
         )
+
+
+def chain_rows(
+    prepared: Sequence[tuple[Event, dict[str, Any], str, bytes]], seq: int, prev: str
+) -> tuple[list[tuple[Any, ...]], list[StoredEvent]]:
+    """Number and chain events checked and encoded by the store (event, its
+    dict, its canonical JSON, that JSON in UTF-8) after event ``seq`` whose
+    hash is ``prev``: their rows (the store's columns: seq, time, run, cell,
+    kind, layer, outcome, json, prev, hash) and their stored events."""
+    rows: list[tuple[Any, ...]] = []
+    stored: list[StoredEvent] = []
+    for event, d, raw, payload in prepared:
+        seq += 1
+        digest = hash_payload(prev, seq, payload)
+        rows.append(
+            (seq, d["time"], d["run"], d["cell"], d["kind"], d["layer"], d["outcome"], raw, prev, digest)
+        )
+        stored.append(StoredEvent(seq, digest, prev, event, raw))
+        prev = digest
+    return rows, stored

@@ -26,17 +26,16 @@ import collections
 import contextlib
 import json
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from stockade.errors import StoreError
-from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, hash_payload
+from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, chain_rows, hash_payload
 from stockade.record._event import Event
 from stockade.record._journal import DEFAULT_SIZE, SUFFIX, Journal
-from stockade.record._store import _INSERT, SqliteStore, _chain, _prepare, _rollback, _store_error
+from stockade.record._store import _INSERT, SqliteStore, _prepare
 
 Row = tuple[Any, ...]
 
@@ -95,7 +94,7 @@ class JournaledStore(SqliteStore):
             if self._failure is not None:
                 self._retry()
             first_prev = self._head_hash
-            rows, stored = _chain(prepared, self._head_seq, first_prev)
+            rows, stored = chain_rows(prepared, self._head_seq, first_prev)
             seq, prev = rows[-1][0], rows[-1][-1]
             payloads = [payload for _event, _d, _raw, payload in prepared]
             record = self.journal.encode(rows[0][0], first_prev, payloads)
@@ -175,18 +174,8 @@ class JournaledStore(SqliteStore):
                 os.close(fd)
 
     def _insert(self, rows: Sequence[Row]) -> None:
-        with self._lock:
-            conn = self._writer()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.executemany(_INSERT, rows)
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                _rollback(conn)
-                raise _store_error(exc, self.path, "write") from exc
-            except BaseException:
-                _rollback(conn)
-                raise
+        with self._transaction() as conn:
+            conn.executemany(_INSERT, rows)
 
     # ------------------------------------------------------------------ the indexer
 

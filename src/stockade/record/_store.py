@@ -16,6 +16,7 @@ last one after SQLite's rows (``_journal_tail``); a writable one never does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -35,7 +36,7 @@ from stockade.record._chain import (
     StoredEvent,
     VerifyResult,
     canonical_json,
-    hash_payload,
+    chain_rows,
 )
 from stockade.record._event import Event
 from stockade.record._journal import SUFFIX, JournalRecord, read_records
@@ -271,16 +272,24 @@ class SqliteStore:
         prepared = [_prepare(event) for event in events]
         if not prepared:
             return []
+        with self._transaction() as conn:
+            # Read the head inside the write transaction, not from memory:
+            # correct even if another process appended (it should not).
+            row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+            seq, prev = (int(row[0]), str(row[1])) if row else (0, GENESIS)
+            rows, stored = chain_rows(prepared, seq, prev)
+            conn.executemany(_INSERT, rows)
+        return stored
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the writer's lock: committed when the
+        block ends; rolled back when it raises (SQLite's errors as StoreError)."""
         with self._lock:
             conn = self._writer()
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                # Read the head inside the write transaction, not from memory:
-                # correct even if another process appended (it should not).
-                row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
-                seq, prev = (int(row[0]), str(row[1])) if row else (0, GENESIS)
-                rows, stored = _chain(prepared, seq, prev)
-                conn.executemany(_INSERT, rows)
+                yield conn
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 _rollback(conn)
@@ -288,7 +297,6 @@ class SqliteStore:
             except BaseException:
                 _rollback(conn)
                 raise
-        return stored
 
     def _writer(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -680,24 +688,6 @@ def _prepare(event: Event) -> tuple[Event, dict[str, Any], str, bytes]:
             "(valid Unicode), numbers, booleans, None, lists and dicts in its detail"
         ) from exc
     return event, d, raw, payload
-
-
-def _chain(
-    prepared: Sequence[tuple[Event, dict[str, Any], str, bytes]], seq: int, prev: str
-) -> tuple[list[tuple[Any, ...]], list[StoredEvent]]:
-    """Number and chain ``prepared`` events after event ``seq`` whose hash is
-    ``prev``: their rows (``_INSERT``'s columns) and their stored events."""
-    rows: list[tuple[Any, ...]] = []
-    stored: list[StoredEvent] = []
-    for event, d, raw, payload in prepared:
-        seq += 1
-        digest = hash_payload(prev, seq, payload)
-        rows.append(
-            (seq, d["time"], d["run"], d["cell"], d["kind"], d["layer"], d["outcome"], raw, prev, digest)
-        )
-        stored.append(StoredEvent(seq, digest, prev, event, raw))
-        prev = digest
-    return rows, stored
 
 
 def _stored(path: str, seq: int, digest: str, prev: str, raw: str | bytes) -> StoredEvent:
