@@ -379,6 +379,10 @@ def test_the_control_socket_is_owner_only_and_status_answers(tmp_path: Path) -> 
         assert status["state"] == str(tmp_path / "state")
         assert status["accepting_runs"] is True
         assert status["store"]["last_seq"] >= 1
+        journal = status["store"]["journal"]
+        assert journal["path"] == str(tmp_path / "state" / "events.db.journal")
+        assert journal["bytes"] == os.stat(journal["path"]).st_size and 0 <= journal["unindexed"] <= 1
+        assert stat.S_IMODE(os.stat(journal["path"]).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o700
     assert not os.path.exists(tmp_path / "d.sock"), "the socket outlived the daemon"
 

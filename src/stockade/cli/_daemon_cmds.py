@@ -465,6 +465,12 @@ def status(as_json: bool, state: str | None, socket_path: str | None) -> int:
         f"store     {store.get('path')}: {last} events"
         + (f"; ERROR: {store['error']}" if store.get("error") else "")
     )
+    journal = store.get("journal")
+    if journal:
+        click.echo(
+            f"journal   {journal['path']} ({journal['bytes'] >> 20} MiB): "
+            f"{journal['unindexed']} events not yet in SQLite"
+        )
     if not info.get("accepting_runs", True):
         click.echo("stockade: the daemon refuses new runs: its store cannot write", err=True)
         return EXIT_HOST

@@ -355,6 +355,13 @@ class Daemon:
                 store["error"] = str(exc)
         store["appended"] = recorder.appended
         store["commits"] = recorder.commits
+        with contextlib.suppress(StoreError):  # closed: nothing more to say
+            journaled = recorder.store
+            store["journal"] = {
+                "path": journaled.journal.path,
+                "bytes": journaled.journal.size,
+                "unindexed": journaled.unindexed,
+            }
         live = [r for r in runs.runs.values() if not r.done.is_set()]
         return {
             "version": __version__,

@@ -230,6 +230,12 @@ class JournaledStore(SqliteStore):
         return max(0.0, self._backlog_since + INDEX_DELAY - time.monotonic())
 
     @property
+    def unindexed(self) -> int:
+        """Events durable in the journal that SQLite does not hold yet (the indexer's lag)."""
+        with self._cond:
+            return self._head_seq - self._indexed
+
+    @property
     def failure(self) -> StoreError | None:
         """The indexer's last error, until an append retries successfully."""
         return self._failure
