@@ -28,8 +28,6 @@ from collections.abc import Mapping
 
 ROOT_STATE = "/var/lib/stockade"
 BROKER_IN_CELL = "/run/stockade/broker.sock"
-SDK_DIR_IN_CELL = "/run/stockade/lib"
-"""Where the agent SDK (``stockade_agent.py``) is in every run's cell; on PYTHONPATH."""
 """Where a run's broker socket appears inside its cell (``$STOCKADE_BROKER``)."""
 SOCKET_NAME = "daemon.sock"
 STORE_NAME = "events.db"
@@ -101,7 +99,6 @@ __all__ = [
     "MAX_SUN_PATH",
     "ROOT_STATE",
     "RUN_ID",
-    "SDK_DIR_IN_CELL",
     "broker_socket_path",
     "new_run_id",
     "run_dir",

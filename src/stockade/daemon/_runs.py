@@ -64,6 +64,7 @@ from stockade.daemon._requests import RequestError
 from stockade.errors import CellError, PolicyError, StockadeError, StoreError
 from stockade.policy import Policy
 from stockade.record import Event
+from stockade.sdk import IN_CELL_DIR, MODULE_PATH
 
 if TYPE_CHECKING:
     from stockade.cell._cell import Cell, CellResult
@@ -781,7 +782,7 @@ def _make_cell(
     env = {"STOCKADE_BROKER": _paths.BROKER_IN_CELL, "STOCKADE_TOKEN": token, "STOCKADE_RUN": run_id}
     files = _agent_sdk()
     if files and "PYTHONPATH" not in dict(policy.env.set):
-        env["PYTHONPATH"] = _paths.SDK_DIR_IN_CELL
+        env["PYTHONPATH"] = IN_CELL_DIR
     return Cell(
         policy,
         workspace=workspace,
@@ -803,10 +804,9 @@ def _agent_sdk() -> dict[str, bytes]:
     """The agent SDK (one standard-library module) as the cell sees it, read once."""
     global _SDK
     if _SDK is None:
-        path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "sdk", "stockade_agent.py")
         try:
-            with open(path, "rb") as f:
-                _SDK = {f"{_paths.SDK_DIR_IN_CELL}/stockade_agent.py": f.read()}
+            with open(MODULE_PATH, "rb") as f:
+                _SDK = {f"{IN_CELL_DIR}/stockade_agent.py": f.read()}
         except FileNotFoundError:
             _SDK = {}
     return _SDK
