@@ -28,6 +28,7 @@ from tests.daemon.test_server import (
     close_wires,  # noqa: F401  (the fixture that closes every Wire)
     daemon_at,
     kind_is,
+    living_processes,
     release,
     run_to_end,
     stored_events,
@@ -79,20 +80,7 @@ def run_info(wire: Wire, run: str) -> dict[str, Any]:
 
 def cell_processes(cells: list[str]) -> list[int]:
     """Living processes (not zombies) in the cgroups of ``cells``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cgroup") as f:
-                text = f.read()
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if any(cell in text for cell in cells) and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+    return list(living_processes(lambda text: any(cell in text for cell in cells)))
 
 
 def spawned_helper(socket_path: str, parent: str) -> str:

@@ -25,6 +25,7 @@ from tests.daemon.test_server import (
     close_wires,  # noqa: F401  (the fixture that closes every Wire)
     daemon_at,
     kind_is,
+    living_processes,
     release,
     stored_events,
     workspace,
@@ -59,20 +60,7 @@ def cell_processes(daemon_pid: int) -> dict[int, str]:
     """Every living process in a cell cgroup of that daemon
     (``…/stockade/<cell>@<pid>``), by pid. A zombie (killed, not yet reaped by
     pid 1) does not count."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cgroup") as f:
-                text = f.read()
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if f"@{daemon_pid}" in text and "/stockade/" in text and state not in ("Z", "X"):
-            found[int(entry)] = text
-    return found
+    return living_processes(lambda text: f"@{daemon_pid}" in text and "/stockade/" in text)
 
 
 def wait_all_gone(pids: list[int], timeout: float = WAIT) -> list[int]:

@@ -321,6 +321,25 @@ def run_to_end(
     return final, lines
 
 
+def living_processes(cgroup_has: Callable[[str], bool]) -> dict[int, str]:
+    """Living processes (not zombies: killed, not yet reaped) whose
+    ``/proc/PID/cgroup`` text satisfies ``cgroup_has``, by pid, with that text."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cgroup") as f:
+                text = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if cgroup_has(text) and state not in ("Z", "X"):
+            found[int(entry)] = text
+    return found
+
+
 def stored_events(wire: Wire, run: str | None = None) -> list[dict[str, Any]]:
     params: dict[str, Any] = {"format": "jsonl", "limit": 1000}
     if run:
