@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Final
 
 from stockade._netns import initial
 from stockade.errors import HostError
-from stockade.record._audit_core import AUDIT_USER_AVC, AuditCorrelator
-from stockade.record._audit_mount import AUDIT_ADD_RULE, rule_payloads
+from stockade.record._audit_core import AUDIT_SYSCALL, AUDIT_USER_AVC, AuditCorrelator
+from stockade.record._audit_mount import AUDIT_ADD_RULE, KEY_FIELD, rule_payloads
 from stockade.record._event import Event
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ _STATUS = struct.Struct("=11I")
 """``struct audit_status`` (Linux 5.10+ layout, 44 bytes); older kernels send
 fewer fields, which are read as zero."""
 
+_MOUNT_KEY: Final = KEY_FIELD.encode()
 _INTERESTING: Final = frozenset({1107, 1300, 1302, 1307, 1320, 1326, 1423, 1424})
 _FIX = (
     "run stockade as root on the host, not inside a container (it needs CAP_AUDIT_READ and CAP_AUDIT_CONTROL)"
@@ -580,7 +581,13 @@ class AuditReader:
             start, offset = offset + _NLMSGHDR.size, offset + ((length + 3) & ~3)
             if msg_type in _INTERESTING:
                 if not core.wants(msg_type):
-                    continue  # SYSCALL or EOE, and no Landlock record waits for one
+                    continue  # EOE, PATH or CWD, and no record waits for one
+                if (
+                    msg_type == AUDIT_SYSCALL
+                    and not core.awaits_syscall()
+                    and buf.find(_MOUNT_KEY, start, start + length - _NLMSGHDR.size) < 0
+                ):
+                    continue  # another audit rule's record (auditd's): not decoded
                 text = str(view[start : start + length - _NLMSGHDR.size], "utf-8", "replace")
                 events, marker = core.feed(msg_type, text.rstrip("\0"), now)
                 if events:

@@ -451,6 +451,12 @@ class AuditCorrelator:
             return bool(self._groups) or bool(self._mount)
         return True
 
+    def awaits_syscall(self) -> bool:
+        """Whether a Landlock record waits for its SYSCALL record: otherwise a
+        SYSCALL record matters only if it carries the key of ``_audit_mount``'s
+        rules, which the reader can see in the raw bytes without decoding."""
+        return bool(self._groups)
+
     def feed(self, msg_type: int, body: str, now: float) -> tuple[list[Event], str | None]:
         """Process one netlink audit message.
 
