@@ -70,14 +70,10 @@ class Netns:
     @contextmanager
     def entered(self) -> Iterator[None]:
         """The calling thread inside the namespace for the body (its sockets stay there)."""
-        from stockade._netns import inside
+        from stockade._netns import inside_path
 
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            with inside(fd):
-                yield
-        finally:
-            os.close(fd)
+        with inside_path(self.path):
+            yield
 
     def close(self) -> None:
         subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from stockade._netns import inside
+from stockade._netns import inside_path
 
 _counter = itertools.count()
 
@@ -45,12 +45,8 @@ class TestNetns:
     @contextmanager
     def entered(self) -> Iterator[None]:
         """The current thread inside the namespace for the body (sockets made then stay there)."""
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            with inside(fd):
-                yield
-        finally:
-            os.close(fd)
+        with inside_path(self.path):
+            yield
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside the namespace (for subprocess)."""

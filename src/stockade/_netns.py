@@ -55,6 +55,22 @@ def inside(netns_fd: int) -> Iterator[None]:
         os.close(home)
 
 
+@contextmanager
+def inside_path(netns_path: str) -> Iterator[None]:
+    """``inside`` the network namespace named by a path (``/run/netns/NAME``,
+    ``/proc/PID/ns/net``).
+
+    Raises:
+        OSError: it cannot be opened or entered.
+    """
+    fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with inside(fd):
+            yield
+    finally:
+        os.close(fd)
+
+
 def _open_own() -> int:
     try:
         return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -121,4 +137,4 @@ def listen_in(
     return made
 
 
-__all__ = ["initial", "inside", "listen_in"]
+__all__ = ["initial", "inside", "inside_path", "listen_in"]

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from stockade._netns import inside
+from stockade._netns import inside_path
 from stockade.errors import HostError
 
 DOCS_HOST = "docs.example.com"
@@ -145,12 +145,8 @@ class DemoWorld:
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """The calling thread inside the namespace for the body."""
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            with inside(fd):
-                yield
-        finally:
-            os.close(fd)
+        with inside_path(self.path):
+            yield
 
     def close(self) -> None:
         if self._loop is not None and self._stop is not None:
