@@ -18,10 +18,11 @@ For the same reason it raises the kernel's ``backlog_limit`` (64 at boot) to
 8192, auditd's usual value, and leaves it there: Landlock's records are
 allocated atomically and are dropped, not waited for, when the backlog is full.
 
-The mount layer's refusals (``EROFS``, ``EBUSY``, ``EXDEV``: a write to a
-protected file, a rename of a mount point) happen before any security hook,
-so Landlock logs nothing for them; the reader installs the kernel audit rules
-of ``_audit_mount`` that do, and leaves them, like auditing, when it closes.
+The refusals of the mount layer and of file permissions (a write to a
+protected file, a rename of a mount point, a connect to a decoy socket, an
+overwrite of a root-owned file) happen before Landlock looks, so it logs
+nothing for them; the reader installs the kernel audit rules of
+``_audit_mount`` that do, and leaves them, like auditing, when it closes.
 
 Nothing is lost silently: a socket overrun, a rise of the kernel's ``lost``
 counter, or a Landlock domain that counted more denials than were logged each
