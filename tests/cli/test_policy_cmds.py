@@ -12,8 +12,7 @@ from click.testing import CliRunner, Result
 
 from stockade.cli._policy_cmds import schema, validate
 from stockade.policy import policy_json_schema
-
-AGENTOS = Path(__file__).parents[2].parent / "shared" / "agentos"
+from tests._agentos import manifest
 
 # The two commands as _app registers them.
 app = click.Group(commands={"validate": validate, "schema": schema})
@@ -153,7 +152,7 @@ def test_validate_uses_the_callers_environment_for_variables(tmp_path: Path) -> 
 
 
 def test_validate_agentos_manifest_warns_about_a_writable_root() -> None:
-    result = run("validate", str(AGENTOS / "blocked-net.yaml"))
+    result = run("validate", str(manifest("blocked-net.yaml")))
     assert result.exit_code == 0
     assert "valid AgentOS manifest 'blocked-net', mode enforce" in result.stdout
     assert "  read-write   /\n" in result.stdout
@@ -162,7 +161,7 @@ def test_validate_agentos_manifest_warns_about_a_writable_root() -> None:
 
 
 def test_validate_agentos_bad_manifest() -> None:
-    result = run("validate", str(AGENTOS / "bad-paths.yaml"))
+    result = run("validate", str(manifest("bad-paths.yaml")))
     assert result.exit_code == 3
     assert "allowed_paths[0] '/srv/**' uses '**'" in result.stderr
     assert "so write '/srv/'" in result.stderr

@@ -36,15 +36,13 @@ from typing import Any
 
 import pytest
 
+from tests._agentos import AGENTOS, BAD, GOOD
 from tests._netns import TestNetns
 from tests.examples.test_examples import LoopIn, daemon_flags, daemon_in, export, stockade
 from tests.gateway._dns import TestDns
 from tests.gateway._servers import HttpServer, Reply
 from tests.gateway._tls import TestPki
 
-AGENTOS = Path(__file__).parents[2].parent / "shared" / "agentos"
-GOOD = sorted(p.name for p in AGENTOS.iterdir() if p.suffix in (".yaml", ".json") and "bad-" not in p.name)
-BAD = sorted(p.name for p in AGENTOS.iterdir() if "bad-" in p.name)
 ENV = {"ANTHROPIC_API_KEY": "sk-ant-test", "TEST_API_KEY": "sk-test"}
 CLOUDFLARE = "1.1.1.1"
 PUBLIC = "93.184.216.34"

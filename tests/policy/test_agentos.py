@@ -7,7 +7,6 @@ copied into this repository).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -15,12 +14,9 @@ from stockade.errors import PolicyError
 from stockade.policy._default import DEFAULT_LIMITS, PROTECT, SECRETS_DENY, SYSTEM_READ
 from stockade.policy._load import load_policy, load_policy_file, loads_policy, loads_policy_text
 from stockade.policy._model import HostRule, Policy
+from tests._agentos import AGENTOS, BAD, GOOD
 
-AGENTOS = Path(__file__).parents[2].parent / "shared" / "agentos"
 ENV = {"ANTHROPIC_API_KEY": "sk-ant-test", "TEST_API_KEY": "sk-test"}
-
-GOOD = sorted(p.name for p in AGENTOS.iterdir() if p.suffix in (".yaml", ".json") and "bad-" not in p.name)
-BAD = sorted(p.name for p in AGENTOS.iterdir() if "bad-" in p.name)
 
 
 def agentos(name: str) -> Policy:
