@@ -27,6 +27,7 @@ from stockade.daemon._bus import Recorder, approval_event, intent_event
 from stockade.daemon._network import fetch_decision, fetch_value
 from stockade.daemon._requests import RequestError
 from stockade.errors import StoreError
+from stockade.record import Event
 
 if TYPE_CHECKING:
     from stockade.daemon._runs import Run
@@ -172,12 +173,7 @@ class IntentPath:
 
         ``again``: a second event for an intent already recorded (refused while executed)."""
         event = intent_event(run, cell, intent, redact(args), decision, tool_call=tool_call)
-        try:
-            await self.recorder.record_soon([event])
-        except StoreError as exc:
-            raise RequestError(
-                "unavailable", f"the event store cannot write, so the intent is refused: {exc}"
-            ) from exc
+        await self._record_or_refuse([event])
         if not again:
             run.intents += 1
         if decision.verdict == "deny" and count:
@@ -212,18 +208,26 @@ class IntentPath:
             denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
             events.append(intent_event(run, cell, intent, redacted, denied, tool_call=tool_call))
             answer = _answer(denied)
-        try:
-            await self.recorder.record_soon(events)
-        except StoreError as exc:
-            raise RequestError(
-                "unavailable", f"the event store cannot write, so the intent is refused: {exc}"
-            ) from exc
+        await self._record_or_refuse(events)
         run.intents += 1
         if refused is not None:
             await self._count_denial(run)
         if error is not None:
             raise error
         return {**answer, "value": value}
+
+    async def _record_or_refuse(self, events: list[Event]) -> None:
+        """Store an intent's events durably.
+
+        Raises:
+            RequestError: ``unavailable``: the store cannot write, so the intent is refused.
+        """
+        try:
+            await self.recorder.record_soon(events)
+        except StoreError as exc:
+            raise RequestError(
+                "unavailable", f"the event store cannot write, so the intent is refused: {exc}"
+            ) from exc
 
     async def _count_denial(self, run: Run) -> None:
         run.denials += 1
