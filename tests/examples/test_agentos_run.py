@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from tests._agentos import AGENTOS, BAD, GOOD
+from tests._agentos import BAD, GOOD, manifest
 from tests._netns import TestNetns
 from tests.examples.test_examples import LoopIn, daemon_flags, daemon_in, export, stockade
 from tests.gateway._dns import TestDns
@@ -165,7 +165,7 @@ class World:
 
     def run(self, name: str, *argv: str) -> subprocess.CompletedProcess[str]:
         """``stockade run -f ../shared/agentos/NAME [-- ARGV]``, with the test's daemon."""
-        args = ["run", "-f", str(AGENTOS / name), *daemon_flags(self.tmp_path)]
+        args = ["run", "-f", str(manifest(name)), *daemon_flags(self.tmp_path)]
         return stockade(*args, *(["--", *argv] if argv else []), env=ENV)
 
     def runs(self) -> list[list[dict[str, Any]]]:
@@ -260,7 +260,7 @@ def test_manifests_without_network_run_with_stockade_exec(
 ) -> None:
     events = tmp_path / "events.jsonl"
     command = ["--", *argv] if argv else []
-    done = stockade("exec", "--policy", str(AGENTOS / name), "--events", str(events), *command, env=ENV)
+    done = stockade("exec", "--policy", str(manifest(name)), "--events", str(events), *command, env=ENV)
     assert done.returncode == exit_code, done.stderr
     assert done.stdout == out
     recorded = [json.loads(line) for line in events.read_text().splitlines()]
@@ -297,10 +297,10 @@ def test_a_refused_manifest_does_not_run(tmp_path: Path, name: str, how: str) ->
     witness = tmp_path / "ran"
     command = ["/bin/sh", "-c", f"touch {witness}"]
     if how == "exec":
-        done = stockade("exec", "--policy", str(AGENTOS / name), "--", *command)
+        done = stockade("exec", "--policy", str(manifest(name)), "--", *command)
     else:  # no daemon is reached: the file is refused first
-        done = stockade("run", "-f", str(AGENTOS / name), *daemon_flags(tmp_path), "--", *command)
+        done = stockade("run", "-f", str(manifest(name)), *daemon_flags(tmp_path), "--", *command)
     assert done.returncode == 3, done.stderr
-    assert f"{AGENTOS / name}:{where}: {message}" in done.stderr, done.stderr
+    assert f"{manifest(name)}:{where}: {message}" in done.stderr, done.stderr
     assert done.stdout == "" and not witness.exists()
     assert not (tmp_path / "state").exists()

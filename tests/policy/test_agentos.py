@@ -14,13 +14,13 @@ from stockade.errors import PolicyError
 from stockade.policy._default import DEFAULT_LIMITS, PROTECT, SECRETS_DENY, SYSTEM_READ
 from stockade.policy._load import load_policy, load_policy_file, loads_policy, loads_policy_text
 from stockade.policy._model import HostRule, Policy
-from tests._agentos import AGENTOS, BAD, GOOD
+from tests._agentos import BAD, GOOD, manifest
 
 ENV = {"ANTHROPIC_API_KEY": "sk-ant-test", "TEST_API_KEY": "sk-test"}
 
 
 def agentos(name: str) -> Policy:
-    loaded = load_policy_file(AGENTOS / name, environ=ENV)
+    loaded = load_policy_file(manifest(name), environ=ENV)
     assert loaded.format == "agentos"
     return loaded.policy
 
@@ -33,7 +33,7 @@ def test_the_shared_manifests_are_there() -> None:
 @pytest.mark.parametrize("name", GOOD)
 def test_every_accepted_manifest_loads(name: str) -> None:
     policy = agentos(name)
-    source = AGENTOS / name
+    source = manifest(name)
     raw = json.loads(source.read_text()) if name.endswith(".json") else None
     assert policy.source == str(source)
     # What every manifest means here: the system directories read-only, the
@@ -83,8 +83,8 @@ def test_every_accepted_manifest_loads(name: str) -> None:
 def test_bad_manifests_are_refused_with_a_clear_error(name: str, where: str, message: str) -> None:
     assert name in BAD
     with pytest.raises(PolicyError) as info:
-        load_policy(AGENTOS / name, environ=ENV)
-    assert info.value.location == f"{AGENTOS / name}:{where}"
+        load_policy(manifest(name), environ=ENV)
+    assert info.value.location == f"{manifest(name)}:{where}"
     assert message in info.value.message
 
 
@@ -123,8 +123,8 @@ def test_testdata_llm_agent_allows_a_private_network() -> None:
 
 def test_unset_variable_in_a_manifest_env_is_an_error() -> None:
     with pytest.raises(PolicyError) as info:
-        load_policy(AGENTOS / "llm-agent.yaml", environ={})
-    assert info.value.location == f"{AGENTOS / 'llm-agent.yaml'}:13:22"
+        load_policy(manifest("llm-agent.yaml"), environ={})
+    assert info.value.location == f"{manifest('llm-agent.yaml')}:13:22"
     assert "env.ANTHROPIC_API_KEY '${ANTHROPIC_API_KEY}' uses the variable" in info.value.message
 
 
