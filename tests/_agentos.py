@@ -19,8 +19,13 @@ BAD = [n for n in _NAMES if "bad-" in n]
 """Manifests AgentOS refuses."""
 
 
-def manifest(name: str) -> Path:
-    """The manifest ``name``; the test is skipped where the shared data is absent."""
+def require() -> Path:
+    """The manifests' directory; the test is skipped where the shared data is absent."""
     if not AGENTOS.is_dir():
         pytest.skip(f"no AgentOS manifests at {AGENTOS} (the shared test data beside the checkout)")
-    return AGENTOS / name
+    return AGENTOS
+
+
+def manifest(name: str) -> Path:
+    """The manifest ``name`` (see ``require``)."""
+    return require() / name
