@@ -70,6 +70,10 @@ class Peer(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.daemon.released:  # accepted as the daemon let go: it would never be closed
+            transport.close()
+            self._closing = True
+            return
         if not self.daemon.register(self):
             transport.write(
                 self.conn.fail(

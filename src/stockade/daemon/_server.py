@@ -91,6 +91,9 @@ class Daemon:
         self._stopped: asyncio.Event | None = None
         self._stopping = False
         self._serving = False
+        self.released = False
+        """True once the daemon let go of its sockets: a connection accepted just
+        before that (its protocol not yet made) closes itself at once."""
         self._lock_fd = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self.recorder: Recorder | None = None
@@ -165,12 +168,16 @@ class Daemon:
         self._stopped.set()
 
     async def _release(self) -> None:
-        for peer in list(self._peers):
-            peer.close()
+        self.released = True
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+        # One pass of the loop: a connection accepted before the server closed
+        # gets its connection_made, and closes (``released``); then the rest.
+        await asyncio.sleep(0)
+        for peer in list(self._peers):
+            peer.close()
         if self.recorder is not None:
             await asyncio.to_thread(self.recorder.close)
         with contextlib.suppress(FileNotFoundError):
