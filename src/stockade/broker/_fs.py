@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from stockade.cell._plan import _DEFAULT_HIDDEN, NOBODY, _cell_identity
-from stockade.cell._syscall import syscall
+from stockade.cell._syscall import libc
 from stockade.errors import HostError
 from stockade.policy._default import SECRETS_DENY
 from stockade.policy._model import Policy
@@ -98,6 +98,16 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
+_openat2_call = libc["syscall"]
+"""``syscall(2)`` as a function object of its own, typed for openat2's four
+arguments: the broker opens three files per fs intent, and the generic
+``stockade.cell._syscall.syscall`` (which widens each argument in Python)
+was a fifth of that."""
+_openat2_call.restype = ctypes.c_long
+_openat2_call.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+_OPEN_HOW_SIZE = ctypes.sizeof(_OpenHow)
+
+
 def openat2(dirfd: int, path: str, flags: int, *, mode: int = 0, resolve: int = 0) -> int:
     """``openat2(2)``: open ``path`` relative to ``dirfd`` under the ``resolve`` restrictions.
 
@@ -116,17 +126,18 @@ def openat2(dirfd: int, path: str, flags: int, *, mode: int = 0, resolve: int = 
         # The kernel would read the name only up to it: another file.
         raise ValueError(f"openat2: a NUL in the name {path!r}")
     for _attempt in range(8):
-        try:
-            return syscall(SYS_OPENAT2, dirfd, encoded, ctypes.byref(how), ctypes.sizeof(how))
-        except OSError as exc:
-            if exc.errno == errno.ENOSYS:
-                raise HostError(
-                    "this kernel has no openat2(2), which the broker's file intents need; "
-                    "run stockade on Linux 5.6 or later",
-                    feature="openat2",
-                ) from exc
-            if exc.errno != errno.EAGAIN:
-                raise
+        fd: int = _openat2_call(SYS_OPENAT2, dirfd, encoded, ctypes.addressof(how), _OPEN_HOW_SIZE)
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err == errno.ENOSYS:
+            raise HostError(
+                "this kernel has no openat2(2), which the broker's file intents need; "
+                "run stockade on Linux 5.6 or later",
+                feature="openat2",
+            )
+        if err != errno.EAGAIN:
+            raise OSError(err, os.strerror(err))
     raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
 
 
@@ -225,6 +236,8 @@ class FileAccess:
         self._hidden_roots = tuple(_parts(r) for r in dict.fromkeys(roots))
         self._hidden_cache: dict[tuple[tuple[str, ...], tuple[str, ...]], str | None] = {}
         self._grant_cache: dict[tuple[str, bool], _Grant] = {}
+        self._identities: dict[tuple[bool, int, int], _Identity] = {}
+        self._root = os.geteuid() == 0
         protect: list[str] = [e for e in fs.protect if e.startswith("/")]
         self._protect_relative = tuple(e for e in fs.protect if not e.startswith("/"))
         if policy.source:
@@ -244,18 +257,26 @@ class FileAccess:
             FsFailure: refused, not_found, is_a_directory, too_large, io.
         """
         grant = self._grant(path, write=False)
-        with self._parent(grant, path) as (parent, name, ident):
+        # The busiest intent: descriptors closed by hand rather than through
+        # context managers, which cost as much as a system call each.
+        parent, name, ident = self._open_parent(grant, path)
+        try:
             if name is None:
                 raise FsFailure("is_a_directory", f"{_show(path)} is a directory; list it with fs.list")
             probe = self._probe(parent, name, path)
             self._check_regular(probe, path, ident, want=4, verb="read")
             if probe.st_size > MAX_READ:
                 raise FsFailure("too_large", _too_large(path, probe.st_size))
-            with _fd(self._reopen(parent, name, os.O_RDONLY, probe, path)) as fd:
+            fd = self._reopen(parent, name, os.O_RDONLY, probe, path)
+            try:
                 data = _read_bounded(fd, MAX_READ + 1)
-            if len(data) > MAX_READ:
-                raise FsFailure("too_large", _too_large(path, len(data)))
-            return data
+            finally:
+                os.close(fd)
+        finally:
+            os.close(parent)
+        if len(data) > MAX_READ:
+            raise FsFailure("too_large", _too_large(path, len(data)))
+        return data
 
     def write(self, path: str, data: bytes, mode: WriteMode) -> bool:
         """Write ``data`` to the regular file at ``path``; return whether it was created.
@@ -482,12 +503,23 @@ class FileAccess:
     def _parent(
         self, grant: _Grant, path: str, *, write: bool = False
     ) -> Iterator[tuple[int, str | None, _Identity]]:
-        """Yield an ``O_PATH`` descriptor of the directory holding ``path``, its
-        last component (``None`` when ``path`` is the grant's directory itself)
-        and the identity whose permissions apply."""
+        """``_open_parent`` as a context manager that closes the descriptor."""
+        fd, name, ident = self._open_parent(grant, path, write=write)
+        try:
+            yield fd, name, ident
+        finally:
+            os.close(fd)
+
+    def _open_parent(
+        self, grant: _Grant, path: str, *, write: bool = False
+    ) -> tuple[int, str | None, _Identity]:
+        """An ``O_PATH`` descriptor of the directory holding ``path`` (the
+        caller closes it), its last component (``None`` when ``path`` is the
+        grant's directory itself) and the identity whose permissions apply."""
         root_parts, rel = list(grant.root), list(grant.rel)
-        root_fd = self._open_root(root_parts, grant.trusted, allow_missing=grant.writable and not rel)
-        if root_fd is None or not stat.S_ISDIR(os.fstat(root_fd).st_mode):
+        root_fd, real = self._open_root(root_parts, grant.trusted, allow_missing=grant.writable and not rel)
+        st = os.fstat(root_fd) if root_fd is not None else None
+        if root_fd is None or st is None or not stat.S_ISDIR(st.st_mode):
             # A grant naming a file: its directory is the root, the file the only name in it.
             if root_fd is not None:
                 os.close(root_fd)
@@ -500,10 +532,11 @@ class FileAccess:
                 target = os.path.realpath(target)
             root_parts = _parts(os.path.dirname(target))
             rel = [os.path.basename(target)]
-            root_fd = self._open_root(root_parts, grant.trusted, allow_missing=False)
+            root_fd, real = self._open_root(root_parts, grant.trusted, allow_missing=False)
             assert root_fd is not None
+            st = os.fstat(root_fd)
+        fd = root_fd
         try:
-            real = _parts(os.readlink(f"/proc/self/fd/{root_fd}"))
             real_path = [*real, *rel]
             real_grant = _Grant(grant.entry, tuple(real), tuple(rel), grant.writable, grant.trusted)
             reason = self._hidden(real_path, real_grant)
@@ -513,56 +546,78 @@ class FileAccess:
                 raise FsFailure(
                     "refused", f"{_show(path)} leads to {_show('/' + '/'.join(real_path))}, {reason}"
                 )
-            st = os.fstat(root_fd)
-            ident = _Identity(
-                uids=frozenset(
-                    {self._uid, st.st_uid} if grant.writable and os.geteuid() == 0 else {self._uid}
-                ),
-                gids=frozenset(
-                    {self._gid, st.st_gid} if grant.writable and os.geteuid() == 0 else {self._gid}
-                ),
-                owner_uid=st.st_uid,
-                owner_gid=st.st_gid,
-            )
-            fd = root_fd
-            root_fd = -1
-            try:
-                for index, name in enumerate(rel[:-1]):
-                    if not _permits(os.fstat(fd), ident, 1):
-                        raise FsFailure(
-                            "refused", f"{_show(path)}: a directory on the way is not searchable by the cell"
-                        )
-                    step = self._open_at(fd, name, os.O_PATH | os.O_DIRECTORY, path, where=rel[: index + 1])
-                    os.close(fd)
-                    fd = step
-                if rel and not _permits(os.fstat(fd), ident, 1):
+            ident = self._identity(grant.writable, st.st_uid, st.st_gid)
+            for index, name in enumerate(rel[:-1]):
+                if not _permits(st, ident, 1):
                     raise FsFailure(
-                        "refused", f"the directory of {_show(path)} is not searchable by the cell"
+                        "refused", f"{_show(path)}: a directory on the way is not searchable by the cell"
                     )
-                yield fd, (rel[-1] if rel else None), ident
-            finally:
+                step = self._open_at(fd, name, os.O_PATH | os.O_DIRECTORY, path, where=rel[: index + 1])
                 os.close(fd)
-        finally:
-            if root_fd >= 0:
-                os.close(root_fd)
+                fd = step
+                st = os.fstat(fd)
+            if rel and not _permits(st, ident, 1):
+                raise FsFailure("refused", f"the directory of {_show(path)} is not searchable by the cell")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, (rel[-1] if rel else None), ident
 
-    def _open_root(self, parts: Sequence[str], trusted: bool, *, allow_missing: bool) -> int | None:
+    def _identity(self, writable: bool, owner_uid: int, owner_gid: int) -> _Identity:
+        """The identity whose permissions apply in a grant whose directory ``owner_uid:owner_gid`` owns."""
+        key = (writable, owner_uid, owner_gid)
+        ident = self._identities.get(key)
+        if ident is None:
+            as_owner = writable and self._root
+            ident = _Identity(
+                uids=frozenset({self._uid, owner_uid} if as_owner else {self._uid}),
+                gids=frozenset({self._gid, owner_gid} if as_owner else {self._gid}),
+                owner_uid=owner_uid,
+                owner_gid=owner_gid,
+            )
+            if len(self._identities) >= _HIDDEN_CACHE_MAX:
+                self._identities.clear()
+            self._identities[key] = ident
+        return ident
+
+    def _open_root(
+        self, parts: Sequence[str], trusted: bool, *, allow_missing: bool
+    ) -> tuple[int | None, Sequence[str]]:
+        """An ``O_PATH`` descriptor of the grant's directory ``parts`` (None if
+        missing and ``allow_missing``) and the real path it reached, in components."""
         path = "/" + "/".join(parts)
-        resolve = RESOLVE_NO_MAGICLINKS if trusted else RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS
         try:
-            return openat2(AT_FDCWD, path, os.O_PATH, resolve=resolve)
+            # First without following any link: then the path reached is the
+            # path named, and no readlink of /proc/self/fd is needed.
+            fd = openat2(AT_FDCWD, path, os.O_PATH, resolve=RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS)
+            return fd, list(parts)
         except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                if allow_missing:
-                    return None
-                raise FsFailure("not_found", f"the grant {_show(path)} does not exist on this host") from exc
-            if exc.errno == errno.ELOOP:
-                raise FsFailure(
-                    "refused",
-                    f"the grant {_show(path)} lies in a writable tree and leads through a symbolic link, "
-                    "which an agent could have planted; grant the real path instead",
-                ) from exc
+            if exc.errno != errno.ELOOP or not trusted:
+                return self._root_failure(exc, path, allow_missing=allow_missing), []
+        try:
+            fd = openat2(AT_FDCWD, path, os.O_PATH, resolve=RESOLVE_NO_MAGICLINKS)
+        except OSError as exc:
+            return self._root_failure(exc, path, allow_missing=allow_missing), []
+        try:
+            return fd, _parts(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError as exc:
+            os.close(fd)
             raise FsFailure("io", f"opening the grant {_show(path)} failed: {exc.strerror}") from exc
+
+    @staticmethod
+    def _root_failure(exc: OSError, path: str, *, allow_missing: bool) -> None:
+        """None for a missing grant that may be missing; else the failure to raise."""
+        if exc.errno == errno.ENOENT:
+            if allow_missing:
+                return None
+            raise FsFailure("not_found", f"the grant {_show(path)} does not exist on this host") from exc
+        if exc.errno == errno.ELOOP:
+            raise FsFailure(
+                "refused",
+                f"the grant {_show(path)} lies in a writable tree and leads through a symbolic link, "
+                "which an agent could have planted; grant the real path instead",
+            ) from exc
+        raise FsFailure("io", f"opening the grant {_show(path)} failed: {exc.strerror}") from exc
 
     def _open_at(
         self, dirfd: int, name: str, flags: int, path: str, *, mode: int = 0, where: Sequence[str] = ()
@@ -604,7 +659,21 @@ class FileAccess:
             raise FsFailure("io", f"opening {here} failed: {exc.strerror}") from exc
 
     def _probe(self, parent: int, name: str, path: str) -> os.stat_result:
-        """What is at ``name``, looked at through an ``O_PATH`` descriptor (no open side effects)."""
+        """What is at ``name``, looked at without opening it (no open side effects)."""
+        if name not in (".", "..") and "/" not in name:
+            # One component beneath a descriptor the broker resolved itself,
+            # not followed if it is a link: fstatat(2) is safe here, and one
+            # call instead of openat2, fstat and close. A regular file is then
+            # opened with openat2's restrictions and checked to be the same
+            # inode (``_reopen``); anything else takes the slow path below for
+            # its exact refusal.
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except (OSError, ValueError):
+                pass
+            else:
+                if stat.S_ISREG(st.st_mode):
+                    return st
         with _fd(self._open_at(parent, name, os.O_PATH, path)) as fd:
             st = os.fstat(fd)
         if stat.S_ISLNK(st.st_mode):

@@ -29,6 +29,7 @@ import concurrent.futures
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +52,11 @@ if TYPE_CHECKING:
 MAX_BATCH = 1024
 """Events written in one journal write at most; more wait for the next."""
 
-Waiter = asyncio.Future[list[StoredEvent]] | concurrent.futures.Future[list[StoredEvent]]
+Then = Callable[[list[StoredEvent] | BaseException], None]
+"""Called on the loop with the stored events once they are durable, or what
+kept them from it (``StoreError``; another exception is a caller's bug, an
+event that cannot be encoded). ``Recorder.record_then``."""
+Waiter = asyncio.Future[list[StoredEvent]] | concurrent.futures.Future[list[StoredEvent]] | Then
 
 
 @dataclass(eq=False, slots=True)
@@ -124,6 +129,15 @@ class Recorder:
         waiter: asyncio.Future[list[StoredEvent]] = self._loop.create_future()
         self._enqueue(events, waiter)
         return waiter
+
+    def record_then(self, events: Sequence[Event], then: Then) -> None:
+        """From the loop: call ``then`` with the stored events once they are
+        durable (or with the exception that kept them from it, see ``Then``).
+
+        ``record_soon`` without a future: the broker's fast path answers an
+        intent from ``then``, in the same pass of the loop as the write, where a
+        future would wake a task one pass later."""
+        self._enqueue(events, then)
 
     async def retry(self, events: Sequence[Event]) -> list[StoredEvent]:
         """From the loop, after a failure: try the store again with ``events``.
@@ -248,13 +262,19 @@ class Recorder:
 
 
 def _settle(waiter: Waiter, result: list[StoredEvent] | BaseException) -> None:
-    """Resolve an asyncio future (on the loop) or a thread's future."""
-    if waiter.done():
+    """Resolve an asyncio future (on the loop), a thread's future or a callback."""
+    if isinstance(waiter, asyncio.Future | concurrent.futures.Future):
+        if waiter.done():
+            return
+        if isinstance(result, BaseException):
+            waiter.set_exception(result)
+        else:
+            waiter.set_result(result)
         return
-    if isinstance(result, BaseException):
-        waiter.set_exception(result)
-    else:
-        waiter.set_result(result)
+    try:
+        waiter(result)
+    except Exception as exc:  # a bug in the callback: the batch's other callers still get theirs
+        print(f"stockade: internal error answering a recorded intent: {exc!r}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- the bus

@@ -15,6 +15,7 @@ import concurrent.futures
 import hmac
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._approvals import Approval, ApprovalError, Approvals
@@ -28,6 +29,7 @@ from stockade.daemon._network import fetch_decision, fetch_value
 from stockade.daemon._requests import RequestError
 from stockade.errors import StoreError
 from stockade.record import Event
+from stockade.record._chain import StoredEvent
 
 if TYPE_CHECKING:
     from stockade.daemon._runs import Run
@@ -93,6 +95,85 @@ class IntentPath:
 
     # ------------------------------------------------------------------ intents
 
+    def prepare_read(self, run: Run, params: Mapping[str, Any], *, cell: str) -> PreparedRead | None:
+        """The fast path of ``intent``, with nothing awaited: an allowed
+        ``fs.read`` or ``fs.list`` (``_READ_ONLY``) from a run that may go on,
+        done now, its events built but not yet recorded. None for anything
+        else (nothing was done): ``intent`` serves it.
+
+        The caller records ``events`` (``settle_read``, or the recorder with a
+        callback and then ``finish_read``); the agent gets nothing before that."""
+        intent = params.get("intent")
+        args = params.get("args", {})
+        if (
+            type(intent) is not str
+            or intent not in _READ_ONLY
+            or type(args) is not dict
+            or self.recorder.failure is not None
+            or run.halted
+            or run.done.is_set()
+            or _check_token(self.tokens, run, params.get("token")) != TokenCheck.OK
+        ):
+            return None
+        try:
+            parse_args(intent, args)
+            tool_call = _tools.check_tool_call_id(params.get("tool_call"))
+        except (IntentError, RequestError):
+            return None  # ``intent`` refuses it with the reason
+        decision = run.rules.decide(intent, args)
+        if decision.verdict != "allow":
+            return None
+        redacted = redact(args)
+        events = [intent_event(run, cell, intent, redacted, decision, tool_call=tool_call)]
+        error: RequestError | None = None
+        value: dict[str, object] = {}
+        try:
+            value = _execute_now(run, intent, args)
+        except RequestError as exc:
+            error = exc
+        refused = refusal(value) if error is None else None
+        answer = _answer(decision)
+        if refused is not None:
+            denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
+            events.append(intent_event(run, cell, intent, redacted, denied, tool_call=tool_call))
+            answer = _answer(denied)
+        return PreparedRead(events, {**answer, "value": value}, refused is not None, error)
+
+    def finish_read(
+        self, run: Run, prepared: PreparedRead, recorded: list[StoredEvent] | BaseException
+    ) -> dict[str, Any]:
+        """The answer to a prepared read that the broker did not refuse (a
+        refusal counts toward the tripwire first: ``settle_read``), once the
+        recorder gave back ``recorded`` for its events (``Recorder.record_then``).
+
+        Raises:
+            RequestError: ``unavailable`` (the store cannot write), or the
+                intent's own failure (its events say so).
+        """
+        if isinstance(recorded, StoreError):
+            raise RequestError(
+                "unavailable", f"the event store cannot write, so the intent is refused: {recorded}"
+            ) from recorded
+        if isinstance(recorded, BaseException):
+            raise recorded
+        run.intents += 1
+        if prepared.error is not None:
+            raise prepared.error
+        return prepared.answer
+
+    async def settle_read(self, run: Run, prepared: PreparedRead) -> dict[str, Any]:
+        """Record a prepared read's events, count a refusal, then its answer.
+
+        Raises:
+            RequestError: as ``finish_read``.
+        """
+        await self._record_or_refuse(prepared.events)
+        if prepared.refused:
+            run.intents += 1
+            await self._count_denial(run)
+            return prepared.answer
+        return self.finish_read(run, prepared, [])
+
     async def intent(self, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
         """One intent from ``run``'s broker socket; the answer's ``result``.
 
@@ -101,6 +182,9 @@ class IntentPath:
                 token), ``bad_params`` (the intent's arguments), ``unavailable``
                 (the store cannot write).
         """
+        prepared = self.prepare_read(run, params, cell=cell)
+        if prepared is not None:
+            return await self.settle_read(run, prepared)
         intent = params.get("intent")
         args = params.get("args", {})
         if not isinstance(intent, str) or not intent or len(intent) > 64 or not isinstance(args, dict):
@@ -140,8 +224,6 @@ class IntentPath:
             decision = Decision(
                 "deny", decision.rule, f"{decision.reason}; the run is unattended, so nobody can approve"
             )
-        if decision.verdict == "allow" and intent in _READ_ONLY:
-            return await self._read_then_record(run, cell, intent, args, decision, tool_call=tool_call)
         await self._record_intent(run, cell, intent, args, decision, tool_call=tool_call)
         if decision.verdict == "deny":
             return _answer(decision)
@@ -178,43 +260,6 @@ class IntentPath:
             run.intents += 1
         if decision.verdict == "deny" and count:
             await self._count_denial(run)
-
-    async def _read_then_record(
-        self,
-        run: Run,
-        cell: str,
-        intent: str,
-        args: Mapping[str, object],
-        decision: Decision,
-        *,
-        tool_call: str | None = None,
-    ) -> dict[str, Any]:
-        """An allowed intent that changes nothing (``_READ_ONLY``): done first,
-        then recorded, with the broker's own refusal if it met one, in one
-        write; the agent still reads nothing before that write is durable.
-        The same events as ``_record_intent`` then ``_execute``, one pass of
-        the loop and (for a refusal) one durable write fewer."""
-        redacted = redact(args)
-        events = [intent_event(run, cell, intent, redacted, decision, tool_call=tool_call)]
-        error: RequestError | None = None
-        value: dict[str, object] = {}
-        try:
-            value = _execute_now(run, intent, args)
-        except RequestError as exc:
-            error = exc
-        refused = refusal(value) if error is None else None
-        answer = _answer(decision)
-        if refused is not None:
-            denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
-            events.append(intent_event(run, cell, intent, redacted, denied, tool_call=tool_call))
-            answer = _answer(denied)
-        await self._record_or_refuse(events)
-        run.intents += 1
-        if refused is not None:
-            await self._count_denial(run)
-        if error is not None:
-            raise error
-        return {**answer, "value": value}
 
     async def _record_or_refuse(self, events: list[Event]) -> None:
         """Store an intent's events durably.
@@ -309,6 +354,21 @@ _READ_ONLY = frozenset({"fs.read", "fs.list"})
 """Intents whose execution changes nothing: done before their event is durable
 (never answered before it)."""
 
+
+@dataclass(frozen=True, slots=True)
+class PreparedRead:
+    """An allowed read-only intent, done, its events not yet recorded (``prepare_read``)."""
+
+    events: list[Event]
+    """Its ``intent`` event, and a second one if the broker's own checks refused it."""
+    answer: dict[str, Any]
+    """The result the agent gets once ``events`` are durable (unless ``error``)."""
+    refused: bool
+    """The broker refused it after the rules allowed it: a denial toward the tripwire."""
+    error: RequestError | None
+    """It failed; the agent gets this error instead of ``answer``."""
+
+
 _TOKEN_WORDS = {
     TokenCheck.MALFORMED: "malformed",
     TokenCheck.FORGED: "forged",
@@ -350,4 +410,4 @@ def _approval_reason(approval: Approval) -> str:
     return f"{word} by {approval.by or 'nobody'}" + (f": {approval.reason}" if approval.reason else "")
 
 
-__all__ = ["IntentPath"]
+__all__ = ["IntentPath", "PreparedRead"]
