@@ -533,6 +533,21 @@ class Connection:
             raise ProtocolError(exc.message) from exc.__cause__
         return _LENGTH.pack(len(body)) + body
 
+    def push_json(self, sub: int, event_json: str) -> bytes:
+        """The frame pushing a stored event to subscription ``sub``, around
+        ``event_json``, its JSON text as the store made it
+        (``StoredEvent.to_json``: valid JSON, never NaN), which is not encoded again.
+
+        Raises:
+            ProtocolError: the frame would be over the frame limit.
+        """
+        body = b'{"v":%d,"push":"event","sub":%d,"event":%s}' % (VERSION, sub, event_json.encode("utf-8"))
+        if len(body) > self.max_frame:
+            raise ProtocolError(
+                f"the pushed event is {len(body)} bytes, over the frame limit of {self.max_frame}"
+            )
+        return _LENGTH.pack(len(body)) + body
+
     def push(self, sub: int, event: Mapping[str, Any]) -> bytes:
         """The frame pushing ``event`` to subscription ``sub``.
 

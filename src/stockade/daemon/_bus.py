@@ -280,8 +280,9 @@ def _settle(waiter: Waiter, result: list[StoredEvent] | BaseException) -> None:
 # --------------------------------------------------------------------------- the bus
 
 
-Send = Callable[[int, dict[str, Any]], bool]
-"""Hands one message to subscription ``id``; False when its queue is full."""
+Send = Callable[[int, str], bool]
+"""Hands one stored event, as its JSON line (``StoredEvent.to_json``), to
+subscription ``id``; False when its queue is full."""
 SendOutput = Callable[[int, int, int, bytes], bool]
 """Hands (id, stream, offset, data) of a run's transcript to a follower; False when its queue is full."""
 EndOutput = Callable[[int, dict[str, Any]], None]
@@ -354,13 +355,13 @@ class EventBus:
             return []
         overflowed: list[Subscription] = []
         for item in stored:
-            message: dict[str, Any] | None = None
+            line: str | None = None
             for sub in list(self._subs.values()):
                 if sub.run is not None and sub.run != item.event.run:
                     continue
-                if message is None:
-                    message = item.to_dict()
-                if not sub.send(sub.id, message):
+                if line is None:
+                    line = item.to_json()
+                if not sub.send(sub.id, line):
                     del self._subs[sub.id]
                     overflowed.append(sub)
         self.dropped += len(overflowed)

@@ -66,6 +66,9 @@ class Peer(asyncio.Protocol):
         self._writing_paused = False
         self._closing = False
         self._decoders: dict[int, codecs.IncrementalDecoder] = {}
+        self._pushes: list[bytes] = []
+        """Event pushes not yet written (``push_event``); ``write`` sends them first."""
+        self._pushes_size = 0
 
     # -- asyncio.Protocol
 
@@ -219,6 +222,10 @@ class Peer(asyncio.Protocol):
 
     def write(self, frame: bytes) -> None:
         if self.transport is not None and not self._closing:
+            if self._pushes:  # in order: what was pushed before goes first
+                frame = b"".join([*self._pushes, frame])
+                self._pushes.clear()
+                self._pushes_size = 0
             self.transport.write(frame)
 
     def close(self) -> None:
@@ -232,10 +239,10 @@ class Peer(asyncio.Protocol):
         return (
             self.transport is not None
             and not self._closing
-            and self.transport.get_write_buffer_size() <= self.daemon.subscriber_buffer
+            and self.transport.get_write_buffer_size() + self._pushes_size <= self.daemon.subscriber_buffer
         )
 
-    def push_event(self, sub: int, message: dict[str, Any]) -> bool:
+    def push_event(self, sub: int, line: str) -> bool:
         """A subscription's ``send``: False (after a last push saying so) when it fell behind."""
         if self._closing:
             return False
@@ -243,10 +250,20 @@ class Peer(asyncio.Protocol):
             self._push_dropped(sub)
             return False
         try:
-            self.write(self.conn.push(sub, message))
+            frame = self.conn.push_json(sub, line)
         except ProtocolError:
-            pass  # too large for a frame (it cannot be: events are smaller); skip it
+            return True  # too large for a frame (it cannot be: events are smaller); skip it
+        # The events of one write of the store go out in one system call, at
+        # the end of this pass of the loop, instead of one call each.
+        if not self._pushes:
+            asyncio.get_running_loop().call_soon(self._send_pushes)
+        self._pushes.append(frame)
+        self._pushes_size += len(frame)
         return True
+
+    def _send_pushes(self) -> None:
+        if self._pushes:
+            self.write(b"")
 
     def push_output(self, sub: int, stream: int, offset: int, data: bytes) -> bool:
         """A transcript follower's ``send``."""

@@ -42,7 +42,9 @@ _json_string: Any = encode_basestring
 
 def canonical_json(value: Any) -> str:
     """The one JSON text of ``value`` that stockade hashes and stores."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # allow_nan=False: NaN and Infinity are not JSON; an event holding one is
+    # refused when stored rather than written where no JSON reader takes it.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def hash_payload(prev: str, seq: int, event_json: bytes) -> str:
