@@ -23,6 +23,7 @@ from stockade.broker._intents import (
     IntentError,
     IntentExecutor,
     RunWorkbench,
+    _json_escaped_size,
     blob,
     parse_args,
     redact,
@@ -409,3 +410,15 @@ def test_ask_without_an_operator_is_unavailable(tree: Path) -> None:
     assert value == {
         "error": {"code": "unavailable", "message": "nobody is attached to answer questions for this run"}
     }
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",))))
+def test_the_escaped_size_of_text_is_what_json_writes(text: str) -> None:
+    # blob() chooses text or base64 by this size without writing the JSON.
+    data = text.encode("utf-8")
+    assert _json_escaped_size(text, len(data)) == len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def test_blob_keeps_text_only_while_it_is_no_longer_than_base64() -> None:
+    assert blob(b"\x01" * 30)["encoding"] == "base64"  # 180 bytes escaped, 40 in base64
+    assert blob(b"a\nb\nc")["encoding"] == "utf-8"

@@ -33,8 +33,8 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -392,14 +392,26 @@ def blob(data: bytes) -> dict[str, object]:
     (a file of control characters escapes to six bytes each), so a value is
     never more than 4/3 of its bytes on the wire.
     """
-    encoded = base64.b64encode(data).decode("ascii")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return {"content": encoded, "encoding": "base64"}
-    if len(json.dumps(text, ensure_ascii=False).encode("utf-8")) - 2 > len(encoded):
-        return {"content": encoded, "encoding": "base64"}
+        return {"content": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+    if _json_escaped_size(text, len(data)) > 4 * ((len(data) + 2) // 3):
+        return {"content": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
     return {"content": text, "encoding": "utf-8"}
+
+
+_ESCAPED_SHORT = '"\\\n\r\t\b\f'
+"""Characters JSON escapes in two bytes (``\\n``…)."""
+_ESCAPED_LONG = re.compile("[\x00-\x07\x0b\x0e-\x1f]")
+"""The other control characters, which JSON escapes in six bytes (``\\u0001``…)."""
+
+
+def _json_escaped_size(text: str, size: int) -> int:
+    """The bytes of ``text`` (``size`` in UTF-8) inside a JSON string, as
+    ``json.dumps(text, ensure_ascii=False)`` writes it, without writing it."""
+    extra = sum(text.count(c) for c in _ESCAPED_SHORT)
+    return size + extra + 5 * len(_ESCAPED_LONG.findall(text))
 
 
 def failure(code: str, message: str) -> dict[str, object]:
@@ -504,7 +516,11 @@ class IntentExecutor:
         Raises:
             IntentError: the intent or its arguments are malformed (nothing was done).
         """
-        parsed = parse_args(intent, args)
+        return self.execute_parsed(parse_args(intent, args))
+
+    def execute_parsed(self, parsed: IntentArgs) -> dict[str, object]:
+        """``execute`` of arguments that ``parse_args`` already gave (the
+        daemon's fast path validates them first: once is enough)."""
         try:
             if isinstance(parsed, FsReadArgs):
                 data = self._files.read(parsed.path)
@@ -529,7 +545,8 @@ class IntentExecutor:
             raise IntentError("http.fetch is executed by the daemon's gateway, not here", code="bad_request")
         if isinstance(parsed, SpawnArgs | SendArgs | RecvArgs):
             # Runs and mailboxes belong to the daemon: it executes these (daemon/_agents).
-            raise IntentError(f"{intent} is executed by the daemon, not here", code="bad_request")
+            name = {SpawnArgs: "agent.spawn", SendArgs: "agent.send", RecvArgs: "agent.recv"}[type(parsed)]
+            raise IntentError(f"{name} is executed by the daemon, not here", code="bad_request")
         assert isinstance(parsed, AskArgs)
         return self._ask(parsed)
 

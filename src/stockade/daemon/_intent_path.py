@@ -116,7 +116,7 @@ class IntentPath:
         ):
             return None
         try:
-            parse_args(intent, args)
+            parsed = parse_args(intent, args)
             tool_call = _tools.check_tool_call_id(params.get("tool_call"))
         except (IntentError, RequestError):
             return None  # ``intent`` refuses it with the reason
@@ -127,10 +127,11 @@ class IntentPath:
         events = [intent_event(run, cell, intent, redacted, decision, tool_call=tool_call)]
         error: RequestError | None = None
         value: dict[str, object] = {}
+        assert run.executor is not None
         try:
-            value = _execute_now(run, intent, args)
-        except RequestError as exc:
-            error = exc
+            value = run.executor.execute_parsed(parsed)
+        except IntentError as exc:
+            error = RequestError(exc.code, str(exc))
         refused = refusal(value) if error is None else None
         answer = _answer(decision)
         if refused is not None:
