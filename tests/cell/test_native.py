@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import stockade.broker
 import stockade.cell
 from stockade.cell import Cell, _native
 from stockade.cell._cell import _cap_last, _idmaps
@@ -29,6 +30,7 @@ from stockade.errors import CellError
 from stockade.policy import default_policy
 
 SOURCE = Path(stockade.cell.__file__).with_name("_native.c")
+FASTREAD_SOURCE = Path(stockade.broker.__file__).with_name("_fastread.c")
 """The extension's source (present in a checkout, not in an installed wheel)."""
 
 
@@ -166,7 +168,9 @@ def test_a_value_the_kernel_cannot_take_is_a_cell_error(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler on this host")
 @pytest.mark.skipif(not SOURCE.exists(), reason="an installed package without its C source")
-def test_the_source_compiles_without_warnings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", [SOURCE, FASTREAD_SOURCE], ids=["_native.c", "_fastread.c"])
+def test_the_source_compiles_without_warnings(tmp_path: Path, source: Path) -> None:
+    # Both of the package's C extensions (setup.py builds them without -Werror).
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         pytest.skip(f"no Python headers in {include}")
@@ -180,7 +184,7 @@ def test_the_source_compiles_without_warnings(tmp_path: Path) -> None:
             "-fPIC",
             "-shared",
             f"-I{include}",
-            str(SOURCE),
+            str(source),
             "-o",
             str(tmp_path / "x.so"),
         ],
