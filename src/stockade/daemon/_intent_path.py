@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 import hmac
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -183,9 +183,21 @@ class IntentPath:
                 token), ``bad_params`` (the intent's arguments), ``unavailable``
                 (the store cannot write).
         """
-        prepared = self.prepare_read(run, params, cell=cell)
-        if prepared is not None:
-            return await self.settle_read(run, prepared)
+        served = self.serve_intent(run, params, cell=cell)
+        if isinstance(served, PreparedRead):
+            return await self.settle_read(run, served)
+        return await served
+
+    def serve_intent(
+        self, run: Run, params: Mapping[str, Any], *, cell: str
+    ) -> PreparedRead | Coroutine[Any, Any, dict[str, Any]]:
+        """Where every intent of a broker socket enters: a read done now
+        (``prepare_read``), or the coroutine that serves any other intent
+        (not yet awaited: its caller gives it a task)."""
+        return self.prepare_read(run, params, cell=cell) or self._intent(run, params, cell=cell)
+
+    async def _intent(self, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
+        """``intent`` of whatever ``prepare_read`` did not take."""
         intent = params.get("intent")
         args = params.get("args", {})
         if not isinstance(intent, str) or not intent or len(intent) > 64 or not isinstance(args, dict):

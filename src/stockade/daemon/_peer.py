@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._protocol import Connection, ErrorCode, ProtocolViolation, Request
+from stockade.daemon._intent_path import PreparedRead
 from stockade.daemon._runs import RequestError
 from stockade.errors import ProtocolError, StockadeError, StoreError
 
@@ -151,16 +152,18 @@ class Peer(asyncio.Protocol):
         self._set_reading()
 
     def _serve_now(self, req: Request) -> bool:
-        """Serve an allowed read-only intent without a task (the broker's
-        fast path, ``IntentPath.prepare_read``): done now, answered from the
-        recorder's callback once its event is durable, two passes of the loop
-        where a task takes four. False (nothing done) for any other request."""
+        """Serve an intent: an allowed read-only one without a task (the
+        broker's fast path, ``IntentPath.prepare_read``), done now and answered
+        from the recorder's callback once its event is durable, two passes of
+        the loop where a task takes four; any other in a task. False (nothing
+        done) for a request that is not an intent."""
         runs, run = self.daemon.runs, self.run
         if req.method != "intent" or runs is None or run is None:
             return False
-        prepared = runs.prepare_read(run, req.params, cell=self.cell)
-        if prepared is None:
-            return False
+        prepared = runs.serve_intent(run, req.params, cell=self.cell)
+        if not isinstance(prepared, PreparedRead):
+            asyncio.get_running_loop().create_task(self._serve(req, prepared))
+            return True
         if prepared.refused:  # counted toward the tripwire before the answer: a task
             asyncio.get_running_loop().create_task(self._serve(req, runs.settle_read(run, prepared)))
             return True

@@ -35,7 +35,7 @@ from stockade.errors import StoreError
 from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, chain_rows, hash_payload
 from stockade.record._event import Event
 from stockade.record._journal import DEFAULT_SIZE, SUFFIX, Journal
-from stockade.record._store import _INSERT, SqliteStore, _prepare
+from stockade.record._store import SqliteStore, _prepare, insert_rows
 
 Row = tuple[Any, ...]
 
@@ -175,7 +175,7 @@ class JournaledStore(SqliteStore):
 
     def _insert(self, rows: Sequence[Row]) -> None:
         with self._transaction() as conn:
-            conn.executemany(_INSERT, rows)
+            insert_rows(conn, rows)
 
     # ------------------------------------------------------------------ the indexer
 
