@@ -422,3 +422,17 @@ def test_the_escaped_size_of_text_is_what_json_writes(text: str) -> None:
 def test_blob_keeps_text_only_while_it_is_no_longer_than_base64() -> None:
     assert blob(b"\x01" * 30)["encoding"] == "base64"  # 180 bytes escaped, 40 in base64
     assert blob(b"a\nb\nc")["encoding"] == "utf-8"
+
+
+@given(st.binary(max_size=64) | st.text(max_size=64).map(lambda t: t.encode("utf-8", "surrogatepass")))
+def test_blob_chooses_as_the_json_sizes_say(data: bytes) -> None:
+    # Text exactly while its JSON string is no longer than base64, whatever the shortcut.
+    value = blob(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        assert value["encoding"] == "base64"
+        return
+    fits = len(json.dumps(text, ensure_ascii=False).encode()) - 2 <= len(base64.b64encode(data))
+    assert value["encoding"] == ("utf-8" if fits else "base64")
+    assert value["content"] == (text if fits else base64.b64encode(data).decode())

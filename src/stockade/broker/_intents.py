@@ -351,7 +351,7 @@ def parse_args(intent: str, args: object) -> IntentArgs:
     model = _MODELS.get(intent)
     if model is None:
         raise _unknown(intent)
-    if not isinstance(args, Mapping):
+    if type(args) is not dict and not isinstance(args, Mapping):  # the ABC check is slow
         raise IntentError(f"{intent}: the arguments must be an object, not {_json_type(args)}")
     try:
         return model.model_validate(dict(args))  # type: ignore[return-value]
@@ -396,11 +396,18 @@ def blob(data: bytes) -> dict[str, object]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return {"content": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
-    if _json_escaped_size(text, len(data)) > 4 * ((len(data) + 2) // 3):
+    size, base64_size = len(data), 4 * ((len(data) + 2) // 3)
+    # Each character JSON escapes takes at most six bytes: counting them once
+    # settles most texts (a line of fifteen characters or more per newline)
+    # without counting each kind apart.
+    at_most = size + 5 * len(_ESCAPABLE.findall(text))
+    if at_most > base64_size and _json_escaped_size(text, size) > base64_size:
         return {"content": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
     return {"content": text, "encoding": "utf-8"}
 
 
+_ESCAPABLE = re.compile(r'["\\\x00-\x1f]')
+"""Every character JSON escapes (``json.dumps(ensure_ascii=False)``)."""
 _ESCAPED_SHORT = '"\\\n\r\t\b\f'
 """Characters JSON escapes in two bytes (``\\n``…)."""
 _ESCAPED_LONG = re.compile("[\x00-\x07\x0b\x0e-\x1f]")
@@ -422,7 +429,7 @@ def refusal(value: Mapping[str, object]) -> str | None:
     """The reason when an executed intent's value says the broker refused it
     (a denial the daemon records and counts), else ``None``."""
     error = value.get("error")
-    if isinstance(error, Mapping) and error.get("code") == "refused":
+    if error is not None and isinstance(error, Mapping) and error.get("code") == "refused":
         return str(error.get("message", ""))
     return None
 
@@ -448,7 +455,7 @@ def _is_secret(key: str) -> bool:
 def _redact(value: object, limit: int, depth: int) -> object:
     if depth > _REDACT_DEPTH:
         return "[nested too deep]"
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):  # the ABC check is slow
         out: dict[str, object] = {}
         for index, (key, item) in enumerate(value.items()):
             if index >= _REDACT_ITEMS:

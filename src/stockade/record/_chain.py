@@ -42,9 +42,13 @@ _json_string: Any = encode_basestring
 
 def canonical_json(value: Any) -> str:
     """The one JSON text of ``value`` that stockade hashes and stores."""
-    # allow_nan=False: NaN and Infinity are not JSON; an event holding one is
-    # refused when stored rather than written where no JSON reader takes it.
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+"""``canonical_json``'s encoder, made once (``json.dumps`` with options makes
+one per call). allow_nan=False: NaN and Infinity are not JSON; an event holding
+one is refused when stored rather than written where no JSON reader takes it."""
 
 
 def hash_payload(prev: str, seq: int, event_json: bytes) -> str:
