@@ -18,7 +18,7 @@ import struct
 import sys
 from collections import deque
 from collections.abc import Awaitable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stockade.broker._protocol import Connection, ErrorCode, ProtocolViolation, Request
 from stockade.daemon._intent_path import PreparedRead
@@ -73,9 +73,9 @@ class Peer(asyncio.Protocol):
 
     # -- asyncio.Protocol
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # A stream transport; uvloop's (``_server.new_loop``) does not derive from asyncio's class.
+        self.transport = transport = cast(asyncio.Transport, base)
         if self.daemon.released:  # accepted as the daemon let go: it would never be closed
             transport.close()
             self._closing = True

@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import uvloop
+
 from stockade import __version__
 from stockade.broker._protocol import MAX_FRAME, Request
 from stockade.daemon import _paths
@@ -581,8 +583,18 @@ def serve(
             ready(daemon)
         await daemon.wait_stopped()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(main())
     return 0
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """The daemon's event loop: uvloop's (libuv). Its sockets, callbacks and
+    reads are C where asyncio's selector loop runs Python for each, about a
+    tenth of an intent's cost in the daemon (docs/PERFORMANCE.md). Both the
+    foreground daemon and the in-process one (``DaemonThread``) use it, so the
+    tests run on the loop that serves."""
+    return uvloop.new_event_loop()
 
 
 class DaemonThread:
@@ -619,7 +631,7 @@ class DaemonThread:
         return self
 
     def _main(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_loop()
         self._loop = loop
         try:
             loop.run_until_complete(self._run())
@@ -656,4 +668,12 @@ class DaemonThread:
         self.stop()
 
 
-__all__ = ["MAX_BROKER_CONNECTIONS", "MAX_INFLIGHT", "SUBSCRIBER_BUFFER", "Daemon", "DaemonThread", "serve"]
+__all__ = [
+    "MAX_BROKER_CONNECTIONS",
+    "MAX_INFLIGHT",
+    "SUBSCRIBER_BUFFER",
+    "Daemon",
+    "DaemonThread",
+    "new_loop",
+    "serve",
+]
