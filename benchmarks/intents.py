@@ -11,9 +11,9 @@ framing by hand): the clients are where agents are, behind the broker socket
 the cell is given, on the same two cores as the daemon.
 
 - round trip: one client, ``fs.read`` of a small granted file, allowed by a
-  rule, sent one after the other; each is recorded durably (SQLite WAL,
-  ``synchronous=FULL``) before it is answered. p50 and p99 over N intents
-  after a warm-up.
+  rule, sent one after the other; each is recorded durably (one ``O_DSYNC``
+  write of the store's journal, docs/RECORD.md) before it is answered. p50
+  and p99 over N intents after a warm-up.
 - throughput: 1, 10 and 100 client processes in the cell, each with its own
   connection, sending the same intent in a loop for S seconds; intents
   answered per second. The store is then checked to hold every one of them.
@@ -177,6 +177,7 @@ def _fsync_floor(directory: Path, rounds: int = 500) -> tuple[float, float]:
 
 FLOOR_SERVER = r"""
 import asyncio, os, sys
+import uvloop
 sock_path, journal, durable = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 fd = os.open(journal, os.O_RDWR | os.O_CREAT | os.O_DSYNC, 0o600)
 os.posix_fallocate(fd, 0, 32 << 20)
@@ -218,7 +219,9 @@ async def main():
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     server.close()
 
-asyncio.run(main())
+# On the daemon's own loop (stockade.daemon._server.new_loop), so that the
+# floor is the least that loop can do.
+uvloop.run(main())
 """
 
 _FLOOR_FRAME = json.dumps(
@@ -309,9 +312,10 @@ def _echo_throughput(directory: Path, clients: int, seconds: float) -> float:
 
 def _echo_floor(directory: Path, durable: bool, rounds: int) -> tuple[float, float]:
     """p50 and p99, in microseconds, of the same client loop against a bare
-    asyncio server that echoes each frame, after one ``O_DSYNC`` write of it to
-    a preallocated file when ``durable``: what a Python daemon answering only
-    after a durable write costs on this machine before doing any work."""
+    server on the daemon's loop (uvloop) that echoes each frame, after one
+    ``O_DSYNC`` write of it to a preallocated file when ``durable``: what a
+    Python daemon answering only after a durable write costs on this machine
+    before doing any work."""
     frame = struct.pack(">I", len(_FLOOR_FRAME)) + _FLOOR_FRAME
     times = []
     with _floor_server(directory, durable) as sock_path:
@@ -427,7 +431,7 @@ def main() -> None:
         floor50, floor99 = _fsync_floor(tmp)
         echo50, echo99 = _echo_floor(tmp, False, args.requests)
         dsync50, dsync99 = _echo_floor(tmp, True, args.requests)
-        print("  side by side, the same client loop against a bare asyncio echo server (the floor):")
+        print("  side by side, the same client loop against a bare echo server on uvloop (the floor):")
         print(f"    echo only                          p50 {echo50:.0f} us   p99 {echo99:.0f} us")
         print(f"    echo after one O_DSYNC write        p50 {dsync50:.0f} us   p99 {dsync99:.0f} us")
         print(f"    stockade / durable echo: p50 {p50 / dsync50:.2f}x, p99 {p99 / dsync99:.2f}x")
