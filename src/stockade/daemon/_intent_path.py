@@ -194,7 +194,8 @@ class IntentPath:
         """Where every intent of a broker socket enters: a read done now
         (``prepare_read``), or the coroutine that serves any other intent
         (not yet awaited: its caller gives it a task)."""
-        return self.prepare_read(run, params, cell=cell) or self._intent(run, params, cell=cell)
+        prepared = self.prepare_read(run, params, cell=cell)
+        return prepared if prepared is not None else self._intent(run, params, cell=cell)
 
     async def _intent(self, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
         """``intent`` of whatever ``prepare_read`` did not take."""

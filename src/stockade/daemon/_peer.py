@@ -146,12 +146,12 @@ class Peer(asyncio.Protocol):
         while self._backlog and self._inflight < limit and not self._closing:
             req = self._backlog.popleft()
             self._inflight += 1
-            if self.run is not None and self._serve_now(req):
+            if self.run is not None and self._serve_intent(req):
                 continue
             asyncio.get_running_loop().create_task(self._serve(req))
         self._set_reading()
 
-    def _serve_now(self, req: Request) -> bool:
+    def _serve_intent(self, req: Request) -> bool:
         """Serve an intent: an allowed read-only one without a task (the
         broker's fast path, ``IntentPath.prepare_read``), done now and answered
         from the recorder's callback once its event is durable, two passes of
