@@ -8,10 +8,11 @@ events durable with exactly one write to this file, answers, and lets SQLite
 catch up behind (``synchronous=NORMAL``, no flush per commit). After a crash
 the journal holds what SQLite may lack; opening the store copies it in.
 
-The file is preallocated (``posix_fallocate``) and opened with ``O_DSYNC``,
-so a write is a plain overwrite of allocated blocks that returns once the
-device has it; appending to a growing file would also have to make its size
-durable (measured here: ~145 µs a write instead of ~95 µs).
+The file is preallocated (``posix_fallocate``, then written with zeros
+once) and opened with ``O_DSYNC``, so a write is a plain overwrite of
+allocated, written blocks that returns once the device has it; appending to
+a growing file would also have to make its size durable (measured here:
+~145 µs a write instead of ~95 µs).
 
 Records, written one after the other from offset 0::
 
@@ -103,7 +104,8 @@ class Journal:
             have = os.fstat(fd).st_size
             if have < size:
                 try:
-                    os.posix_fallocate(fd, 0, size)
+                    os.posix_fallocate(fd, 0, size)  # all the room, or ENOSPC now
+                    _write_zeros(path, have, size)
                 except OSError as exc:
                     os.ftruncate(fd, have)
                     raise _error(exc, path, "allocate") from exc
@@ -176,6 +178,25 @@ class Journal:
                 view, offset = view[written:], offset + written
         except OSError as exc:
             raise _error(exc, self.path, "write") from exc
+
+
+def _write_zeros(path: str, start: int, end: int) -> None:
+    """Write zeros over ``[start, end)`` of the file, through a descriptor
+    without ``O_DSYNC`` (one flush at the end, by the caller).
+
+    ``posix_fallocate`` leaves the blocks *unwritten* (ext4, xfs): the first
+    durable write into each then also converts it in the filesystem's own
+    journal, which made about one journal write in a hundred wait a
+    millisecond or more (measured here: p99 1.7 ms instead of 0.26 ms for
+    1,500-byte ``O_DSYNC`` writes). Written once, they are plain overwrites."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        chunk = bytes(1 << 20)
+        offset = start
+        while offset < end:
+            offset += os.pwrite(fd, chunk[: min(len(chunk), end - offset)], offset)
+    finally:
+        os.close(fd)
 
 
 def read_records(path: str, *, after_seq: int = 0) -> list[JournalRecord]:
