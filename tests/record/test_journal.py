@@ -32,7 +32,7 @@ from stockade.record import (
     SqliteStore,
     StoredEvent,
     VerifyResult,
-    _store,
+    _journal_tail,
     chain_hash,
     open_store,
 )
@@ -700,7 +700,7 @@ def test_a_wrap_just_after_the_reader_read_the_journal_loses_nothing(
     epoch after the reader read the journal and before its SQLite snapshot."""
     with journaled(db, gate, journal_size=4096) as store:
         fill(store, gate, indexed=3, held=3)
-        real = _store.read_records
+        real = _journal_tail.read_records
         wrapped: list[bool] = []
 
         def then_the_daemon_wraps(path: str, *, after_seq: int = 0) -> list[JournalRecord]:
@@ -712,7 +712,7 @@ def test_a_wrap_just_after_the_reader_read_the_journal_loses_nothing(
                 wrapped.append(real(path)[0].first_seq > 6)
             return records
 
-        monkeypatch.setattr(_store, "read_records", then_the_daemon_wraps)
+        monkeypatch.setattr(_journal_tail, "read_records", then_the_daemon_wraps)
         with open_store(db, readonly=True) as reader:
             outcome = _outcome(reader, read)
     assert wrapped == [True]
@@ -729,7 +729,7 @@ def test_a_daemon_restart_just_before_the_reader_reads_the_journal_loses_nothing
     with journaled(db, gate) as store:
         fill(store, gate, indexed=4, held=6)
         copy = crash_copy(db, tmp_path / "crashed")
-    real = _store.read_records
+    real = _journal_tail.read_records
     restarted: list[list[JournalRecord]] = []
 
     def after_a_daemon_restart(path: str, *, after_seq: int = 0) -> list[JournalRecord]:
@@ -738,7 +738,7 @@ def test_a_daemon_restart_just_before_the_reader_reads_the_journal_loses_nothing
             restarted.append(real(path))
         return real(path, after_seq=after_seq)
 
-    monkeypatch.setattr(_store, "read_records", after_a_daemon_restart)
+    monkeypatch.setattr(_journal_tail, "read_records", after_a_daemon_restart)
     with open_store(copy, readonly=True) as reader:
         outcome = _outcome(reader, read)
     assert restarted == [[]]  # the reader found an empty journal

@@ -11,13 +11,15 @@ The daemon writes through ``_journaled.JournaledStore`` instead: an event is
 acknowledged once it is in the journal ``<path>.journal`` and reaches SQLite
 a moment later (after a crash, at the daemon's next start). So a read-only
 store reads the journal too and serves the events it holds beyond SQLite's
-last one after SQLite's rows (``_journal_tail``); a writable one never does.
+last one after SQLite's rows; a writable one never does. Those reads live in
+``_journal_tail`` (``rows_and_tail``, ``last_seq_with_tail``,
+``verify_with_tail``), which ``SqliteStore`` calls with its connection and its
+own readers of SQLite's rows (``_select``, ``_walk``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import functools
 import json
@@ -40,8 +42,14 @@ from stockade.record._chain import (
     chain_rows,
 )
 from stockade.record._event import Event
-from stockade.record._journal import SUFFIX, JournalRecord, read_records
-from stockade.record._journal_tail import Tail, TailEvent, indexed_fields, tail_after
+from stockade.record._journal_tail import (
+    journal_records,
+    last_seq_with_tail,
+    rows_and_tail,
+    sqlite_head,
+    tail_after,
+    verify_with_tail,
+)
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x53544B44
@@ -83,9 +91,6 @@ _VERIFY_SELECT = (
 _VERIFY = _VERIFY_SELECT + "ORDER BY seq"
 _VERIFY_AFTER = _VERIFY_SELECT + "WHERE seq > ? ORDER BY seq"
 """The rows a read-only store has not walked yet when it looks again (see _journal_tail)."""
-_JOURNAL_TRIES = 3
-"""How many times a read-only store reads the journal and SQLite again when
-the journal does not resume right after SQLite (see _journal_tail)."""
 _BUSY_TIMEOUT = 10.0
 """Seconds a connection waits for another's lock (a second writer, or a
 checkpoint) before giving up with SQLITE_BUSY."""
@@ -339,7 +344,9 @@ class SqliteStore:
             raise _store_error(exc, self.path, "read") from exc
         try:
             if self.readonly:
-                yield from self._rows_and_tail(conn, since, run, cell, after_seq, limit)
+                yield from rows_and_tail(
+                    conn, self.path, self._select, _stored, since, run, cell, after_seq, limit
+                )
             else:
                 yield from self._select(conn, since, run, cell, after_seq, limit)
         except sqlite3.Error as exc:
@@ -392,7 +399,7 @@ class SqliteStore:
             assert self._conn is not None
             try:
                 if self.readonly:
-                    return self._last_seq_with_tail(self._conn)
+                    return last_seq_with_tail(self._conn, self.path)
                 row = self._conn.execute("SELECT max(seq) FROM events").fetchone()
             except sqlite3.Error as exc:
                 raise _store_error(exc, self.path, "read") from exc
@@ -409,7 +416,7 @@ class SqliteStore:
             # Bytes, not text: a tampered row need not even be valid UTF-8.
             conn.text_factory = bytes
             if self.readonly:
-                return self._verify_with_tail(conn, verifier)
+                return verify_with_tail(conn, self.path, verifier, self._walk)
             self._walk(conn, verifier, None)
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path, "read") from exc
@@ -452,10 +459,10 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path, "read") from exc
         try:
-            records = self._journal_records(conn) if self.readonly else []
+            records = journal_records(conn, self.path) if self.readonly else []
             conn.execute("BEGIN")  # the row and the head from one snapshot
             row = conn.execute("SELECT CAST(json AS BLOB) FROM events WHERE seq = ?", (seq,)).fetchone()
-            head, last_hash = _head(conn) if records else (0, GENESIS)
+            head, last_hash = sqlite_head(conn) if records else (0, GENESIS)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path, "read") from exc
@@ -467,146 +474,6 @@ class SqliteStore:
             if event.seq == seq:
                 return event.payload.decode("utf-8", "replace")
         return None
-
-    # -- the daemon's journal (read-only stores) ---------------------------
-    #
-    # Only a read-only store reads the journal: the daemon's own store
-    # (``JournaledStore``) copies it in when it opens and waits for its
-    # indexer before it reads. _journal_tail says why the journal is read
-    # before each SQLite snapshot and not after.
-
-    def _journal_records(self, conn: sqlite3.Connection) -> list[JournalRecord]:
-        """The journal's records that reach beyond what SQLite holds now."""
-        cursor = conn.execute("SELECT max(seq) FROM events")
-        try:
-            known = cursor.fetchone()[0]
-        finally:
-            # Ends this statement's read: the snapshot the caller takes next
-            # must begin after the journal was read, not before.
-            cursor.close()
-        return read_records(self.path + SUFFIX, after_seq=int(known or 0))
-
-    def _rows_and_tail(
-        self,
-        conn: sqlite3.Connection,
-        since: float | None,
-        run: str | None,
-        cell: str | None,
-        after_seq: int,
-        limit: int | None,
-    ) -> Iterator[StoredEvent]:
-        left = limit
-        for _ in range(_JOURNAL_TRIES):
-            records = self._journal_records(conn)
-            if not records:
-                yield from self._select(conn, since, run, cell, after_seq, left)
-                return
-            conn.execute("BEGIN")  # the head and the rows from one snapshot
-            head, last_hash = _head(conn)
-            for stored in self._select(conn, since, run, cell, after_seq, left):
-                yield stored
-                if left is not None:
-                    left -= 1
-            conn.execute("COMMIT")
-            if left == 0:
-                return  # SQLite's rows were enough; what follows them is not asked for
-            tail = tail_after(records, head, last_hash)
-            if tail.gap:
-                # Not from a live daemon (see _journal_tail): look again from
-                # where these rows ended before calling it an error.
-                after_seq = max(after_seq, head)
-                continue
-            for event in tail.continuing():
-                if event.seq <= after_seq or not self._matches(event, since, run, cell):
-                    continue
-                yield _stored(self.path, event.seq, event.hash, event.prev, self._journal_text(event))
-                if left is not None:
-                    left -= 1
-                    if left == 0:
-                        return
-            return
-        raise self._gap_error(tail)
-
-    def _last_seq_with_tail(self, conn: sqlite3.Connection) -> int:
-        for _ in range(_JOURNAL_TRIES):
-            records = self._journal_records(conn)
-            head, last_hash = _head(conn)
-            tail = tail_after(records, head, last_hash)
-            if not tail.gap:
-                continuing = tail.continuing()
-                return continuing[-1].seq if continuing else head
-        raise self._gap_error(tail)
-
-    def _verify_with_tail(self, conn: sqlite3.Connection, verifier: ChainVerifier) -> VerifyResult:
-        after_seq: int | None = None
-        for attempt in range(1, _JOURNAL_TRIES + 1):
-            records = self._journal_records(conn)
-            conn.execute("BEGIN")  # the head and the rows from one snapshot
-            head, last_hash = _head(conn)
-            intact = self._walk(conn, verifier, after_seq)
-            conn.execute("COMMIT")
-            if not intact or not records:
-                return verifier.result()
-            tail = tail_after(records, head, last_hash)
-            if tail.gap and attempt < _JOURNAL_TRIES:
-                after_seq = head
-                continue
-            # The tail goes through the same verifier: a gap, or an event
-            # that does not continue SQLite's chain, is a break like any other.
-            for event in tail.events:
-                if verifier.check(event.seq, event.prev, event.hash, event.payload) is not None:
-                    break
-                fields = indexed_fields(event.payload)
-                if isinstance(fields, str):
-                    verifier.fail(event.seq, f"event {event.seq} was altered: {fields}")
-                    break
-            result = verifier.result()
-            if result.first_bad_seq is not None and result.first_bad_seq > head:
-                where = (
-                    f"; events after {head} are not in SQLite yet but in the daemon's journal "
-                    f"{self.path + SUFFIX} (the daemon will refuse to start on it: keep both files "
-                    "for inspection)"
-                )
-                return dataclasses.replace(result, reason=result.reason + where)
-            return result
-        raise AssertionError("unreachable: the last attempt always returns")
-
-    def _matches(self, event: TailEvent, since: float | None, run: str | None, cell: str | None) -> bool:
-        """Whether ``query``'s filters keep ``event``, as SQLite's WHERE would keep its row."""
-        if since is None and run is None and cell is None:
-            return True
-        fields = indexed_fields(event.payload)
-        if isinstance(fields, str):
-            raise StoreError(
-                f"event {event.seq} in the daemon's journal {self.path + SUFFIX} is not a valid event "
-                f"({fields}); run `stockade verify --db {self.path}`",
-                path=self.path,
-            )
-        return (
-            (since is None or fields.time >= since)
-            and (run is None or fields.run == run)
-            and (cell is None or fields.cell == cell)
-        )
-
-    def _journal_text(self, event: TailEvent) -> str:
-        try:
-            return event.payload.decode("utf-8")
-        except UnicodeDecodeError:
-            raise StoreError(
-                f"event {event.seq} in the daemon's journal {self.path + SUFFIX} is not a valid event "
-                f"(it is not UTF-8 text); run `stockade verify --db {self.path}`",
-                path=self.path,
-            ) from None
-
-    def _gap_error(self, tail: Tail) -> StoreError:
-        resumes = tail.events[0].seq
-        return StoreError(
-            f"cannot read the event store {self.path}: the daemon's journal {self.path + SUFFIX} "
-            f"resumes at event {resumes} but the store ends at event {tail.after}, so events "
-            f"{tail.after + 1} to {resumes - 1} are in neither; keep both files for inspection and "
-            f"run `stockade verify --db {self.path}`",
-            path=self.path,
-        )
 
     # -- lifetime ----------------------------------------------------------
 
@@ -652,12 +519,6 @@ def open_store(path: str, *, readonly: bool = False) -> SqliteStore:
 
 
 # -- helpers ---------------------------------------------------------------
-
-
-def _head(conn: sqlite3.Connection) -> tuple[int, str]:
-    """SQLite's last event: its number and hash (0 and the genesis hash when empty)."""
-    row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
-    return (int(row[0]), _text(row[1])) if row else (0, GENESIS)
 
 
 def _create_file(path: str) -> None:
