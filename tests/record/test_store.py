@@ -176,6 +176,8 @@ def test_an_event_that_cannot_be_stored_stores_none_of_its_batch(store: SqliteSt
         make_event(9, time=float("inf")),
         make_event(9, cell=7),
         make_event(9, summary="\ud800"),
+        make_event(9, detail={"ratio": float("nan")}),  # not JSON: no export reader would take it
+        make_event(9, detail={"n": [float("-inf")]}),
     ]
     for event in bad:
         with pytest.raises(ValueError, match="cannot be stored"):
