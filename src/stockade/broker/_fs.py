@@ -30,12 +30,17 @@ Three things make sure of it:
    a root-only file in ``/etc`` stays unreadable through the broker.
 
 Only regular files are read or written; a fifo, socket or device is refused
-without blocking (looked at through an ``O_PATH`` descriptor first, opened
-``O_NONBLOCK``, and checked to be the same inode after opening). A write goes
-only to a file with one link: a hard link would let a write land on another
-path, possibly outside the grant. Reads and writes are bounded to 16 MiB, a
-listing to 10,000 entries. A file the broker creates belongs to the owner of
-the grant's directory, mode 0644, as if the cell had made it.
+without blocking (looked at first without being opened, then opened
+``O_NONBLOCK`` and checked to be the same inode). A write goes only to a file
+with one link: a hard link would let a write land on another path, possibly
+outside the grant. Reads and writes are bounded to 16 MiB, a listing to
+10,000 entries. A file the broker creates belongs to the owner of the grant's
+directory, mode 0644, as if the cell had made it.
+
+A read's plain case (no link, no mount point, a readable regular file) is
+done by one C call, ``_fastread.read_beneath``, with the same system calls and
+checks; anything else comes back to ``FileAccess.read``'s Python path, which
+decides and explains (docs/BROKER.md).
 """
 
 from __future__ import annotations
