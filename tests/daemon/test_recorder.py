@@ -159,3 +159,50 @@ def test_a_thread_recording_as_the_loop_ends_gets_an_error_not_a_hang(tmp_path: 
     assert len(outcome) == 1 and isinstance(outcome[0], StoreError)
     assert "ended before" in str(outcome[0])
     recorder.close()
+
+
+def test_events_written_by_a_close_from_another_thread_are_answered_on_the_loop(tmp_path: Path) -> None:
+    # close() may come from any thread (the daemon calls it through
+    # asyncio.to_thread) and writes what is still queued; the callers' answers
+    # and the live stream belong to the loop, whose objects are not thread-safe.
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+    try:
+        seen_on: list[int] = []
+        answered: list[tuple[int, object]] = []
+        recorder = Recorder(
+            str(tmp_path / "events.db"),
+            loop,
+            on_stored=lambda stored: seen_on.append(threading.get_ident()),
+            on_failure=lambda exc: None,
+        )
+        recorder.start()
+        queued, release = threading.Event(), threading.Event()
+
+        def on_the_loop() -> None:
+            recorder.record_then([_event(1)], lambda result: answered.append((threading.get_ident(), result)))
+            queued.set()
+            release.wait(10)  # hold the loop: its own write of the queue cannot run first
+
+        loop.call_soon_threadsafe(on_the_loop)
+        assert queued.wait(10)
+        closer = threading.Thread(target=recorder.close)
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive()
+        release.set()
+        for _ in range(100):
+            if answered:
+                break
+            threading.Event().wait(0.05)
+        assert [who for who, _ in answered] == [runner.ident], "answered off the loop"
+        assert seen_on == [runner.ident], "handed to the live stream off the loop"
+        result = answered[0][1]
+        assert isinstance(result, list) and [s.seq for s in result] == [1]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+    with open_store(str(tmp_path / "events.db"), readonly=True) as store:
+        assert store.last_seq() == 1 and store.verify().ok

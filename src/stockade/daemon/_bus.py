@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import os
@@ -212,14 +213,14 @@ class Recorder:
             if store is None:
                 error = StoreError(f"the event store {self.path} is closed", path=self.path)
                 for job in batch:
-                    _settle(job.waiter, error)
+                    self._answer(job.waiter, error)
                 return
             self._append(store, batch)
 
     def _append(self, store: JournaledStore, batch: list[_Append]) -> None:
         if self.failure is not None:
             for job in batch:
-                _settle(job.waiter, self.failure)
+                self._answer(job.waiter, self.failure)
             return
         events = [event for job in batch for event in job.events]
         try:
@@ -227,13 +228,13 @@ class Recorder:
         except StoreError as exc:
             self._fail(exc)
             for job in batch:
-                _settle(job.waiter, exc)
+                self._answer(job.waiter, exc)
             return
         except Exception as exc:
             # Not the store's fault (an event that cannot be encoded, say):
             # write the jobs one by one, so only the bad one fails.
             if len(batch) == 1:
-                _settle(batch[0].waiter, exc)
+                self._answer(batch[0].waiter, exc)
                 return
             for job in batch:
                 self._append(store, [job])
@@ -241,17 +242,39 @@ class Recorder:
         self.commits += 1
         self.appended += len(stored)
         if stored:
-            self._on_stored(stored)
+            self._deliver(self._on_stored, stored)
         start = 0
         for job in batch:
             end = start + len(job.events)
-            _settle(job.waiter, stored[start:end])
+            self._answer(job.waiter, stored[start:end])
             start = end
 
     def _fail(self, exc: StoreError) -> None:
         if self.failure is None:
             self.failure = exc
-            self._on_failure(exc)
+            self._deliver(self._on_failure, exc)
+
+    def _answer(self, waiter: Waiter, result: list[StoredEvent] | BaseException) -> None:
+        if isinstance(waiter, concurrent.futures.Future):
+            _settle(waiter, result)  # a thread's: safe from anywhere, and it may outlive the loop
+        else:
+            self._deliver(_settle, waiter, result)
+
+    def _deliver(self, fn: Callable[..., object], *args: Any) -> None:
+        """Call ``fn`` on the loop: at once from the loop's own thread, else
+        queued to it. ``close`` may write what is queued from any thread, and
+        the callers' futures and callbacks, the live stream and the failure's
+        handler belong to the loop (none of them is thread-safe). A loop
+        already closed has nobody left to tell."""
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            fn(*args)
+            return
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(fn, *args)
 
     def _indexer_failed(self, exc: StoreError) -> None:
         """From the store's indexer thread: SQLite cannot be written."""
