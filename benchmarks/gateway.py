@@ -59,7 +59,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from _gateway_servers import Netns
@@ -330,7 +330,9 @@ class StockadeProxy:
 
     def _main(self) -> None:
         with self.netns.entered():
-            loop = self._loop = asyncio.new_event_loop()
+            from stockade.daemon._server import new_loop
+
+            loop = self._loop = new_loop()  # the daemon's loop (uvloop)
             asyncio.set_event_loop(loop)
             try:
                 loop.run_until_complete(self._setup())
@@ -435,9 +437,9 @@ class _Floor(asyncio.Protocol):
         self.opening: asyncio.Task[None] | None = None
         self.head = b""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # A stream transport; uvloop's does not derive from asyncio's class.
+        self.transport = transport = cast(asyncio.Transport, base)
         transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
@@ -485,7 +487,9 @@ class Floor:
 
     def __init__(self, netns: Netns) -> None:
         self.netns = netns
-        self.loop = asyncio.new_event_loop()
+        from stockade.daemon._server import new_loop
+
+        self.loop = new_loop()  # the proxy's kind of loop: the floor is that loop's least
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="floor", daemon=True)
 
