@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._approvals import Approval, ApprovalError, Approvals
-from stockade.broker._intents import IntentError, parse_args, redact, refusal
+from stockade.broker._intents import IntentArgs, IntentError, parse_args, redact, refusal
 from stockade.broker._rules import Decision
 from stockade.broker._tokens import TokenCheck, Tokens
 from stockade.daemon import _tools
@@ -95,34 +95,20 @@ class IntentPath:
 
     # ------------------------------------------------------------------ intents
 
-    def prepare_read(self, run: Run, params: Mapping[str, Any], *, cell: str) -> PreparedRead | None:
-        """The fast path of ``intent``, with nothing awaited: an allowed
-        ``fs.read`` or ``fs.list`` (``_READ_ONLY``) from a run that may go on,
-        done now, its events built but not yet recorded. None for anything
-        else (nothing was done): ``intent`` serves it.
-
-        The caller records ``events`` (``settle_read``, or the recorder with a
-        callback and then ``finish_read``); the agent gets nothing before that."""
-        intent = params.get("intent")
-        args = params.get("args", {})
-        if (
-            type(intent) is not str
-            or intent not in _READ_ONLY
-            or type(args) is not dict
-            or self.recorder.failure is not None
-            or run.halted
-            or run.done.is_set()
-            or _check_token(self.tokens, run, params.get("token")) != TokenCheck.OK
-        ):
-            return None
-        try:
-            parsed = parse_args(intent, args)
-            tool_call = _tools.check_tool_call_id(params.get("tool_call"))
-        except (IntentError, RequestError):
-            return None  # ``intent`` refuses it with the reason
-        decision = run.rules.decide(intent, args)
-        if decision.verdict != "allow":
-            return None
+    def _read_now(
+        self,
+        run: Run,
+        cell: str,
+        intent: str,
+        args: Mapping[str, object],
+        parsed: IntentArgs,
+        decision: Decision,
+        tool_call: str | None,
+    ) -> PreparedRead:
+        """An allowed ``fs.read`` or ``fs.list`` (``_READ_ONLY``), done now,
+        its events built but not yet recorded. The caller records ``events``
+        (``settle_read``, or the recorder with a callback and then
+        ``finish_read``); the agent gets nothing before that."""
         redacted = redact(args)
         events = [intent_event(run, cell, intent, redacted, decision, tool_call=tool_call)]
         error: RequestError | None = None
@@ -191,14 +177,17 @@ class IntentPath:
     def serve_intent(
         self, run: Run, params: Mapping[str, Any], *, cell: str
     ) -> PreparedRead | Coroutine[Any, Any, dict[str, Any]]:
-        """Where every intent of a broker socket enters: a read done now
-        (``prepare_read``), or the coroutine that serves any other intent
-        (not yet awaited: its caller gives it a task)."""
-        prepared = self.prepare_read(run, params, cell=cell)
-        return prepared if prepared is not None else self._intent(run, params, cell=cell)
+        """Where every intent of a broker socket enters. Its checks and its
+        verdict, in the order of docs/BROKER.md (token, halted run, arguments,
+        rules), are worked out here, once; then an allowed read is done now
+        (``_read_now``), and anything else is the coroutine that records it
+        and goes on (not yet awaited: its caller gives it a task).
 
-    async def _intent(self, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
-        """``intent`` of whatever ``prepare_read`` did not take."""
+        Raises:
+            RequestError: ``bad_params`` (the intent's arguments),
+                ``unavailable`` (the store cannot write): refused before
+                anything is recorded.
+        """
         intent = params.get("intent")
         args = params.get("args", {})
         if not isinstance(intent, str) or not intent or len(intent) > 64 or not isinstance(args, dict):
@@ -210,18 +199,13 @@ class IntentPath:
                 "unavailable",
                 f"the event store cannot write, so no intent is served: {self.recorder.failure}",
             )
-        # The order of docs/BROKER.md: token, halted run, arguments, rules.
         check = _check_token(self.tokens, run, params.get("token"))
         if check != TokenCheck.OK:
-            reason = f"unauthorized: the capability token is {_TOKEN_WORDS.get(check, check.value)}"
-            await self._record_intent(run, cell, intent, args, Decision("deny", None, reason))
-            raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
+            return self._refuse_token(run, cell, intent, args, check)
         if run.halted or run.done.is_set():
-            why = f"run {run.id} is halted ({run.halted})" if run.halted else f"run {run.id} has ended"
-            await self._record_intent(run, cell, intent, args, Decision("deny", None, why), count=False)
-            raise RequestError("denied", f"{why}; every intent is refused")
+            return self._refuse_halted(run, cell, intent, args)
         try:
-            parse_args(intent, args)  # malformed: neither decided, nor counted, nor recorded
+            parsed = parse_args(intent, args)  # malformed: neither decided, nor counted, nor recorded
         except IntentError as exc:
             raise RequestError(exc.code, str(exc)) from exc
         tool_call = _tools.check_tool_call_id(params.get("tool_call"))
@@ -238,6 +222,34 @@ class IntentPath:
             decision = Decision(
                 "deny", decision.rule, f"{decision.reason}; the run is unattended, so nobody can approve"
             )
+        if decision.verdict == "allow" and intent in _READ_ONLY:
+            return self._read_now(run, cell, intent, args, parsed, decision, tool_call)
+        return self._decided(run, cell, intent, args, decision, tool_call)
+
+    async def _refuse_token(
+        self, run: Run, cell: str, intent: str, args: Mapping[str, object], check: TokenCheck
+    ) -> dict[str, Any]:
+        reason = f"unauthorized: the capability token is {_TOKEN_WORDS.get(check, check.value)}"
+        await self._record_intent(run, cell, intent, args, Decision("deny", None, reason))
+        raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
+
+    async def _refuse_halted(
+        self, run: Run, cell: str, intent: str, args: Mapping[str, object]
+    ) -> dict[str, Any]:
+        why = f"run {run.id} is halted ({run.halted})" if run.halted else f"run {run.id} has ended"
+        await self._record_intent(run, cell, intent, args, Decision("deny", None, why), count=False)
+        raise RequestError("denied", f"{why}; every intent is refused")
+
+    async def _decided(
+        self,
+        run: Run,
+        cell: str,
+        intent: str,
+        args: Mapping[str, object],
+        decision: Decision,
+        tool_call: str | None,
+    ) -> dict[str, Any]:
+        """Record the verdict, then deny, ask the operator, or execute."""
         await self._record_intent(run, cell, intent, args, decision, tool_call=tool_call)
         if decision.verdict == "deny":
             return _answer(decision)
@@ -371,7 +383,7 @@ _READ_ONLY = frozenset({"fs.read", "fs.list"})
 
 @dataclass(frozen=True, slots=True)
 class PreparedRead:
-    """An allowed read-only intent, done, its events not yet recorded (``prepare_read``)."""
+    """An allowed read-only intent, done, its events not yet recorded (``IntentPath._read_now``)."""
 
     events: list[Event]
     """Its ``intent`` event, and a second one if the broker's own checks refused it."""

@@ -153,14 +153,18 @@ class Peer(asyncio.Protocol):
 
     def _serve_intent(self, req: Request) -> bool:
         """Serve an intent: an allowed read-only one without a task (the
-        broker's fast path, ``IntentPath.prepare_read``), done now and answered
+        broker's fast path, ``IntentPath.serve_intent``), done now and answered
         from the recorder's callback once its event is durable, two passes of
         the loop where a task takes four; any other in a task. False (nothing
         done) for a request that is not an intent."""
         runs, run = self.daemon.runs, self.run
         if req.method != "intent" or runs is None or run is None:
             return False
-        prepared = runs.serve_intent(run, req.params, cell=self.cell)
+        try:
+            prepared = runs.serve_intent(run, req.params, cell=self.cell)
+        except Exception as exc:  # refused before anything was recorded
+            self.answer(req, exc)
+            return True
         if not isinstance(prepared, PreparedRead):
             asyncio.get_running_loop().create_task(self._serve(req, prepared))
             return True
