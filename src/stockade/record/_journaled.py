@@ -158,20 +158,16 @@ class JournaledStore(SqliteStore):
         for name in (self.path, self.path + "-wal"):
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 raise StoreError(
                     f"cannot flush the event store {name}: {exc.strerror}", path=self.path
                 ) from exc
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise StoreError(
-                    f"cannot flush the event store {name}: {exc.strerror}", path=self.path
-                ) from exc
-            finally:
-                os.close(fd)
 
     def _insert(self, rows: Sequence[Row]) -> None:
         with self._transaction() as conn:
