@@ -13,7 +13,7 @@
  * FileAccess.read then does everything again in Python, which decides and
  * explains. So this file never refuses and never explains: it can only return
  * what the Python path would return for the same file, and
- * tests/broker/test_fastread.py checks the two side by side on every case the
+ * tests/broker/test_fastread.py checks the two side by side on the cases the
  * Python path refuses.
  *
  * The file is read like _read_bounded does: until read() returns 0 or more
