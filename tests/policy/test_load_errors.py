@@ -681,6 +681,38 @@ CASES: list[tuple[str, str, str, str]] = [
         "3:1",
         "allowed_pots is not a known key; did you mean 'allowed_paths'?",
     ),
+    # --- secrets: where a placeholder may stand
+    (
+        "secret-header-not-a-name",
+        "name: a\nsecrets:\n  - name: K\n    env: K\n    hosts: [api.example.com]\n    headers: ['X Key']\n",
+        "6:15",
+        "secrets[0].headers[0] 'X Key' is not an HTTP header name; write a name of letters",
+    ),
+    (
+        "secret-header-framing",
+        "name: a\nsecrets:\n  - name: K\n    env: K\n    hosts: [api.example.com]\n"
+        "    headers: [Authorization, Content-Length]\n",
+        "6:30",
+        "'Content-Length' is a header the gateway sets or drops itself",
+    ),
+    (
+        "secret-headers-empty",
+        "name: a\nsecrets:\n  - name: K\n    env: K\n    hosts: [api.example.com]\n    headers: []\n",
+        "6:14",
+        "secrets[0].headers",
+    ),
+    (
+        "secret-body-not-bool",
+        "name: a\nsecrets:\n  - name: K\n    env: K\n    hosts: [api.example.com]\n    body: 'yes'\n",
+        "6:11",
+        "secrets[0].body",
+    ),
+    (
+        "llm-remote-images-not-bool",
+        "name: a\nllm:\n  remote_images: 1\n",
+        "3:18",
+        "llm.remote_images",
+    ),
 ]
 
 

@@ -632,6 +632,10 @@ def _problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
             else "write a whole number, such as 10"
         )
         return Problem(path, f"{shown} is {_kind(value)}, not a whole number; {fix}")
+    if kind in ("bool_type", "bool_parsing"):
+        return Problem(
+            path, f"{shown} is {_kind(value)}, not true or false; write true or false, without quotes"
+        )
     if kind in ("list_type", "tuple_type"):
         return Problem(
             path,
@@ -858,6 +862,7 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
             api_key_env=model.llm.api_key_env,
             max_requests=model.llm.max_requests,
             max_tokens=model.llm.max_tokens,
+            remote_images=model.llm.remote_images,
         )
     return Policy(
         name=model.name,
@@ -900,7 +905,15 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
         ),
         llm=llm,
         secrets=tuple(
-            SecretPolicy(name=secret.name, env=secret.env, file=secret.file, hosts=_unique(secret.hosts))
+            SecretPolicy(
+                name=secret.name,
+                env=secret.env,
+                file=secret.file,
+                hosts=_unique(secret.hosts),
+                headers=_unique(secret.headers),
+                body=secret.body,
+                url=secret.url,
+            )
             for secret in model.secrets
         ),
         source=source,

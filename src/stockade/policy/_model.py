@@ -117,6 +117,12 @@ class SecretPolicy:
     """Or a file (absolute path) on the daemon's host holding it."""
     hosts: tuple[str, ...] = ()
     """Host patterns (the grammar of ``network.allow``) the value may go to."""
+    headers: tuple[str, ...] = ("Authorization",)
+    """Request headers (any case) the placeholder may stand in; elsewhere it is refused."""
+    body: bool = False
+    """Whether the placeholder may stand in a request body."""
+    url: bool = False
+    """Whether the placeholder may stand in a URL's path or query."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,9 @@ class LlmPolicy:
     api_key_env: str | None = None
     max_requests: int | None = None
     max_tokens: int | None = None
+    remote_images: bool = False
+    """Whether ``image_url`` parts may name http(s) URLs (the provider fetches them; their
+    hosts must pass ``network.allow``); only ``data:`` URLs otherwise."""
 
 
 @dataclass(frozen=True)

@@ -410,6 +410,41 @@ def _method(value: str) -> str:
     return upper
 
 
+# RFC 9110 5.1: a field name is a token.
+_HEADER_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Headers the gateway owns or drops on the way (framing, hop-by-hop, the
+# proxy's own): a secret put there would never arrive, or would change the framing.
+_SECRET_HEADERS_REFUSED = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+    }
+)
+
+
+def _secret_header(value: str) -> str:
+    if not _HEADER_TOKEN.match(value):
+        raise ValueError(
+            f"{show(value)} is not an HTTP header name; write a name of letters, digits and '-', "
+            "such as 'Authorization' or 'X-Api-Key'"
+        )
+    if value.lower() in _SECRET_HEADERS_REFUSED:
+        raise ValueError(
+            f"{show(value)} is a header the gateway sets or drops itself, so a secret cannot go there; "
+            "name the header the service reads its key from, such as 'Authorization'"
+        )
+    return value
+
+
 def _url_path(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError(f"{show(value)} does not start with '/'; write a URL path such as '/v1/'")
@@ -536,6 +571,7 @@ Port = Annotated[
 PortList = Annotated[list[Port], BeforeValidator(_ports)]
 HttpMethod = Annotated[str, AfterValidator(_checked(_method))]
 UrlPath = Annotated[str, AfterValidator(_checked(_url_path))]
+SecretHeader = Annotated[str, AfterValidator(_checked(_secret_header))]
 HostPattern = Annotated[str, AfterValidator(_checked(normalize_host_pattern))]
 ToolId = Annotated[str, AfterValidator(_checked(_tool_id))]
 ArgName = Annotated[str, AfterValidator(_checked(_arg_name))]
@@ -794,6 +830,18 @@ class SecretSection(_Section):
         description="Hosts the value may be sent to (the grammar of network.allow); the gateway "
         "puts it in place of the placeholder only in requests to these.",
     )
+    headers: list[SecretHeader] = Field(
+        default_factory=lambda: ["Authorization"],
+        min_length=1,
+        description="Request headers the placeholder may stand in (case-insensitive); a placeholder "
+        "in any other header is refused.",
+    )
+    body: bool = Field(
+        False, description="Whether the placeholder may stand in a request body (refused by default)."
+    )
+    url: bool = Field(
+        False, description="Whether the placeholder may stand in a URL's path or query (refused by default)."
+    )
 
 
 class ToolRuleSection(_Section):
@@ -814,6 +862,11 @@ class LlmSection(_Section):
     )
     max_requests: Annotated[int, Field(ge=1)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
+    remote_images: bool = Field(
+        False,
+        description="Whether image_url parts may name http(s) URLs, which the provider fetches; "
+        "their hosts must then pass network.allow. Only data: URLs by default.",
+    )
 
 
 class PolicyFile(_Section):
