@@ -4,17 +4,20 @@ environment, limits and lifecycle. Escapes live in tests/escapes/."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from stockade.cell import Cell
+from stockade.cell import Cell, CellResult
 from stockade.cell._cell import WORKSPACES_ROOT
 from stockade.errors import CellError
 from stockade.policy import EnvPolicy, FilesystemPolicy, Limits, Policy, default_policy
+from stockade.record import Event
 
 PY = "/usr/bin/python3"
 
@@ -335,3 +338,80 @@ def test_a_policy_writing_slash_starts_and_never_writes_as_host_root(tmp_path: P
         result = cell.run(["/bin/sh", "-c", f"touch {probe} 2>/dev/null; echo $?; ls /bin/sh"])
     assert result.stdout == b"1\n/bin/sh\n", result.stderr
     assert not os.path.exists(probe)
+
+
+def test_kernel_refusals_reach_on_event_while_the_cell_runs(tmp_path: Path) -> None:
+    # The cell is refused a write and a UDP socket, then blocks on stdin: the
+    # refusals must arrive while it still runs, not when it ends.
+    code = (
+        "import socket, sys\n"
+        "try: open('/etc/stockade-live-test', 'w')\n"
+        "except OSError: pass\n"
+        "try: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "except OSError: pass\n"
+        "print('refused'); sys.stdout.flush(); sys.stdin.read()\n"
+    )
+    seen: list[Event] = []
+    both = threading.Event()
+
+    def on_event(event: Event) -> None:
+        seen.append(event)
+        if {"landlock", "seccomp"} <= {e.layer for e in seen if e.outcome == "denied"}:
+            both.set()
+
+    read_end, write_end = os.pipe()
+    results: list[CellResult] = []
+    with Cell(workspace=tmp_path, run_id="r-live") as cell:
+        runner = threading.Thread(
+            target=lambda: results.append(cell.run([PY, "-c", code], stdin=read_end, on_event=on_event))
+        )
+        runner.start()
+        try:
+            assert both.wait(10), seen
+            assert runner.is_alive() and not results  # still running
+        finally:
+            os.close(write_end)
+            runner.join(30)
+    os.close(read_end)
+    (result,) = results
+    assert result.stdout == b"refused\n"
+    assert seen[0].kind == "cell.start" and seen[0].run == "r-live"
+    assert all(e.run == "r-live" and e.cell == result.cell_id for e in seen)
+    # Delivered live, listed once in the result, and left out by not_live().
+    assert list(result.live) == seen
+    for event in seen:
+        assert sum(e is event for e in result.events) == 1
+    assert not any(e.outcome == "denied" and e.layer in ("landlock", "seccomp") for e in result.not_live())
+    assert result.not_live()[-1].kind == "cell.end"
+
+
+def test_an_unclosed_cell_collected_in_a_thread_holding_the_placeholder_lock_does_not_hang(
+    tmp_path: Path,
+) -> None:
+    # The collector runs __del__ in whichever thread allocates when it
+    # triggers: here, one inside the placeholders' lock, as hold() would be.
+    from stockade.cell._cell import _PLACEHOLDERS
+
+    gc.disable()
+    try:
+        cell = Cell(workspace=tmp_path)
+        cell.run(["/bin/true"])
+        assert (tmp_path / ".bashrc").exists()  # held: the cell was not closed
+        cell.cycle = cell  # type: ignore[attr-defined]  # only the collector frees it
+        del cell
+        done = threading.Event()
+
+        def collect_under_the_lock() -> None:
+            with _PLACEHOLDERS._lock:
+                gc.collect()
+            done.set()
+
+        worker = threading.Thread(target=collect_under_the_lock, daemon=True)
+        worker.start()
+        assert done.wait(10), "gc of an unclosed Cell deadlocked on the placeholders' lock"
+    finally:
+        gc.enable()
+    # Queued, not lost: the next holder of the lock (any Cell's close) does it.
+    assert (tmp_path / ".bashrc").exists()
+    Cell(workspace=tmp_path).close()
+    assert not (tmp_path / ".bashrc").exists()

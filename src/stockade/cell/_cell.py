@@ -3,6 +3,7 @@ output and events. Used by the CLI, the tests and the benchmarks."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import select
@@ -74,10 +75,73 @@ class CellResult:
     limits_hit: tuple[str, ...] = ()
     """Which limits ended or cut the run: ``timeout``, ``memory``, ``pids``, ``output``."""
     workspace: str = ""
+    live: tuple[Event, ...] = ()
+    """The events already handed to ``run``'s ``on_event`` (also in ``events``,
+    the same objects): what a caller that recorded them live leaves out."""
 
     @property
     def denials(self) -> tuple[Event, ...]:
         return tuple(e for e in self.events if e.outcome in ("denied", "audited"))
+
+    def not_live(self) -> tuple[Event, ...]:
+        """``events`` without those handed to ``on_event`` while the cell ran."""
+        seen = {id(e) for e in self.live}
+        return tuple(e for e in self.events if id(e) not in seen)
+
+
+EventSink = Callable[[Event], None]
+"""Called with each event of a running cell as it happens (``Cell.run``'s ``on_event``)."""
+
+
+class _LiveEvents:
+    """One run's events on their way to ``on_event`` while the cell runs.
+
+    The reader calls ``from_reader`` for every event of the host it
+    attributes; this keeps the cell's own, drops the launcher's (see
+    ``_not_an_attempt``), gives each the run id once and remembers it, so that
+    the same record collected at the end is the same object, delivered once.
+    """
+
+    def __init__(self, cell_id: str, run_id: str, plan: CellPlan, sink: EventSink | None) -> None:
+        self._cell = cell_id
+        self._run = run_id
+        self._plan = plan
+        self._sink = sink
+        self._lock = threading.Lock()
+        self._settled: dict[int, Event] = {}
+        """id(raw event) -> the event with the run id; the raw one is kept
+        alive by ``_raw`` so that its id stays its own."""
+        self._raw: list[Event] = []
+        self._delivered: list[Event] = []
+
+    def settle(self, event: Event) -> Event:
+        """The event as the result holds it (with the run id), the same object each time."""
+        with self._lock:
+            done = self._settled.get(id(event))
+            if done is None:
+                done = dataclasses.replace(event, run=self._run) if self._run else event
+                self._settled[id(event)] = self._settled[id(done)] = done
+                self._raw.append(event)
+            return done
+
+    def start(self, event: Event) -> None:
+        if self._sink is not None:
+            self._deliver(self.settle(event))
+
+    def from_reader(self, event: Event) -> None:
+        if self._sink is None or event.cell != self._cell or _not_an_attempt(event, self._plan):
+            return
+        self._deliver(self.settle(event))
+
+    def _deliver(self, event: Event) -> None:
+        assert self._sink is not None
+        with self._lock:
+            self._delivered.append(event)
+        self._sink(event)
+
+    def delivered(self) -> tuple[Event, ...]:
+        with self._lock:
+            return tuple(self._delivered)
 
 
 _shared_audit: AuditReader | None = None
@@ -188,6 +252,7 @@ class Cell:
         stdin: int | None = None,
         on_output: OutputSink | None = None,
         timeout: float | None = None,
+        on_event: EventSink | None = None,
     ) -> CellResult:
         """Run ``argv`` (or the policy's ``command``) in a fresh cell and wait.
 
@@ -195,6 +260,12 @@ class Cell:
             stdin: a file descriptor for the command's stdin (default /dev/null).
             on_output: stream output chunks here instead of keeping them.
             timeout: wall-clock seconds; the policy's ``limits.timeout`` by default.
+            on_event: called with ``cell.start`` once the cell is launched, then
+                with each kernel refusal (and ``cell.audit_lost``) as soon as the
+                audit reader has attributed it, from the reader's thread, while
+                the cell runs. These events are also in the result's
+                ``events``, as the very same objects, so a caller that records
+                them live can leave them out at the end (``CellResult.live``).
 
         Raises:
             CellError: the cell could not be set up.
@@ -217,6 +288,8 @@ class Cell:
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin is None else -1
         start = time.monotonic()
         events.append(_start_event(cell_id, policy, command, plan))
+        live = _LiveEvents(cell_id, self.run_id, plan, on_event)
+        unsubscribe: Callable[[], None] | None = None
         launched = None
         detach: list[Callable[[], None]] = []
         try:
@@ -236,10 +309,15 @@ class Cell:
                 idmap_userns=_idmaps(plan),
                 on_namespaces=self._attacher(cell_id, detach) if self._network is not None else None,
             )
+            if on_event is not None and audit is not None:
+                # Subscribed before the launch: a refusal in the cell's first
+                # instant is attributed as soon as ``watch`` claims it.
+                unsubscribe = audit.on_event(live.from_reader)
             launched = launch(spec)
             os.close(out_w)
             os.close(err_w)
             out_w = err_w = -1
+            live.start(events[0])
             if audit is not None and launched.session is not None:
                 audit.watch(cell_id, session=launched.session, pid=launched.init_pid)
             status, timed_out, stdout, stderr, truncated = _supervise(
@@ -258,6 +336,8 @@ class Cell:
             cgroup.destroy()
             raise
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             for stop in detach:
                 stop()
             for fd in (out_r, err_r, out_w, err_w, null_fd):
@@ -270,7 +350,8 @@ class Cell:
         stats = cgroup.stats()
         cgroup.destroy()
         if audit is not None and launched.session is not None:
-            events.extend(e for e in audit.collect(cell_id) if not _not_an_attempt(e, plan))
+            # Those delivered live come back here too: the same events, once.
+            events.extend(live.settle(e) for e in audit.collect(cell_id) if not _not_an_attempt(e, plan))
             audit.unwatch(cell_id)
         limits_hit: list[str] = []
         if timed_out:
@@ -322,9 +403,8 @@ class Cell:
             exit_code=exit_code,
             stdout=stdout,
             stderr=stderr,
-            events=tuple(dataclasses.replace(e, run=self.run_id) for e in events)
-            if self.run_id
-            else tuple(events),
+            events=tuple(live.settle(e) for e in events),
+            live=live.delivered(),
             duration=duration,
             timed_out=timed_out,
             limits_hit=tuple(limits_hit),
@@ -357,7 +437,7 @@ class Cell:
         except AttributeError:
             return  # __init__ did not finish
         if placeholders:
-            _PLACEHOLDERS.release(self.workspace, placeholders)
+            _PLACEHOLDERS.release_soon(self.workspace, placeholders)
 
     def close(self) -> None:
         """Let go of the prepared layers, and remove a fresh workspace unless
@@ -469,6 +549,8 @@ class _Placeholders:
         self._users: dict[str, int] = {}
         self._made: dict[str, list[str]] = {}
         """For each placeholder this process made, the paths made for it."""
+        self._orphans: collections.deque[tuple[str, list[str]]] = collections.deque()
+        """Releases of Cells collected unclosed (``release_soon``), not done yet."""
 
     def hold(self, workspace: str, wanted: tuple[ProtectPlaceholder, ...], held: list[str]) -> list[str]:
         """Make the missing ones and count this Cell as a user of each; the paths now held.
@@ -490,19 +572,51 @@ class _Placeholders:
                 if item.path not in now:
                     now.append(item.path)
                     self._users[item.path] = self._users.get(item.path, 0) + 1
-            return now
+            self._drain()
+        self._drain_if_free()
+        return now
 
     def release(self, workspace: str, held: list[str]) -> None:
         """This Cell no longer uses ``held``; the last user's release removes
         what was made for them, where still empty."""
         with self._lock:
-            for path in reversed(held):
-                users = self._users.get(path, 0) - 1
-                if users > 0:
-                    self._users[path] = users
-                    continue
-                self._users.pop(path, None)
-                _remove_placeholders(workspace, self._made.pop(path, []))
+            self._release(workspace, held)
+            self._drain()
+        self._drain_if_free()
+
+    def release_soon(self, workspace: str, held: list[str]) -> None:
+        """``release`` for ``Cell.__del__``: never waits for the lock.
+
+        The collector runs ``__del__`` in whatever thread allocates when it
+        triggers, and that may be a thread inside ``hold`` or ``release``: it
+        would wait forever on the lock it holds itself (an Inspect conformance
+        run hung so in 3 of 6 runs). The release is queued, done now if the
+        lock is free, else by the holder before it lets go."""
+        self._orphans.append((workspace, list(held)))
+        self._drain_if_free()
+
+    def _release(self, workspace: str, held: list[str]) -> None:
+        for path in reversed(held):
+            users = self._users.get(path, 0) - 1
+            if users > 0:
+                self._users[path] = users
+                continue
+            self._users.pop(path, None)
+            _remove_placeholders(workspace, self._made.pop(path, []))
+
+    def _drain(self) -> None:
+        """The queued releases. Holds ``_lock``."""
+        while self._orphans:
+            workspace, held = self._orphans.popleft()
+            self._release(workspace, held)
+
+    def _drain_if_free(self) -> None:
+        # One queued by another thread between our drain and our letting go.
+        if self._orphans and self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
 
 
 _PLACEHOLDERS = _Placeholders()
