@@ -203,3 +203,40 @@ def test_a_bad_timeout_is_refused(timeout: float) -> None:
     with pytest.raises(ValueError, match="timeout"):
         box.ask("r-1", "exec", {}, timeout=timeout)
     assert box.pending() == []
+
+
+LONG = "x" * (_approvals.ARGS_PREVIEW + 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(
+            {"argv": ["sh", "-c", "echo hi" + " " * _approvals.ARGS_PREVIEW + "; rm -rf ~"]},
+            "characters",
+            id="padded-string",
+        ),
+        pytest.param({"items": list(range(1001))}, "1001 items", id="long-list"),
+        pytest.param({"env": {f"K{i}": "v" for i in range(1001)}}, "1001 keys", id="wide-object"),
+        pytest.param({"a": [[[[[[[[[[[[[[[[["deep"]]]]]]]]]]]]]]]]]}, "nested deeper", id="deep"),
+    ],
+)
+def test_arguments_that_cannot_be_shown_whole_are_denied_at_once(args: dict[str, object], says: str) -> None:
+    """What the operator approves is what they were shown: an approval whose
+    arguments ``redact`` would cut is denied at once, saying why, never left
+    pending with a part of it out of sight."""
+    box, _clock = approvals()
+    refused = box.ask("r-1", "exec", args, timeout=30)
+    assert (refused.state, refused.by) == ("denied", "limit")
+    assert "cannot be shown whole" in refused.reason and says in refused.reason
+    assert box.pending() == []
+
+
+def test_arguments_that_fit_and_long_secrets_stay_pending() -> None:
+    """The control: arguments at the limit stay pending and whole; a long
+    value under a secret key is replaced, not shown, so it cuts nothing."""
+    box, _clock = approvals()
+    fits = box.ask("r-1", "exec", {"argv": ["sh", "-c", "y" * _approvals.ARGS_PREVIEW]}, timeout=30)
+    secret = box.ask("r-1", "http.fetch", {"url": "https://a.example", "token": LONG}, timeout=30)
+    assert fits.state == "pending" and fits.args["argv"][2] == "y" * _approvals.ARGS_PREVIEW  # type: ignore[index]
+    assert secret.state == "pending" and secret.args["token"] == "[redacted]"

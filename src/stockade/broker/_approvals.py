@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -121,8 +121,11 @@ class Approvals:
         """Open an approval for ``intent`` of ``run``, closing by itself after ``timeout`` seconds.
 
         Returns it pending, or already denied when unattended (this instance's
-        default, or the call's ``unattended``) or when ``MAX_PENDING``
-        approvals are open.
+        default, or the call's ``unattended``), when ``MAX_PENDING``
+        approvals are open, or (``by="limit"``) when its arguments cannot be
+        kept whole for the operator to read (a string past ``ARGS_PREVIEW``
+        characters, a container past ``redact``'s limits): what is approved
+        is what was shown.
 
         Raises:
             ValueError: ``timeout`` is not a positive finite number.
@@ -143,7 +146,14 @@ class Approvals:
             deadline=now + timeout,
         )
         with self._cond:
-            if self.unattended if unattended is None else unattended:
+            cut = _cut(args, 0)
+            if cut is not None:
+                # The operator approves what is shown; a part left out of it
+                # would be approved unseen.
+                approval = _closed(
+                    approval, "denied", "limit", f"its arguments cannot be shown whole: {cut}", now
+                )
+            elif self.unattended if unattended is None else unattended:
                 approval = _closed(
                     approval, "denied", "unattended", "the run is unattended: nobody can approve", now
                 )
@@ -256,6 +266,38 @@ class Approvals:
                 : len(self._items) - MAX_KEPT
             ]:
                 del self._items[key]
+
+
+def _cut(value: object, depth: int) -> str | None:
+    """What ``redact`` would leave out of ``value`` for an approval (a string
+    past ``ARGS_PREVIEW`` characters, a container past its item or depth
+    limits), said in a few words; None when it keeps everything."""
+    from stockade.broker._intents import _REDACT_DEPTH as REDACT_DEPTH
+    from stockade.broker._intents import _REDACT_ITEMS as REDACT_ITEMS
+    from stockade.broker._intents import _is_secret
+
+    if depth > REDACT_DEPTH:
+        return f"nested deeper than {REDACT_DEPTH} levels"
+    if isinstance(value, str):
+        if len(value) > ARGS_PREVIEW:
+            return f"a string of {len(value)} characters (at most {ARGS_PREVIEW})"
+        return None
+    if isinstance(value, Mapping):
+        if len(value) > REDACT_ITEMS:
+            return f"{len(value)} keys in one object (at most {REDACT_ITEMS})"
+        # A secret's value is replaced, not shown: nothing of it to cut.
+        items: Iterable[object] = [v for k, v in value.items() if not _is_secret(str(k))]
+    elif isinstance(value, list | tuple):
+        if len(value) > REDACT_ITEMS:
+            return f"{len(value)} items in one list (at most {REDACT_ITEMS})"
+        items = value
+    else:
+        return None
+    for item in items:
+        found = _cut(item, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _closed(approval: Approval, state: State, by: str, reason: str, now: float) -> Approval:

@@ -328,14 +328,21 @@ class _Prompter:
         if approval_id in self._seen:
             return
         self._seen.add(approval_id)
-        args = json.dumps(approval.get("args", {}), ensure_ascii=False)[:500]
+        from stockade.cli._shown import argument_lines, visible
+
+        # Shown whole, escapes visible: the operator approves what is printed here.
         if approval.get("intent") == "ask":
-            question = str(approval.get("args", {}).get("question", ""))
-            click.echo(f"\nstockade: the agent asks ({approval_id}): {question}", err=True)
+            question = visible(str(approval.get("args", {}).get("question", "")))
+            click.echo(f"\nstockade: the agent asks ({visible(approval_id)}): {question}", err=True)
             answer = click.prompt("answer (empty to refuse)", default="", show_default=False, err=True)
             decision, reason = ("approve", answer) if answer else ("deny", "refused at the terminal")
         else:
-            click.echo(f"\nstockade: approval {approval_id}: {approval.get('intent')} {args}", err=True)
+            click.echo(
+                f"\nstockade: approval {visible(approval_id)}: {visible(str(approval.get('intent')))}",
+                err=True,
+            )
+            for line in argument_lines(approval.get("args", {})):
+                click.echo(line, err=True)
             yes = click.confirm("approve?", default=False, err=True)
             decision, reason = ("approve", "") if yes else ("deny", "refused at the terminal")
         try:
@@ -477,23 +484,70 @@ def status(as_json: bool, state: str | None, socket_path: str | None) -> int:
     return 0
 
 
-@click.command("approvals")
+@click.group("approvals", invoke_without_command=True)
 @click.option("--run", "run_ref", metavar="ID", default=None, help="Only this run's.")
 @_JSON
 @_place
-def approvals(run_ref: str | None, as_json: bool, state: str | None, socket_path: str | None) -> int:
-    """List the approvals waiting for an operator."""
+@click.pass_context
+def approvals(
+    ctx: click.Context, run_ref: str | None, as_json: bool, state: str | None, socket_path: str | None
+) -> int:
+    """List the approvals waiting for an operator; ``approvals show ID`` prints one whole.
+
+    Arguments longer than the listing's width are cut with a mark that says
+    how many characters are left out; control characters are shown as escapes.
+    """
+    from stockade.cli._shown import preview, safe_json, visible
+
+    if ctx.invoked_subcommand is not None:
+        return 0
     with _client(state, socket_path) as client:
         pending = client.call("approvals.list", **({"run": run_ref} if run_ref else {}))["approvals"]
     if as_json:
-        _echo_json(pending)
+        click.echo(safe_json(pending, indent=2))
         return 0
     if not pending:
         click.echo("no approvals are waiting")
     for a in pending:
         left = max(0.0, float(a.get("deadline") or 0) - time.time())
-        args = json.dumps(a.get("args", {}), ensure_ascii=False)[:200]
-        click.echo(f"{a['id']}  run {a['run']}  {a['intent']} {args}  ({left:.0f} s left)")
+        approval_id = visible(str(a["id"]))
+        args = preview(safe_json(a.get("args", {})), approval_id)
+        click.echo(
+            f"{approval_id}  run {visible(str(a['run']))}  {visible(str(a['intent']))} {args}"
+            f"  ({left:.0f} s left)"
+        )
+    return 0
+
+
+@approvals.command("show")
+@click.argument("approval_id", metavar="ID")
+@_JSON
+@_place
+def approvals_show(approval_id: str, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """Print one waiting approval whole: every argument, with its length,
+    control characters shown as escapes (``--json``: the approval as JSON)."""
+    from stockade.cli._shown import argument_lines, safe_json, visible
+
+    with _client(state, socket_path) as client:
+        pending = client.call("approvals.list")["approvals"]
+    found = [a for a in pending if a.get("id") == approval_id]
+    if not found:
+        from stockade.daemon._client import RemoteError
+
+        raise RemoteError(
+            f"no approval {visible(approval_id)!r} is waiting; `stockade approvals` lists those that are",
+            code="not_found",
+            method="approvals.list",
+        )
+    a = found[0]
+    if as_json:
+        click.echo(safe_json(a, indent=2))
+        return 0
+    left = max(0.0, float(a.get("deadline") or 0) - time.time())
+    click.echo(f"approval {visible(str(a['id']))}  run {visible(str(a['run']))}  ({left:.0f} s left)")
+    click.echo(f"intent {visible(str(a['intent']))}")
+    for line in argument_lines(a.get("args", {})):
+        click.echo(line)
     return 0
 
 
