@@ -64,6 +64,7 @@ from stockade.daemon._requests import RequestError
 from stockade.errors import CellError, PolicyError, StockadeError, StoreError
 from stockade.policy import Policy
 from stockade.record import Event
+from stockade.record._chain import StoredEvent
 from stockade.sdk import IN_CELL_DIR, MODULE_PATH
 
 if TYPE_CHECKING:
@@ -246,6 +247,9 @@ class _CellWatch:
 
     def collect(self, cell_id: str, *, timeout: float = 2.0) -> list[Event]:
         return self._reader.collect(cell_id, timeout=timeout)
+
+    def on_event(self, callback: Callable[[Event], None]) -> Callable[[], None]:
+        return self._reader.on_event(callback)
 
 
 # --------------------------------------------------------------------------- all runs
@@ -502,7 +506,7 @@ class Runs(IntentPath):
         error = ""
         try:
             if not run.kill_requested:
-                result = cell.run(list(run.argv) or None, on_output=sink)
+                result = cell.run(list(run.argv) or None, on_output=sink, on_event=self._live_sink(run))
         except StockadeError as exc:
             error = str(exc)
         except BaseException as exc:  # a bug: say so, and still end the run
@@ -519,10 +523,38 @@ class Runs(IntentPath):
                     os.rmdir(cell.workspace)
         if result is not None:
             try:
-                self.recorder.record(result.events)
+                self.recorder.record(result.not_live())
             except StoreError:
                 pass  # on_failure has halted everything and said why
         self._soon(self._cell_ended, run, result, error)
+
+    def _live_sink(self, run: Run) -> Callable[[Event], None]:
+        """``Cell.run``'s ``on_event`` for a run's cells: each event (``cell.start``,
+        a kernel refusal) goes to the loop and into the record as it happens,
+        from the audit reader's thread; a refusal counts toward the tripwire."""
+
+        def sink(event: Event) -> None:
+            self._soon(self._record_live, run, event)
+
+        return sink
+
+    def _record_live(self, run: Run, event: Event) -> None:
+        """On the loop: store a cell's event now (in order with what the loop
+        records next), then count a kernel refusal like a broker denial."""
+        if event.kind != "cell.denied":
+            self.recorder.record_then([event], _ignore)
+            return
+
+        def stored(result: list[StoredEvent] | BaseException) -> None:
+            # Counted once durable, as an intent's denial is: the halt it may
+            # cause is recorded after it.
+            if isinstance(result, BaseException):
+                return  # the store failed: on_failure has halted every run
+            task = self.loop.create_task(self._count_denial(run))
+            self._cascades.add(task)
+            task.add_done_callback(self._cascades.discard)
+
+        self.recorder.record_then([event], stored)
 
     def _soon(self, fn: Callable[..., object], *args: object) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is gone
@@ -576,8 +608,8 @@ class Runs(IntentPath):
                 raise CellError(f"run {run.id} is stopping")
             audit = self._audit() if self._audit is not None else _shared_audit()
             with Cell(policy, run_id=run.id, audit=cast("AuditReader", _CellWatch(audit, run))) as cell:
-                result = cell.run(argv)
-            self.recorder.record(result.events)
+                result = cell.run(argv, on_event=self._live_sink(run))
+            self.recorder.record(result.not_live())
             return result
         finally:
             run.workbench_slots.release()
@@ -822,6 +854,10 @@ def _shared_audit() -> AuditReader:
     from stockade.cell._cell import shared_audit_reader
 
     return shared_audit_reader()
+
+
+def _ignore(result: object) -> None:
+    """A live event's ``record_then``: a store failure halts every run by itself."""
 
 
 def _remove_quietly(path: str) -> None:
