@@ -385,6 +385,27 @@ def test_group_without_end_expires() -> None:
     assert [e.layer for e in core.take("cell-a")] == ["landlock"]
 
 
+def test_group_without_end_is_finished_at_its_deadline_with_no_later_record() -> None:
+    # Nothing else comes from the host: the reader's timer finishes it (expire).
+    core = AuditCorrelator(group_ttl=0.5)
+    core.watch("cell-a", session=3, pid=4024, now=0.0)
+    assert core.next_deadline() is None
+    run(core, (1423, LL_WRITE), (1424, LL_ALLOC), now=10.0)
+    assert core.next_deadline() == 10.5
+    assert core.expire(10.4) == []
+    [event] = core.expire(10.5)
+    assert event.layer == "landlock" and event.detail["path"] == "/etc/passwd"
+    assert core.next_deadline() is None
+    assert [e.detail["path"] for e in core.take("cell-a")] == ["/etc/passwd"]
+
+
+def test_a_complete_group_is_an_event_at_its_eoe_without_waiting() -> None:
+    core = watched()
+    out = [e for body in LANDLOCK_GROUP for e in core.feed(body[0], body[1], 0.0)[0]]
+    assert [e.layer for e in out] == ["landlock"]
+    assert core.next_deadline() is None
+
+
 def test_deallocation_reports_unlogged_denials() -> None:
     core = watched()
     run(core, *LANDLOCK_GROUP, (1424, LL_DEALLOC))  # the kernel counted 5, one was logged

@@ -516,16 +516,33 @@ class AuditReader:
         poller.register(self._sock, select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
         sock_fd = self._sock.fileno()
+        wait_ms = -1
         while True:
-            ready = poller.poll()
+            ready = poller.poll(wait_ms)
             if any(fd != sock_fd for fd, _ in ready):
                 return
             with self._io_lock:
                 try:
-                    self._read_batch()
+                    if ready:
+                        self._read_batch()
+                    wait_ms = self._expire()
                 except Exception:  # a bug must not end the record: log it, read on
                     _log().exception("audit reader: unexpected error; reading on")
             self._deliver_pending()
+
+    def _expire(self) -> int:
+        """Finish what waited too long for the rest of its records; the
+        milliseconds until the next such wait ends (-1: none). Holds ``_io_lock``."""
+        with self._lock:
+            now = time.monotonic()
+            events = self._core.expire(now)
+            if events:
+                self._events += len(events)
+                self._pending.extend(events)
+            deadline = self._core.next_deadline()
+        if deadline is None:
+            return -1
+        return max(1, int((deadline - now) * 1000) + 1)
 
     def _read_batch(self, limit: int = 256) -> None:
         """Read up to ``limit`` datagrams that are already queued. Holds ``_io_lock``."""

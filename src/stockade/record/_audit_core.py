@@ -505,6 +505,25 @@ class AuditCorrelator:
             self._emit(lost_event(cell, reason, count, when), out)
         return out
 
+    def next_deadline(self) -> float | None:
+        """When the oldest record set still waiting for its SYSCALL or EOE
+        record is given up on and finished as it is (``now`` of ``feed``'s
+        clock), or None when none waits.
+
+        A task without an audit context never sends them, and nothing else
+        would finish its refusal until the next record came: the reader wakes
+        at this time to ``expire`` it, so that a refusal is an event within
+        ``group_ttl`` of its record, not whenever the host next logs."""
+        oldest = [d.arrived for d in (next(iter(self._groups.values()), None),) if d is not None]
+        oldest += [r.arrived for r in (next(iter(self._mount.values()), None),) if r is not None]
+        return min(oldest) + self._group_ttl if oldest else None
+
+    def expire(self, now: float) -> list[Event]:
+        """Finish the record sets that waited ``group_ttl`` (see ``next_deadline``)."""
+        out: list[Event] = []
+        self._expire(now, out)
+        return out
+
     def flush(self, now: float) -> list[Event]:
         """Finish every pending group now (used when the reader stops)."""
         out: list[Event] = []
