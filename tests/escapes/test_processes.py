@@ -706,11 +706,12 @@ class _Gate:
 
 FORK_BOMB = r"""
 import os, sys
+top = os.getpid()  # the command (pid 2: the cell's init is pid 1)
 while True:
     try:
         pid = os.fork()
     except OSError as exc:
-        if os.getpid() != 1:
+        if os.getpid() != top:
             continue  # every process keeps forking: a real bomb
         alive = sum(1 for n in os.listdir('/proc') if n.isdigit())
         print(f"saturated {exc.errno} {alive}", flush=True)

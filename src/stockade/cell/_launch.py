@@ -6,13 +6,21 @@ The sequence, from a warm parent process (P)::
                     joins the cell's cgroups, drops supplementary groups,
                     unshare(user, mount, pid, net, ipc, uts, cgroup)
     P writes C1's uid/gid maps (cell uid 1000 → an unprivileged host uid)
-                C1 ──fork──▶ C2 (pid 1 of the cell): builds the filesystem view
-                    on a tmpfs, pivots into it, brings up loopback, drops every
-                    capability, no_new_privs, Landlock, seccomp, execve.
-                C1 waits for C2 and exits with its status.
+                C1 ──fork──▶ C2 (pid 1 of the cell, its init): builds the
+                    filesystem view on a tmpfs, pivots into it, brings up
+                    loopback, drops every capability, no_new_privs, Landlock,
+                    seccomp;
+                    C2 ──fork──▶ C3 (pid 2): a process group of its own, execve
+                    of the command.
+                C2 reaps every process the namespace hands it, passes every
+                signal it gets on to C3 and exits with C3's status; C1 waits
+                for C2 and exits with its status.
 
-C2 is the cell's pid 1: when it exits the kernel kills every other process of
-the cell's pid namespace, and if P dies, C1 and then C2 get SIGKILL from their
+C2 is the cell's init, as ``docker --init`` (tini) is a container's: the
+command is not pid 1, so its default signal actions hold (``sh -c 'kill -TERM
+$$'`` ends with 143, and a SIGTERM from ``stop`` ends an agent that installed
+no handler at once). When C2 exits the kernel kills every other process of the
+cell's pid namespace, and if P dies, C1 and then C2 get SIGKILL from their
 death signals, so nothing outlives its cell. The parent also kills the cell's
 cgroup when it ends.
 
@@ -77,7 +85,9 @@ class Launched:
     pid: int
     """Host pid of C1, whose exit status is the cell's."""
     init_pid: int
-    """Host pid of the cell's pid 1 (the command)."""
+    """Host pid of the cell's pid 1, its init (the command is its child): the
+    process that creates the cell's Landlock domain, and the one to signal to
+    stop the cell (it passes the signal on to the command)."""
     session: int | None
     """The cell's audit session id (``ses=`` in audit records)."""
     exec_error: tuple[str, int, str] | None

@@ -1,9 +1,11 @@
 /*
  * stockade.cell._native: the launcher's children, in C.
  *
- * _launch.launch() forks a warm Python process twice: C1 enters the cell's
- * namespaces, C2 (the cell's pid 1) builds the filesystem view, drops every
- * privilege, applies Landlock and seccomp and execs the command. When those
+ * _launch.launch() forks a warm Python process: C1 enters the cell's
+ * namespaces, C2 (the cell's pid 1, its init) builds the filesystem view, drops
+ * every privilege, applies Landlock and seccomp, and forks C3, which execs the
+ * command; C2 then stays as a small init (init_loop: reaps, passes signals on,
+ * exits with the command's status). When those
  * children ran Python, most of a launch was the interpreter around a few dozen
  * syscalls. spawn() below takes everything the children need, converts it to
  * plain C data while it may still use the Python API, forks, and from then on
@@ -17,7 +19,8 @@
  *   "P<pid>\n"                   C2, the cell's pid 1, started (its host pid)
  *   "E<stage>\t<errno>\t<msg>\n"  a step failed; the child exits 127 right after
  *   end of file                  the command was exec'd (the pipe is close-on-exec)
- * C1 waits for C2 and exits with its status (128+N when a signal N killed it).
+ * C1 waits for C2 and exits with its status; C2 exits with the command's
+ * (128+N when a signal N killed it, as shells report).
  *
  * Beyond the Python launcher it replaces: C1 closes every descriptor it does
  * not need (it never execs, so O_CLOEXEC never did), C2 shares C1's memory
@@ -643,20 +646,69 @@ struct init_args {
     struct spec *spec;
     int status_w;
     pid_t pid; /* C2's host pid, written by clone(CLONE_PARENT_SETTID) before C2 runs */
+    sigset_t mask; /* the caller's signal mask, which the command gets back */
 };
 
-static int cell_init(void *arg) {
+/* The command's side (C3): what it needs of a process of its own, then exec.
+ * It shares the init's memory until its exec (CLONE_VM | CLONE_VFORK), and the
+ * init sleeps meanwhile. */
+static int cell_command(void *arg) {
     const struct init_args *a = arg;
+    const int fd = a->status_w;
+    /* A process group of its own, as tini makes for its child: what the
+     * command signals as "its group" (kill(0, ...), a shell's job control)
+     * never includes the init. */
+    if (setpgid(0, 0) < 0) die(fd, ST_PREPARING, errno, "setpgid of the command", NULL);
+    if (sigprocmask(SIG_SETMASK, &a->mask, NULL) < 0) die(fd, ST_PREPARING, errno, "signal mask", NULL);
+    exec_command(fd, a->spec);
+}
+
+/* The exit status a shell reports: the code, or 128+N when signal N killed it. */
+static int shell_status(int status) { return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status); }
+
+/* The init's life once the command runs (docker --init, tini): every signal
+ * stays blocked and is taken with sigwaitinfo, SIGCHLD reaps every child
+ * (the command and the orphans the pid namespace hands to pid 1), any other
+ * signal is passed on to the command, and when the command ends the init
+ * exits with its status, upon which the kernel kills what is left of the pid
+ * namespace. The kernel drops a signal to a pid 1 with no handler for it, but
+ * not one it blocks, so SIGTERM from the host (run.stop) reaches the command.
+ * Only raw syscalls: no errno is kept across them. */
+__attribute__((noreturn)) static void init_loop(pid_t command, const sigset_t *all) {
+    for (;;) {
+        siginfo_t info;
+        int status;
+        pid_t pid;
+        if (sigwaitinfo(all, &info) < 0) continue; /* EINTR: a stop and continue */
+        if (info.si_signo != SIGCHLD) {
+            /* To the command alone, as tini does without -g; it passes it on
+             * to its own children if it wants them to know. */
+            (void)kill(command, info.si_signo);
+            continue;
+        }
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+            if (pid == command) _exit(shell_status(status));
+    }
+}
+
+static int cell_init(void *arg) {
+    struct init_args *a = arg;
     struct spec *s = a->spec;
     const int fd = a->status_w;
     struct line l = {.len = 0};
+    sigset_t all;
+    char *stack;
+    pid_t command;
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die(fd, ST_PREPARING, errno, "death signal", NULL);
-    /* C1 is suspended until this process execs (CLONE_VFORK), so pid 1 tells
-     * the parent its own host pid, which getpid() cannot give it here. */
+    /* pid 1 tells the parent its own host pid, which getpid() cannot give it
+     * here (C1 could, but it no longer waits for this process to exec). */
     put_char(&l, 'P');
     put_int(&l, a->pid);
     put_char(&l, '\n');
     if (write_all(fd, l.buf, l.len) < 0) _exit(127);
+    /* Its name in ps and /proc/1/comm (it never execs: it would read as the
+     * launcher's interpreter). */
+    (void)prctl(PR_SET_NAME, "stockade-init", 0, 0, 0);
     /* The view's directories and files must not depend on the caller's umask
      * (under 077 the agent could not read its own view); the command gets
      * the usual 022. */
@@ -666,6 +718,10 @@ static int cell_init(void *arg) {
     loopback_up(fd);
     if (chdir(s->workdir) < 0) die(fd, ST_WORKDIR, errno, "workdir ", s->workdir, NULL);
     drop_privileges(fd, s->cap_last);
+    /* The init is inside every layer it gives the command: it creates the
+     * Landlock domain (the audit reader attributes the domain to this pid)
+     * and loads seccomp; a hijacked command that reached it would gain
+     * nothing. */
     if (s->landlock) apply_landlock(fd, s);
     /* Nothing the launcher holds may leak into the cell: keep 0-2, the status
      * pipe (close-on-exec: it reports exec errors) and keep_fds. */
@@ -673,7 +729,24 @@ static int cell_init(void *arg) {
     for (size_t i = 0; i < s->n_filters; i++)
         if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, s->filter_flags[i], &s->filters[i]) < 0)
             die(fd, ST_SECCOMP, errno, "seccomp", NULL);
-    exec_command(fd, s);
+    /* Blocked before the command exists, so that its SIGCHLD cannot be lost. */
+    sigfillset(&all);
+    if (sigprocmask(SIG_SETMASK, &all, NULL) < 0) die(fd, ST_PREPARING, errno, "signal mask of the init", NULL);
+    stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) die(fd, ST_PREPARING, errno, "stack of the command", NULL);
+    if (mprotect(stack, (size_t)getpagesize(), PROT_NONE) < 0)
+        die(fd, ST_PREPARING, errno, "guard page of the command", NULL);
+    command = clone(cell_command, stack + INIT_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, a);
+    if (command < 0) die(fd, ST_PREPARING, errno, "clone of the command", NULL);
+    /* The command has exec'd (or failed to, and said so on the pipe): the
+     * init keeps only its stdio (a cell's output ends when the command's
+     * does, and the init ends with it) and closes the status pipe last, so
+     * that the EOF launch() waits for also means that nothing else of the
+     * launcher's is open. */
+    (void)syscall(SYS_close_range, 3u, (unsigned int)fd - 1, 0u);
+    (void)syscall(SYS_close_range, (unsigned int)fd + 1, ~0u, 0u);
+    (void)close(fd);
+    init_loop(command, &all);
 }
 
 /* --------------------------------------------------------------- C1 */
@@ -792,11 +865,12 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
      * running; and check the parent did not die in between. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die(fd, ST_PREPARING, errno, "death signal", NULL);
     if (getppid() != s->parent) _exit(127);
-    /* C2 shares C1's memory until it execs (CLONE_VM | CLONE_VFORK, as
-     * posix_spawn does): no second copy of the parent's page tables, and its
-     * exec drops a reference instead of tearing an address space down. C1
-     * sleeps meanwhile, so the two never run at once on shared memory (errno
-     * included). C2 runs on a stack of its own with a guard page below it. */
+    /* C2, the cell's init, shares C1's memory (CLONE_VM): no second copy of
+     * the parent's page tables. It never execs (it forks the command, C3, and
+     * stays), so C1 cannot sleep in a vfork until it does; instead, once
+     * clone returns, C1 makes only raw syscalls that touch nothing the two
+     * share (close_range, wait4, exit: no errno is read, no stack but its
+     * own), while C2 runs on a stack of its own with a guard page below it. */
     stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (stack == MAP_FAILED) die(fd, ST_PREPARING, errno, "stack of the cell's init", NULL);
     if (mprotect(stack, (size_t)getpagesize(), PROT_NONE) < 0)
@@ -804,18 +878,16 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
     args.spec = s;
     args.status_w = fd;
     args.pid = 0;
-    pid = clone(cell_init, stack + INIT_STACK, CLONE_VM | CLONE_VFORK | CLONE_PARENT_SETTID | SIGCHLD, &args,
-                &args.pid);
+    args.mask = *mask;
+    pid = clone(cell_init, stack + INIT_STACK, CLONE_VM | CLONE_PARENT_SETTID | SIGCHLD, &args, &args.pid);
     if (pid < 0) die(fd, ST_PREPARING, errno, "clone of the cell's init", NULL);
-    /* C2 has exec'd (or died): C1 only waits now, and holds nothing for the
-     * cell's lifetime. The status pipe goes last, so that its EOF, which
-     * launch() returns on, also means that everything else is closed. */
-    close_fds(fd, 0, (unsigned int)fd - 1);
-    close_fds(fd, (unsigned int)fd + 1, ~0u);
-    close(fd);
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR) _exit(127);
-    _exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
+    /* C1 only waits now, and holds nothing for the cell's lifetime (C2 has a
+     * copy of every descriptor it needs). */
+    (void)syscall(SYS_close_range, 0u, ~0u, 0u);
+    while (syscall(SYS_wait4, pid, &status, 0, NULL) < 0) {
+    }
+    syscall(SYS_exit_group, shell_status(status));
+    __builtin_unreachable();
 }
 
 /* ------------------------------------------- parent side: Python to C, fork */
