@@ -305,8 +305,14 @@ class IntentPath:
         if run.tripwire.record("deny") and not run.halted:
             await self.halt(run, f"{run.tripwire.denials} denials reached the limit of {run.tripwire.limit}")
 
-    async def _ask(self, run: Run, intent: str, args: Mapping[str, object]) -> Approval:
-        approval = self.approvals.ask(run.id, intent, args, timeout=self.approval_timeout)
+    async def _ask(
+        self, run: Run, intent: str, args: Mapping[str, object], *, unattended: bool | None = None
+    ) -> Approval:
+        """Open an approval and wait for it on the loop: a future, not a thread,
+        so a run's questions, however many, hold no worker another run needs."""
+        approval = self.approvals.ask(
+            run.id, intent, args, timeout=self.approval_timeout, unattended=unattended
+        )
         if approval.state == "pending":
             waiter: asyncio.Future[Approval] = self.loop.create_future()
             self._waiting[approval.id] = waiter
@@ -321,6 +327,16 @@ class IntentPath:
             self._waiting.pop(approval.id, None)
         await self._record_approval("approval.decided", run, approval)
         return approval
+
+    async def _question(self, run: Run, question: str) -> dict[str, object]:
+        """An allowed ``ask`` intent: the operator's answer (the approving
+        decision's reason), or ``None`` when denied or unanswered. Waited for
+        on the loop (``_ask``): 64 open questions of one run once filled the
+        daemon-wide worker pool and another run's ``exec`` waited 20 s."""
+        approval = await self._ask(run, "ask", {"question": question}, unattended=run.unattended)
+        if run.unattended:
+            run.unattended_denials += 1
+        return {"answer": approval.reason if approval.state == "approved" else None}
 
     async def _record_approval(self, kind: str, run: Run, approval: Approval) -> None:
         try:
@@ -345,8 +361,11 @@ class IntentPath:
             value = await fetch_value(run.gateway, run, cell, args, run.hooks, tool_call=tool_call)
         elif intent in AGENT_INTENTS:
             value = await self.agents.execute(run, cell, intent, args)
-        elif intent in ("exec", "ask"):
-            # They take seconds to minutes: threads of their own.
+        elif intent == "ask":
+            value = await self._question(run, str(args["question"]))
+        elif intent == "exec":
+            # It takes seconds to minutes: a thread of its own (a run holds at
+            # most WORKBENCHES_PER_RUN of them).
             try:
                 value = await self.loop.run_in_executor(self._workbench_pool, executor.execute, intent, args)
             except IntentError as exc:
