@@ -19,7 +19,7 @@ from stockade.cell import _host
 from stockade.cell._cgroup import CellCgroup
 from stockade.cell._launch import LaunchSpec, launch
 from stockade.cell._plan import NOBODY, CellPlan, ProtectPlaceholder, plan_cell
-from stockade.errors import CellError
+from stockade.errors import CellError, PolicyError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
 from stockade.record._audit_mount import CELL_LOGINUID
@@ -221,6 +221,14 @@ class Cell:
         _host.check(self.policy)
         self._environ = dict(os.environ if environ is None else environ)
         chosen = workspace if workspace is not None else self.policy.workspace
+        if workspace is not None:
+            # The policy loader's own check, for a workspace given here instead.
+            from stockade.policy._workspace import workspace_problem
+
+            given = os.path.abspath(os.fspath(workspace))
+            why = workspace_problem(given, environ=self._environ)
+            if why is not None:
+                raise PolicyError(f"workspace {given!r} {why}")
         self._fresh = chosen is None
         self.keep_workspace = (not self._fresh) if keep_workspace is None else keep_workspace
         self.workspace = str(chosen) if chosen is not None else _fresh_workspace()

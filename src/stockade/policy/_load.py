@@ -55,6 +55,7 @@ from stockade.policy._schema import (
     default_env,
     show,
 )
+from stockade.policy._workspace import workspace_problem
 
 MAX_BYTES = 1024 * 1024
 """A policy file is a few kilobytes; a larger one is a mistake (or an attack)."""
@@ -732,16 +733,11 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
             )
         else:
             workspace = os.path.normpath(os.path.join(os.path.dirname(source), workspace))
-    if workspace is not None and (
-        workspace in ("/", *SYSTEM_READ) or covered_by(workspace, ("/proc", "/sys", "/dev"))
-    ):
-        problems.append(
-            Problem(
-                ("workspace",),
-                f"{show(workspace)} is a system directory, and a workspace is read-write; "
-                "choose the directory of a project",
-            )
-        )
+    if workspace is not None and workspace.startswith("/"):
+        # The one check of cell/_cell's Cell(workspace=...) and exec --workspace too.
+        why = workspace_problem(workspace)
+        if why is not None:
+            problems.append(Problem(("workspace",), f"{show(workspace)} {why}"))
 
     if model.llm is not None and model.llm.api_key_env is not None:
         key = model.llm.api_key_env
