@@ -28,6 +28,8 @@ NETWORK = rules(
     HostRule("api.example.com", ports=(80,)),
 )
 SECRETS = (SecretPolicy(name="API_KEY", env="THE_KEY", hosts=("api.example.com",)),)
+OPEN = (SecretPolicy(name="API_KEY", env="THE_KEY", hosts=("api.example.com",), body=True, url=True),)
+"""The secret opted in to bodies and URLs (by default its placeholder stands in Authorization only)."""
 
 
 def tls_world(body: object, tmp_path: Path) -> None:
@@ -88,7 +90,7 @@ def test_secret_is_substituted_toward_its_host_and_never_recorded(tmp_path: Path
         assert "[placeholder API_KEY]" in detail(event)["path"]
         assert detail(event)["bytes_down"] == len(r.content)
 
-    tls_world(body, tmp_path)
+    in_world(body, tmp_path, network=NETWORK, secrets=OPEN, environ={"THE_KEY": KEY})
 
 
 def test_echoed_values_stay_visible_when_hiding_is_off(tmp_path: Path) -> None:
@@ -98,9 +100,7 @@ def test_echoed_values_stay_visible_when_hiding_is_off(tmp_path: Path) -> None:
             r = await client.get(f"https://api.example.com/v1/echo?key={placeholder}")
         assert r.json()["target"] == f"/v1/echo?key={KEY}"  # what the default does today
 
-    in_world(
-        body, tmp_path, network=NETWORK, secrets=SECRETS, environ={"THE_KEY": KEY}, hide_echoed_secrets=False
-    )
+    in_world(body, tmp_path, network=NETWORK, secrets=OPEN, environ={"THE_KEY": KEY}, hide_echoed_secrets=False)
 
 
 def test_placeholder_toward_another_host_is_refused(tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ def test_placeholder_is_never_sent_in_plain_http_even_to_its_host(tmp_path: Path
         assert [s["target"] for s in w.origin.seen] == ["/echo"]
         assert w.hooks.denials == 2
 
-    tls_world(body, tmp_path)
+    in_world(body, tmp_path, network=NETWORK, secrets=OPEN, environ={"THE_KEY": KEY})
 
 
 def test_large_transfers_through_terminated_tls_are_counted(tmp_path: Path) -> None:
@@ -206,9 +206,10 @@ def test_client_that_does_not_trust_the_run_ca_is_recorded(tmp_path: Path) -> No
     tls_world(body, tmp_path)
 
 
-def test_host_without_rules_on_methods_or_secrets_is_tunnelled(tmp_path: Path) -> None:
+def test_host_without_rules_on_methods_is_tunnelled_in_a_run_without_secrets(tmp_path: Path) -> None:
     async def body(w: World) -> None:
-        # other.example.com has no secret and no method rule: a plain tunnel, not terminated.
+        # other.example.com has no method rule, and the run no secret (whose value
+        # could leave unseen in a tunnel): a plain tunnel, not terminated.
         reader, writer = await w.raw()
         writer.write(b"CONNECT other.example.com:443 HTTP/1.1\r\nHost: other.example.com:443\r\n\r\n")
         await reader.readuntil(b"\r\n\r\n")
@@ -221,7 +222,7 @@ def test_host_without_rules_on_methods_or_secrets_is_tunnelled(tmp_path: Path) -
         (event,) = await w.hooks.wait_events(1)
         assert detail(event)["scheme"] == "tunnel"
 
-    tls_world(body, tmp_path)
+    in_world(body, tmp_path, network=NETWORK)
 
 
 def test_curl_through_terminated_tls(tmp_path: Path) -> None:
@@ -260,7 +261,8 @@ def test_value_that_cannot_stand_in_a_url_is_refused_without_showing_it(tmp_path
         text = json.dumps([e.to_dict() for e in await w.hooks.wait_events(2)])
         assert spaced not in text and placeholder not in text
 
-    in_world(body, tmp_path, network=NETWORK, secrets=SECRETS, environ={"THE_KEY": spaced})
+    spec = SecretPolicy(name="API_KEY", env="THE_KEY", hosts=("api.example.com",), headers=("X-Key",), url=True)
+    in_world(body, tmp_path, network=NETWORK, secrets=(spec,), environ={"THE_KEY": spaced})
 
 
 def test_placeholder_in_a_host_name_is_not_recorded(tmp_path: Path) -> None:

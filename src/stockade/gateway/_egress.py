@@ -317,6 +317,47 @@ class Egress:
             )
         return EgressDecision("deny", name, reason, False)
 
+    def _address_rules(self, address: IPAddress, port: int) -> list[tuple[int, HostRule]]:
+        return [
+            (index, rule)
+            for index, rule in enumerate(self.network.allow)
+            if pattern_kind(rule.host) in ("ip", "cidr") and _matches(rule, str(address), port)
+        ]
+
+    def address_limits(self, address: IPAddress, port: int) -> bool:
+        """Whether the address rules that name ``address`` limit methods or paths (then a
+        CONNECT there must be inspected, whatever name led to it)."""
+        named = self._address_rules(address, port)
+        return bool(named) and all(rule.methods or rule.paths for _, rule in named)
+
+    def decide_address(
+        self, host: str, address: IPAddress, port: int, *, method: str, path: str
+    ) -> EgressDecision | None:
+        """The verdict of the address rules that name ``address`` on a request that a
+        name rule let through to it; ``None`` when none of them limits it.
+
+        A rule such as ``{host: 10.1.2.3, methods: [GET], paths: [/mirror/]}`` says
+        what may reach that address; a name rule (``**.example.com``) whose name
+        resolves there does not widen it.
+        """
+        named = self._address_rules(address, port)
+        if not named or any(not (rule.methods or rule.paths) for _, rule in named):
+            return None
+        upper = method.upper()
+        normal = _normal_path(path)
+        for _index, rule in named:
+            method_ok = not rule.methods or upper in rule.methods
+            path_ok = not rule.paths or (normal is not None and _path_allowed(normal, rule.paths))
+            if method_ok and path_ok:
+                return None
+        denied = self._near_miss(named[0], str(address), port, upper, path, normal)
+        return EgressDecision(
+            "deny",
+            denied.rule,
+            f"{host} resolves to {address}, and {denied.reason}",
+            False,
+        )
+
     def _named_by_rule(self, address: IPAddress, port: int) -> bool:
         """Whether an address or network rule of ``network.allow`` with ``port`` holds ``address``."""
         return any(

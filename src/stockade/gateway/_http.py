@@ -13,6 +13,7 @@ import asyncio
 import re
 import socket
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -20,7 +21,7 @@ from typing import Any, Literal
 
 import h11
 
-from stockade.gateway._secrets import EchoFilter
+from stockade.gateway._secrets import BodyScan, EchoFilter, SecretInAnswer, SecretMisuse
 from stockade.record._event import Event
 
 Scheme = Literal["http", "https", "tunnel"]
@@ -189,6 +190,63 @@ class UpstreamFailed(Exception):
     """The upstream broke off; the message says how."""
 
 
+class AnswerWithheld(UpstreamFailed):
+    """The upstream's answer could not be passed on: compressed in a coding the
+    gateway cannot search for secrets, or holding a value it cannot cut out.
+    Asking again would get the same: never retried."""
+
+
+class BodyRefused(Exception):
+    """A streamed request body carried a secret; part of it may have gone out, so
+    the upstream connection must be dropped. ``misuse`` says what it carried."""
+
+    def __init__(self, misuse: SecretMisuse) -> None:
+        super().__init__(str(misuse))
+        self.misuse = misuse
+
+
+SEARCHABLE_CODINGS = frozenset({"gzip", "x-gzip", "deflate"})
+"""Content-codings the gateway decodes to search an answer for secrets (it asks for identity)."""
+
+
+class _Decoder:
+    """A gzip or deflate body decoded as it streams, so that it can be searched.
+
+    ``deflate`` is zlib data (RFC 9110 8.4.1.2), though some servers send raw
+    deflate: told apart by the first two bytes.
+    """
+
+    def __init__(self, coding: str) -> None:
+        self._coding = coding
+        self._inflate: Any = zlib.decompressobj(16 + 15) if coding != "deflate" else None
+        self._start = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if self._inflate is None:
+            self._start += data
+            if len(self._start) < 2:
+                return b""
+            data, self._start = self._start, b""
+            zlib_header = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+            self._inflate = zlib.decompressobj(15 if zlib_header else -15)
+        try:
+            out: bytes = self._inflate.decompress(data)
+        except zlib.error as exc:
+            raise AnswerWithheld(f"the upstream's {self._coding} answer does not decompress ({exc})") from exc
+        return out
+
+    def flush(self) -> bytes:
+        if self._inflate is None:
+            if self._start:
+                raise AnswerWithheld(f"the upstream's {self._coding} answer is one byte, not {self._coding}")
+            return b""
+        try:
+            out: bytes = self._inflate.flush()
+        except zlib.error as exc:
+            raise AnswerWithheld(f"the upstream's {self._coding} answer does not decompress ({exc})") from exc
+        return out
+
+
 async def forward(
     client: h11.Connection,
     creader: asyncio.StreamReader,
@@ -200,15 +258,40 @@ async def forward(
     timeout: float,
     outcome: Outcome,
     echo: EchoFilter | None = None,
+    scan: BodyScan | None = None,
 ) -> None:
     """Send ``request`` (its body: ``body`` when already read, else streamed from the
     client) to ``upstream`` and its response back to the client, filling ``outcome``;
-    ``echo`` filters the response (its headers and body) on the way.
+    ``echo`` filters the response (its headers and body) on the way, a gzip or
+    deflate body decoded first; ``scan`` searches a streamed request body.
 
     Raises:
-        UpstreamFailed: the upstream closed, timed out or broke HTTP.
+        UpstreamFailed: the upstream closed, timed out or broke HTTP;
+            ``AnswerWithheld``: its answer could not be passed on.
+        BodyRefused: the streamed body carried a secret (``scan``).
         ClientGone: the client closed, timed out or broke HTTP mid-request.
     """
+    try:
+        await _forward(client, creader, cwriter, request, body, upstream, timeout, outcome, echo, scan)
+    except SecretInAnswer as exc:
+        raise AnswerWithheld(str(exc)) from None
+    except SecretMisuse as exc:
+        raise BodyRefused(exc) from None
+
+
+async def _forward(
+    client: h11.Connection,
+    creader: asyncio.StreamReader,
+    cwriter: asyncio.StreamWriter,
+    request: h11.Request,
+    body: bytes | None,
+    upstream: Upstream,
+    timeout: float,
+    outcome: Outcome,
+    echo: EchoFilter | None,
+    scan: BodyScan | None,
+) -> None:
+    decoder: _Decoder | None = None
     up = upstream.conn
     w = upstream.writer
     try:
@@ -227,10 +310,16 @@ async def forward(
                 except (TimeoutError, h11.RemoteProtocolError, ConnectionError) as exc:
                     raise ClientGone(f"the client broke off its request body ({reason_of(exc)})") from exc
                 if isinstance(event, h11.Data):
-                    outcome.bytes_up += len(event.data)
-                    w.write(up.send(event))
-                    await w.drain()
+                    data = scan.feed(bytes(event.data)) if scan is not None else event.data
+                    outcome.bytes_up += len(data)
+                    if data:
+                        w.write(up.send(h11.Data(data=data)))
+                        await w.drain()
                 elif isinstance(event, h11.EndOfMessage):
+                    tail = scan.flush() if scan is not None else b""
+                    if tail:
+                        outcome.bytes_up += len(tail)
+                        w.write(up.send(h11.Data(data=tail)))
                     w.write(up.send(h11.EndOfMessage()))
                     await w.drain()
                     break
@@ -258,14 +347,32 @@ async def forward(
                 outcome.status = event.status_code
                 headers = forward_headers(list(event.headers))
                 if echo is not None:
-                    # The body's length may change: h11 frames it anew (chunked).
-                    headers = [(n, echo.whole(v)) for n, v in headers if n != b"content-length"]
+                    coding = b",".join(v for n, v in headers if n == b"content-encoding").decode("latin-1")
+                    coding = coding.strip().lower()
+                    if coding and coding != "identity":
+                        if coding not in SEARCHABLE_CODINGS:
+                            raise AnswerWithheld(
+                                f"the upstream answered in the content-coding {coding!r}, which the gateway "
+                                "cannot read to search it for the run's secrets (it asks for identity); "
+                                "ask the server for an uncompressed or gzip answer"
+                            )
+                        decoder = _Decoder(coding)
+                    # The body's length may change (and a coded body is passed on decoded):
+                    # h11 frames it anew (chunked).
+                    headers = [
+                        (n, echo.whole(v))
+                        for n, v in headers
+                        if n != b"content-length" and not (decoder is not None and n == b"content-encoding")
+                    ]
                 response = h11.Response(status_code=event.status_code, headers=headers, reason=event.reason)
                 out += client.send(response) or b""
                 outcome.answered = True
             elif isinstance(event, h11.Data):
                 if echo is not None:
-                    event = h11.Data(data=echo.feed(bytes(event.data)))
+                    data = bytes(event.data)
+                    if decoder is not None:
+                        data = decoder.feed(data)
+                    event = h11.Data(data=echo.feed(data))
                     if not event.data:
                         continue
                 outcome.bytes_down += len(event.data)
@@ -282,7 +389,11 @@ async def forward(
                 cwriter.writelines(pieces)
                 await cwriter.drain()
             elif isinstance(event, h11.EndOfMessage):
-                tail = echo.flush() if echo is not None else b""
+                tail = b""
+                if echo is not None:
+                    if decoder is not None:
+                        tail = echo.feed(decoder.flush())
+                    tail += echo.flush()
                 if tail:
                     outcome.bytes_down += len(tail)
                     out += client.send(h11.Data(data=tail)) or b""
@@ -470,7 +581,10 @@ def reason_of(exc: BaseException) -> str:
 
 __all__ = [
     "HOP_BY_HOP",
+    "SEARCHABLE_CODINGS",
+    "AnswerWithheld",
     "BadRequest",
+    "BodyRefused",
     "ClientGone",
     "ClientProtocol",
     "Outcome",

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import socket
 import ssl
+from ipaddress import ip_address
 from typing import Any, cast
 
 import h11
@@ -32,7 +33,9 @@ from stockade.gateway._answers import MAX_HEADERS, Answers, Client, GatewayHooks
 from stockade.gateway._ca import RunCA
 from stockade.gateway._egress import Destination, Egress, EgressDecision, EgressRefused
 from stockade.gateway._http import (
+    AnswerWithheld,
     BadRequest,
+    BodyRefused,
     ClientGone,
     ClientProtocol,
     Outcome,
@@ -276,14 +279,20 @@ class Proxy(Answers):
         if decision.verdict != "allow":
             return await self._refuse(c, req, 403, decision.reason, decision.rule)
         encrypted = tls is not None
+        secrets = self._secrets
         try:
-            headers = [(n, self._put_secrets(v, host, encrypted)) for n, v in event.headers]
-            if encrypted and self._hide_echoes and self._secrets.for_host(host):
-                # Answers from a host that holds secrets are searched for their values
-                # (``echo_filter``): they must come uncompressed to be read.
+            # Every part of the request is searched for the values (the agent's own
+            # bytes, before any placeholder is replaced), whatever its host.
+            secrets.refuse_values(host.encode("ascii", "replace"), host, "in its host name")
+            headers = [
+                (n, secrets.put(v, host, "header", encrypted=encrypted, header=n)) for n, v in event.headers
+            ]
+            if self._hide_echoes and secrets.active:
+                # Answers are searched for the values (``echo_filter``): they should come
+                # uncompressed (gzip and deflate are decoded when they come anyway).
                 headers = [(n, v) for n, v in headers if n != b"accept-encoding"]
                 headers.append((b"accept-encoding", b"identity"))
-            target = self._put_secrets(path.encode("ascii"), host, encrypted)
+            target = secrets.put(path.encode("ascii"), host, "url", encrypted=encrypted)
         except SecretMisuse as exc:
             return await self._refuse(c, req, 403, str(exc), decision.rule)
         if c.h.they_are_waiting_for_100_continue:
@@ -297,7 +306,7 @@ class Proxy(Answers):
             body = await self._read_body(c)
             if body:
                 try:
-                    body = self._put_secrets(body, host, encrypted)
+                    body = secrets.put(body, host, "body", encrypted=encrypted)
                 except SecretMisuse as exc:
                     return await self._refuse(c, req, 403, str(exc), decision.rule)
                 headers = [(n, v) for n, v in headers if n != b"content-length"]
@@ -319,7 +328,7 @@ class Proxy(Answers):
 
         protocol = c.writer.transport.get_protocol()
         assert isinstance(protocol, ClientProtocol)
-        echo = self._secrets.echo_filter(host) if encrypted and self._hide_echoes else None
+        echo = secrets.echo_filter() if self._hide_echoes else None
         while True:
             kept = c.upstream is not None and c.upstream.key[:2] == (host, port) and c.upstream.usable()
             if not kept:
@@ -331,6 +340,13 @@ class Proxy(Answers):
             upstream = c.upstream
             assert upstream is not None
             req.address = upstream.address
+            # An address rule's methods and paths bind whatever name led here
+            # (checked per request: a kept connection serves the next one too).
+            bound = self._egress.decide_address(
+                host, ip_address(upstream.address), port, method=req.method, path=path.partition("?")[0]
+            )
+            if bound is not None:
+                return await self._refuse(c, req, 403, bound.reason, bound.rule)
             outcome = Outcome()
             # A client that leaves while the upstream is silent would go unnoticed
             # (nothing reads it then): end the upstream connection at once, as nginx does.
@@ -346,11 +362,17 @@ class Proxy(Answers):
                     timeout=self._idle,
                     outcome=outcome,
                     echo=echo,
+                    scan=secrets.body_scan(host) if body is None else None,
                 )
+            except BodyRefused as exc:
+                # Part of the body went out: that connection carries nothing more.
+                c.close_upstream()
+                return await self._refuse(c, req, 403, str(exc), decision.rule)
             except UpstreamFailed as exc:
                 c.close_upstream()
                 gone = protocol.gone
-                if kept and body is not None and not outcome.answered and not gone:
+                retry = not isinstance(exc, AnswerWithheld)
+                if retry and kept and body is not None and not outcome.answered and not gone:
                     # The server closed a kept connection as the request went out
                     # (it may, between requests): once more, on a new connection.
                     continue
@@ -426,22 +448,6 @@ class Proxy(Answers):
             upstream.idle_since = asyncio.get_running_loop().time()
             kept.append(upstream)
 
-    def _put_secrets(self, data: bytes, host: str, encrypted: bool) -> bytes:
-        """``data`` with the values of the secrets meant for ``host`` in place of their placeholders.
-
-        Only inside terminated TLS: in plain HTTP a value would cross the
-        network readable by anyone on the way, so a placeholder there is refused.
-
-        Raises:
-            SecretMisuse: a placeholder for another host, or any placeholder in plain HTTP.
-        """
-        out = self._secrets.substitute(data, host)
-        if not encrypted and out is not data:
-            names = self._secrets.names_in(data)
-            if names:
-                raise SecretMisuse(names, host, unencrypted=True)
-        return out
-
     async def _read_body(self, c: Client) -> bytes:
         chunks: list[bytes] = []
         while True:
@@ -474,7 +480,13 @@ class Proxy(Answers):
         except Exception as exc:
             return await self._fail(c, req, decision, f"{host} could not be resolved: {exc}")
         req.host, req.address = dest.host, str(dest.address)
-        if decision.inspect and self._ca is None:
+        # With secrets in the run every tunnel is opened: their values must not
+        # leave unseen toward any host. An address rule with methods or paths
+        # binds what reaches the address, whatever name led there.
+        inspect = (
+            decision.inspect or self._secrets.active or self._egress.address_limits(dest.address, port)
+        )
+        if inspect and self._ca is None:
             return await self._refuse(
                 c,
                 req,
@@ -485,7 +497,7 @@ class Proxy(Answers):
             )
         c.writer.write(c.h.send(h11.Response(status_code=200, headers=[], reason=b"Connection established")))
         trailing, _closed = c.h.trailing_data
-        if decision.inspect:
+        if inspect:
             await self._terminate(c, dest, req, decision, bytes(trailing))
         else:
             await self._tunnel(c, dest, req, decision, bytes(trailing))
