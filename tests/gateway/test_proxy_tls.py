@@ -100,7 +100,9 @@ def test_echoed_values_stay_visible_when_hiding_is_off(tmp_path: Path) -> None:
             r = await client.get(f"https://api.example.com/v1/echo?key={placeholder}")
         assert r.json()["target"] == f"/v1/echo?key={KEY}"  # what the default does today
 
-    in_world(body, tmp_path, network=NETWORK, secrets=OPEN, environ={"THE_KEY": KEY}, hide_echoed_secrets=False)
+    in_world(
+        body, tmp_path, network=NETWORK, secrets=OPEN, environ={"THE_KEY": KEY}, hide_echoed_secrets=False
+    )
 
 
 def test_placeholder_toward_another_host_is_refused(tmp_path: Path) -> None:
@@ -261,7 +263,9 @@ def test_value_that_cannot_stand_in_a_url_is_refused_without_showing_it(tmp_path
         text = json.dumps([e.to_dict() for e in await w.hooks.wait_events(2)])
         assert spaced not in text and placeholder not in text
 
-    spec = SecretPolicy(name="API_KEY", env="THE_KEY", hosts=("api.example.com",), headers=("X-Key",), url=True)
+    spec = SecretPolicy(
+        name="API_KEY", env="THE_KEY", hosts=("api.example.com",), headers=("X-Key",), url=True
+    )
     in_world(body, tmp_path, network=NETWORK, secrets=(spec,), environ={"THE_KEY": spaced})
 
 

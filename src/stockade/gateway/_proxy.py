@@ -483,9 +483,7 @@ class Proxy(Answers):
         # With secrets in the run every tunnel is opened: their values must not
         # leave unseen toward any host. An address rule with methods or paths
         # binds what reaches the address, whatever name led there.
-        inspect = (
-            decision.inspect or self._secrets.active or self._egress.address_limits(dest.address, port)
-        )
+        inspect = decision.inspect or self._secrets.active or self._egress.address_limits(dest.address, port)
         if inspect and self._ca is None:
             return await self._refuse(
                 c,
