@@ -48,7 +48,7 @@ from stockade.record._store import EventStore
 if TYPE_CHECKING:
     from stockade.broker._approvals import Approval
     from stockade.broker._rules import Decision
-    from stockade.daemon._runs import Run
+    from stockade.daemon._run import Run
 
 MAX_BATCH = 1024
 """Events written in one journal write at most; more wait for the next."""

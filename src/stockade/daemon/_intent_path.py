@@ -32,7 +32,7 @@ from stockade.record import Event
 from stockade.record._chain import StoredEvent
 
 if TYPE_CHECKING:
-    from stockade.daemon._runs import Run
+    from stockade.daemon._run import Run
 
 
 class IntentPath:

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     import asyncio
 
     from stockade.daemon._bus import Recorder
-    from stockade.daemon._runs import Run
+    from stockade.daemon._run import Run
     from stockade.gateway import Gateway, GatewayOptions
+    from stockade.gateway._answers import GatewayHooks
     from stockade.gateway._fetch import FetchHop
 
 
@@ -109,7 +110,7 @@ async def fetch_value(
     run: Run,
     cell: str,
     args: Mapping[str, Any],
-    hooks: RunHooks,
+    hooks: GatewayHooks,
     *,
     tool_call: str | None = None,
 ) -> dict[str, object]:

@@ -26,7 +26,7 @@ from stockade.daemon._runs import RequestError
 from stockade.errors import ProtocolError, StockadeError, StoreError
 
 if TYPE_CHECKING:
-    from stockade.daemon._runs import Run
+    from stockade.daemon._run import Run
     from stockade.daemon._server import Daemon
     from stockade.record._chain import StoredEvent
 

@@ -36,8 +36,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from stockade.broker._approvals import Approval, ApprovalError, Approvals
 from stockade.broker._intents import IntentExecutor
@@ -61,6 +60,7 @@ from stockade.daemon._bus import (
 from stockade.daemon._intent_path import IntentPath
 from stockade.daemon._network import RunHooks, make_gateway
 from stockade.daemon._requests import RequestError
+from stockade.daemon._run import WORKBENCHES_PER_RUN, Run, RunState
 from stockade.errors import CellError, PolicyError, StockadeError, StoreError
 from stockade.policy import Policy
 from stockade.record import Event
@@ -72,10 +72,6 @@ if TYPE_CHECKING:
     from stockade.gateway import Gateway, GatewayOptions
     from stockade.record._audit import AuditReader
 
-RunState = Literal["running", "stopping", "halted", "ended", "failed", "lost"]
-"""``halted``: ended by its tripwire or by a store failure; ``lost``: the
-daemon died before the run ended (found so at the next start)."""
-
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 """A name given to ``run.start`` (a scenario's ``pipeline/summarise-2``)."""
 
@@ -86,8 +82,6 @@ LOG_MAX = 512 * 1024
 TOKEN_TTL_MARGIN = 300.0
 TOKEN_TTL_DEFAULT = 7 * 24 * 3600.0
 """A run with no timeout gets a token for a week; a restart invalidates it anyway."""
-WORKBENCHES_PER_RUN = 4
-"""``exec`` intents of one run that may hold a workbench cell at once."""
 PAST_RUNS_KEPT = 1000
 """Ended runs of earlier daemons that ``run.list`` shows (newest first)."""
 STOP_WAIT_EXTRA = 30.0
@@ -104,110 +98,7 @@ class BrokerHost(Protocol):
         ...
 
 
-# --------------------------------------------------------------------------- one run
-
-
-@dataclass(eq=False)
-class Run:
-    """One run: its identity, its cell's thread, its broker state. Mutated in the loop,
-    except where a lock says otherwise."""
-
-    id: str
-    name: str
-    policy: Policy
-    argv: tuple[str, ...]
-    workspace: str
-    detach: bool
-    unattended: bool
-    created: float
-    token: str = field(repr=False)
-    token_expiry: float
-    """When the token stops being valid (``time.time()``), a little before ``Tokens`` says so."""
-    tripwire: Tripwire
-    rules: Rules
-    state: RunState = "running"
-    executor: IntentExecutor | None = None
-    exit_code: int | None = None
-    ended: float | None = None
-    error: str = ""
-    halted: str = ""
-    """Why the run was halted (tripwire, store failure); empty otherwise."""
-    stopped_by: str = ""
-    intents: int = 0
-    requests: int = 0
-    """Requests through the gateway (proxy and http.fetch hops), recorded."""
-    denials: int = 0
-    unattended_denials: int = 0
-    transcript_bytes: int = 0
-    transcript_truncated: bool = False
-    cells: list[str] = field(default_factory=list)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    close_broker: Callable[[], None] | None = None
-    gateway: Gateway | None = None
-    hooks: RunHooks | None = None
-    thread: threading.Thread | None = None
-    # Shared with the cell's threads, under ``lock``:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    live: dict[str, int] = field(default_factory=dict)
-    """Pidfds of the run's live cells (agent and workbenches), by cell id."""
-    kill_requested: bool = False
-    workbench_slots: threading.Semaphore = field(
-        default_factory=lambda: threading.Semaphore(WORKBENCHES_PER_RUN)
-    )
-    parent: str = ""
-    """The run that spawned this one (``agent.spawn``); empty for a run started by ``run.start``."""
-    children: list[str] = field(default_factory=list)
-    """The runs this one spawned, in order; stopping or halting this run stops them."""
-    environ: dict[str, str] = field(default_factory=dict, repr=False)
-    """The values of the policy's ``env.pass`` names this run was given: all its helpers may be given."""
-
-    @property
-    def over(self) -> bool:
-        return self.state in ("ended", "failed", "halted", "lost") and self.done.is_set()
-
-    def info(self) -> dict[str, Any]:
-        """What ``run.list`` and ``run.start`` answer, and ``run.json`` holds. Never the token."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "state": self.state,
-            "policy": self.policy.source or f"<{self.policy.name}>",
-            "argv": list(self.argv),
-            "workspace": self.workspace,
-            "detach": self.detach,
-            "unattended": self.unattended,
-            "created": self.created,
-            "ended": self.ended,
-            "exit_code": self.exit_code,
-            "error": self.error,
-            "halted": self.halted,
-            "stopped_by": self.stopped_by,
-            "intents": self.intents,
-            "requests": self.requests,
-            "denials": self.denials,
-            "denial_limit": self.tripwire.limit,
-            "unattended_denials": self.unattended_denials,
-            "cells": list(self.cells),
-            "parent": self.parent,
-            "children": list(self.children),
-            "transcript": {"bytes": self.transcript_bytes, "truncated": self.transcript_truncated},
-        }
-
-    # ------------------------------------------------------------ killing cells
-
-    def signal_cells(self, sig: int) -> int:
-        """Send ``sig`` to the pid 1 of each live cell of the run; return how many got it."""
-        sent = 0
-        with self.lock:
-            if sig == signal.SIGKILL:
-                self.kill_requested = True
-            for pidfd in self.live.values():
-                try:
-                    signal.pidfd_send_signal(pidfd, sig)
-                    sent += 1
-                except ProcessLookupError:
-                    pass
-        return sent
+# --------------------------------------------------------------------------- one run's cells
 
 
 class _CellWatch:
