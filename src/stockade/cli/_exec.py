@@ -36,6 +36,11 @@ Options:
   --json                 print one JSON object (exit code, output, events)
                          instead of the command's output
   -q, --quiet            do not summarise refusals on stderr
+  --without-kernel-records
+                         run even where the kernel audit log cannot be read
+                         (stockade inside a network namespace it cannot leave):
+                         Landlock and seccomp still refuse, but their refusals
+                         are not recorded; the cell's events and stderr say so
   -h, --help             show this message and exit
 
 Exit codes: the command's own; 2 usage, 3 bad policy, 5 host or cell error,
@@ -58,6 +63,7 @@ def _parse(args: list[str]) -> dict[str, object]:
         "json": False,
         "keep": False,
         "quiet": False,
+        "without_kernel_records": False,
         "help": False,
         "command": [],
     }
@@ -71,7 +77,13 @@ def _parse(args: list[str]) -> dict[str, object]:
         "-t": "timeout",
         "--timeout": "timeout",
     }
-    flags = {"--json": "json", "--keep-workspace": "keep", "-q": "quiet", "--quiet": "quiet"}
+    flags = {
+        "--json": "json",
+        "--keep-workspace": "keep",
+        "-q": "quiet",
+        "--quiet": "quiet",
+        "--without-kernel-records": "without_kernel_records",
+    }
     i = 0
     while i < len(args):
         arg = args[i]
@@ -168,9 +180,22 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
             from stockade.cli._exec_gateway import exec_gateway
 
             network, hooks = stack.enter_context(exec_gateway(policy))
+        unrecorded = bool(opts["without_kernel_records"])
         cell = stack.enter_context(
-            Cell(policy, workspace=workspace, keep_workspace=bool(opts["keep"]) or None, network=network)
+            Cell(
+                policy,
+                workspace=workspace,
+                keep_workspace=bool(opts["keep"]) or None,
+                network=network,
+                audit="off" if unrecorded else "auto",
+            )
         )
+        if unrecorded and not as_json:
+            # Said on screen, whatever --quiet says: the summary below cannot list them.
+            sys.stderr.write(
+                "stockade: --without-kernel-records: Landlock and seccomp refusals in this cell "
+                "are not recorded (see `stockade doctor`)\n"
+            )
         timeout = opts["timeout"]
         result = cell.run(
             command or None,
@@ -207,8 +232,11 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
             )
             + "\n"
         )
-    elif not opts["quiet"]:
-        _summarise(result.denials, result.limits_hit)
+    else:
+        if not opts["quiet"]:
+            _summarise(result.denials, result.limits_hit)
+        # Shown even with --quiet: what the operator's next git or shell would run.
+        _persistence(result.events)
     return result.exit_code
 
 
@@ -218,6 +246,16 @@ def _when(event: Event) -> float:
 
 def _in_cell(event: Event, cell_id: str) -> Event:
     return event if event.cell else dataclasses.replace(event, cell=cell_id)
+
+
+def _persistence(events: tuple[Event, ...]) -> None:
+    from stockade.cell._persist import report_lines
+
+    for event in events:
+        if event.kind == "cell.persistence":
+            lines = report_lines(event.detail)
+            if lines:
+                sys.stderr.write("stockade: " + "\n".join(lines) + "\n")
 
 
 def _summarise(denials: tuple[object, ...], limits_hit: tuple[str, ...]) -> None:

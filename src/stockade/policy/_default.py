@@ -35,20 +35,37 @@ PROTECT = (
     ".git/config.worktree",
     ".git/commondir",
     ".git/info",
-    ".git/modules",
-    ".git/worktrees",
     ".bashrc",
     ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
     ".profile",
     ".zshrc",
-    ".mcp.json",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
     ".envrc",
+    ".mcp.json",
+    ".vscode/tasks.json",
+    ".vscode/settings.json",
+    ".vscode/launch.json",
+    ".idea",
+    ".claude/settings.json",
+    ".claude/settings.local.json",
+    ".cargo/config.toml",
+    ".cargo/config",
+    ".npmrc",
 )
-"""Files in the workspace an agent could use to run code outside its cell later
-(a git hook runs when the operator next commits; ``core.fsmonitor`` in a git
-config, or a ``commondir`` leading to another one, when they next run git
-status; a shell rc file when they next open a shell there). Read-only, even
-when they do not exist yet."""
+"""Files an agent could use to run code outside its cell later (a git hook
+runs when the operator next commits; ``core.fsmonitor`` in a git config, or a
+``commondir`` leading to another one, when they next run git status; a shell
+rc file when they next open a shell there; an editor's tasks, a coding agent's
+hooks and MCP servers, a package manager's config when they next open or
+build the project). Read-only where they exist, at the top of the workspace
+and of every write grant; an entry under ``.git/`` in every git directory
+there (nested repositories, submodules, worktrees). One that does not exist
+yet is not refused (nothing can cover it without creating it): its creation
+is in the run's persistence report (docs/CELL.md)."""
 
 DEFAULT_LIMITS = Limits(
     memory=2 * 1024**3,
