@@ -130,6 +130,7 @@ async def fetch_value(
             body=parsed.data(),
             plain_http=run.policy.network.fetch_plain_http,
             tls=gateway.upstream_tls,
+            secrets=gateway.secrets,
         )
     except FetchRefused as exc:
         await hooks.record([hop_event(run, cell, hop, tool_call) for hop in exc.hops])

@@ -18,9 +18,11 @@ followed here, not by a client library, because each one needs the checks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import ssl
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,7 +31,9 @@ from urllib.parse import quote, urljoin, urlsplit
 import httpcore
 
 from stockade.gateway._egress import Egress, EgressRefused
+from stockade.gateway._http import SEARCHABLE_CODINGS
 from stockade.gateway._resolve import ResolveError
+from stockade.gateway._secrets import SecretInAnswer, SecretMisuse, Secrets
 from stockade.gateway._upstream import UpstreamError, open_upstream
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -179,6 +183,7 @@ class _Run:
     tls: ssl.SSLContext
     limits: FetchLimits
     plain_http: bool
+    secrets: Secrets
     started: float = field(default_factory=time.monotonic)
     hops: list[FetchHop] = field(default_factory=list)
 
@@ -300,17 +305,18 @@ async def _hop(
         status: int | None = None,
         stream: _Stream | None = None,
     ) -> tuple[FetchHop, ...]:
+        scrub = run.secrets.scrub
         run.hops.append(
             FetchHop(
                 method=method,
-                url=where.url,
-                host=where.host,
+                url=scrub(where.url),
+                host=scrub(where.host),
                 port=where.port,
                 address=address,
                 status=status,
                 verdict=verdict,
                 rule=rule,
-                reason=reason,
+                reason=scrub(reason),
                 bytes_up=stream.up if stream else 0,
                 bytes_down=stream.down if stream else 0,
                 duration=time.monotonic() - started,
@@ -324,6 +330,11 @@ async def _hop(
             decision.reason, rule=decision.rule, hops=record("deny", decision.rule, decision.reason)
         )
     try:
+        headers, target, body = _put_secrets(run.secrets, where, headers, body)
+    except SecretMisuse as exc:
+        hops = record("deny", decision.rule, str(exc))
+        raise FetchRefused(str(exc), rule=decision.rule, hops=hops) from None
+    try:
         dest = await run.egress.destination(where.host, where.port)
     except EgressRefused as exc:
         raise FetchRefused(
@@ -332,6 +343,11 @@ async def _hop(
     except ResolveError as exc:
         raise FetchFailed(str(exc), hops=record("allow", decision.rule, f"{decision.reason}; {exc}")) from exc
     address = str(dest.address)
+    bound = run.egress.decide_address(
+        where.host, dest.address, dest.port, method=method, path=where.target.partition("?")[0]
+    )
+    if bound is not None:
+        raise FetchRefused(bound.reason, rule=bound.rule, hops=record("deny", bound.rule, bound.reason))
     tls = run.tls if where.scheme == "https" else None
     stream: _Stream | None = None
     try:
@@ -342,7 +358,7 @@ async def _hop(
         connection = httpcore.AsyncHTTP11Connection(origin, stream)
         request = httpcore.Request(
             method,
-            httpcore.URL(scheme=scheme, host=dest.host, port=dest.port, target=where.target),
+            httpcore.URL(scheme=scheme, host=dest.host, port=dest.port, target=target),
             # The checked host in its normal form: 0xa000001 is asked for as 10.0.0.1.
             headers=[(b"Host", _host_header(dest.host, dest.port, where.scheme).encode("ascii")), *headers],
             content=body,
@@ -383,8 +399,90 @@ async def _hop(
             stream,
         )
         raise
+    try:
+        answer, data, truncated = _searched(run.secrets, answer, bytes(kept), truncated, run.limits.max_bytes)
+    except FetchFailed as exc:
+        exc.hops = record("allow", decision.rule, f"{decision.reason}; {exc.reason}", address, status, stream)
+        raise
     record("allow", decision.rule, decision.reason, address, status, stream)
-    return status, answer, bytes(kept), truncated
+    return status, answer, data, truncated
+
+
+def _put_secrets(
+    secrets: Secrets, where: FetchTarget, headers: list[tuple[bytes, bytes]], body: bytes
+) -> tuple[list[tuple[bytes, bytes]], str, bytes]:
+    """A hop's headers, target and body with the values of its placeholders in place,
+    as the proxy puts them (``Secrets.put``): only toward their hosts, over https,
+    where each secret's policy lets them stand.
+
+    Raises:
+        SecretMisuse: a value, or a placeholder where it must not go.
+    """
+    if not secrets.active:
+        return headers, where.target, body
+    encrypted = where.scheme == "https"
+    host = where.host
+    secrets.refuse_values(host.encode("ascii", "replace"), host, "in its host name")
+    out = [
+        (name, secrets.put(value, host, "header", encrypted=encrypted, header=name.lower()))
+        for name, value in headers
+        if name.lower() != b"accept-encoding"
+    ]
+    # The answer is searched for the values: it should come uncompressed.
+    out.append((b"Accept-Encoding", b"identity"))
+    target = secrets.put(where.target.encode("ascii"), host, "url", encrypted=encrypted).decode("latin-1")
+    if any(c in _UNSAFE_IN_URL for c in target):
+        raise SecretMisuse(
+            secrets.names_in(where.target.encode("ascii")),
+            host,
+            kind="place",
+            where="in its URL, and a value put there holds characters a URL cannot",
+            fix="send the placeholder in a header",
+        )
+    put = secrets.put(body, host, "body", encrypted=encrypted)
+    if len(put) != len(body):
+        out = [(n, v) for n, v in out if n.lower() != b"content-length"]
+        out.append((b"Content-Length", str(len(put)).encode()))
+    return out, target, put
+
+
+def _searched(
+    secrets: Secrets, headers: list[tuple[str, str]], body: bytes, truncated: bool, limit: int
+) -> tuple[list[tuple[str, str]], bytes, bool]:
+    """An answer for the agent with the values of the run's secrets hidden (as the
+    proxy's ``EchoFilter`` hides them); a gzip or deflate body is decoded first.
+
+    Raises:
+        FetchFailed: the body is in a coding that cannot be searched, or holds a
+            value in a form that cannot be cut out (then none of it is returned).
+    """
+    echo = secrets.echo_filter()
+    if echo is None:
+        return headers, body, truncated
+    coding = ",".join(v for k, v in headers if k.lower() == "content-encoding").strip().lower()
+    if coding and coding != "identity":
+        if coding not in SEARCHABLE_CODINGS:
+            raise FetchFailed(
+                f"the answer is in the content-coding {coding!r}, which stockade cannot read to search "
+                "it for the run's secrets (it asked for identity); ask the server for an uncompressed answer"
+            )
+        wbits = 16 + 15 if coding != "deflate" else (15 if body[:1] == b"\x78" else -15)
+        inflate = zlib.decompressobj(wbits)
+        try:
+            plain = inflate.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise FetchFailed(f"the answer's {coding} body does not decompress ({exc})") from None
+        truncated = truncated or len(plain) > limit
+        body = plain[:limit]
+        headers = [(k, v) for k, v in headers if k.lower() not in ("content-encoding", "content-length")]
+    try:
+        shown = [(k, echo.whole(v.encode("latin-1")).decode("latin-1")) for k, v in headers]
+        data = echo.feed(body) + echo.flush()
+    except SecretInAnswer as exc:
+        raise FetchFailed(str(exc)) from None
+    if data != body:
+        shown = [(k, v) for k, v in shown if k.lower() != "content-length"]
+    return shown, data, truncated
 
 
 def _refused_hop(method: str, url: str, reason: str) -> FetchHop:
@@ -414,6 +512,7 @@ async def fetch(
     plain_http: bool = False,
     limits: FetchLimits = FetchLimits(),  # frozen: one shared default is safe
     tls: ssl.SSLContext,
+    secrets: Secrets | None = None,
 ) -> FetchResult:
     """Fetch ``url`` for the agent: every hop decided, checked and recorded.
 
@@ -422,6 +521,13 @@ async def fetch(
     a redirect to another origin drops ``Authorization`` and ``Cookie``. A body
     longer than ``limits.max_bytes`` is cut there (``truncated``).
 
+    ``secrets``: the run's. Their placeholders are put in place as the proxy
+    puts them (only toward their hosts, over https, in the headers each
+    names, in the body or URL where it opts in); a hop that carries a value,
+    or a placeholder elsewhere, is refused. The answer's body and headers are
+    searched for the values (a gzip or deflate body decoded first), and every
+    hop's URL and reason, every error, is scrubbed.
+
     Raises:
         FetchRefused: a hop was refused by ``network.allow``, by the address
             check or for its scheme (a denial: count it).
@@ -429,8 +535,23 @@ async def fetch(
             did not speak HTTP, a certificate did not verify, too many
             redirects, or the time limit passed.
     """
-    run = _Run(egress, tls, limits, plain_http)
-    method = method.upper()
+    secrets = secrets if secrets is not None else Secrets()
+    run = _Run(egress, tls, limits, plain_http, secrets)
+    try:
+        return await _fetch(run, url, method.upper(), headers, body)
+    except FetchError as exc:
+        # Messages quote URLs and headers: no value of a secret in them, whole or cut.
+        exc.reason = secrets.scrub(exc.reason)
+        exc.args = (exc.reason,)
+        exc.hops = tuple(
+            dataclasses.replace(hop, url=secrets.scrub(hop.url), reason=secrets.scrub(hop.reason))
+            for hop in exc.hops
+        )
+        raise
+
+
+async def _fetch(run: _Run, url: str, method: str, headers: Mapping[str, str], body: bytes) -> FetchResult:
+    limits, plain_http = run.limits, run.plain_http
     _check_headers(headers)
     if not _TOKEN.match(method):
         raise FetchFailed(f"{method!r} is not an HTTP method; use GET, HEAD or POST")
