@@ -33,6 +33,7 @@ See docs/EVENTS.md for the events and the raw record formats.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -44,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from stockade._netns import initial
+from stockade._netns import initial, inside_path
 from stockade.errors import HostError
 from stockade.record._audit_core import AUDIT_SYSCALL, AUDIT_USER_AVC, AuditCorrelator
 from stockade.record._audit_mount import AUDIT_ADD_RULE, KEY_FIELD, rule_payloads
@@ -83,6 +84,20 @@ _STATUS = struct.Struct("=11I")
 """``struct audit_status`` (Linux 5.10+ layout, 44 bytes); older kernels send
 fewer fields, which are read as zero."""
 
+SELF_TEST_TIMEOUT: Final = 2.0
+"""Seconds the reader waits at open for its marker to come back through the
+audit log (it takes well under a millisecond here; the bound only matters
+where it never comes)."""
+SELF_TEST_QUICK: Final = 0.25
+"""The first, brief wait, when another namespace may be the host's."""
+BLIND: Final = (
+    "this process is not in the host's network namespace and cannot enter it, and the kernel "
+    "multicasts its audit records there only (a marker sent through the audit log did not come "
+    "back), so Landlock and seccomp refusals would go unrecorded; run stockade in the host's "
+    "network namespace (docker run --network=host, or --pid=host so that it can enter pid 1's; "
+    "Kubernetes hostNetwork: true), see `stockade doctor` and docs/RECIPES.md, or choose to run "
+    "without kernel refusal records (`stockade exec --without-kernel-records`)"
+)
 _MOUNT_KEY: Final = KEY_FIELD.encode()
 _INTERESTING: Final = frozenset({1107, 1300, 1302, 1307, 1320, 1326, 1423, 1424})
 _FIX = (
@@ -179,11 +194,58 @@ class AuditReader:
         """Events attributed but not yet handed to the callbacks."""
         self._congested = False
         self._audit_default = _booted_with_audit()
+        self.netns = "own"
+        """Whose network namespace the socket is in: ``own`` (this process's,
+        or the one it imported stockade in) or ``pid1`` (pid 1's, entered
+        because this process's receives no audit records)."""
+        self.path_tested: bool = False
+        """Whether a marker sent through the audit log came back to the socket
+        at open (False only when it could not be sent: no CAP_AUDIT_WRITE)."""
+        # In the host's network namespace, whatever this thread's: the
+        # kernel sends audit records to no other (see ``_netns.initial``).
+        self._sock = self._socket(initial())
         try:
-            # In the host's network namespace, whatever this thread's: the
-            # kernel sends audit records to no other (see ``_netns.initial``).
-            with initial():
-                self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
+            self._open(rcvbuf, backlog_limit, timeout)
+            # Briefly first: where another namespace is the host's, the wait
+            # would only delay every start; the full wait comes back below.
+            others = _other_netns()
+            works = self._multicast_works(SELF_TEST_QUICK if others else SELF_TEST_TIMEOUT)
+            for pid, path in others if works is False else ():
+                # `unshare -n`, `ip netns exec`, a CI job in a namespace of its
+                # own: an ancestor (or pid 1) is in the host's namespace, and
+                # root may make the socket there. Proven by the marker, not assumed.
+                try:
+                    sock = self._socket(inside_path(path))
+                except (HostError, OSError):
+                    continue
+                self._sock.close()
+                self._sock = sock
+                self._open(rcvbuf, backlog_limit, timeout)
+                works = self._multicast_works(SELF_TEST_TIMEOUT)
+                self.netns = f"pid {pid}'s"
+                if works is not False:
+                    break
+            if works is False and others and self.netns != "own":
+                # None of the others was the host's: perhaps ours is, and slow.
+                self._sock.close()
+                self._sock = self._socket(initial())
+                self._open(rcvbuf, backlog_limit, timeout)
+                works = self._multicast_works(SELF_TEST_TIMEOUT)
+                self.netns = "own"
+            elif works is False and others:
+                works = self._multicast_works(SELF_TEST_TIMEOUT)
+            if works is False:
+                raise HostError(BLIND, feature="audit.netns")
+            self.path_tested = works is True
+        except BaseException:
+            self._sock.close()
+            self._close_pipe()
+            raise
+
+    def _socket(self, where: contextlib.AbstractContextManager[None]) -> socket.socket:
+        try:
+            with where:
+                return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
         except OSError as exc:
             self._close_pipe()
             raise HostError(
@@ -191,12 +253,29 @@ class AuditReader:
                 "Landlock and seccomp denials without it: use a kernel built with CONFIG_AUDIT=y",
                 feature="audit",
             ) from exc
-        try:
-            self._open(rcvbuf, backlog_limit, timeout)
-        except BaseException:
-            self._sock.close()
-            self._close_pipe()
-            raise
+
+    def _multicast_works(self, timeout: float) -> bool | None:
+        """Whether a marker sent through the audit log comes back to this
+        socket within ``timeout``: the kernel multicasts its records in the
+        initial network namespace only, and a socket elsewhere hears nothing,
+        without any error. None: the marker could not be sent (no
+        CAP_AUDIT_WRITE), so this cannot tell."""
+        barrier = _Waiter()
+        overruns = self._overruns
+        with self._lock:
+            self._seq += 1
+            marker = f"{self._nonce}:{self._seq}"
+            self._barriers[marker] = barrier
+        sent = self._send(AUDIT_USER_AVC, f"stockade-barrier {marker}".encode() + b"\0", linked=barrier)
+        ok = self._wait(barrier.done, time.monotonic() + timeout)
+        with self._lock:
+            self._barriers.pop(marker, None)
+            self._forget(sent)
+        if barrier.error:
+            return None
+        # An overrun proves it as well: records came, more than the socket held
+        # (the marker may have been dropped with them).
+        return (ok and not barrier.resend) or self._overruns > overruns
 
     def _open(self, rcvbuf: int, backlog_limit: int, timeout: float) -> None:
         try:
@@ -644,6 +723,37 @@ class AuditReader:
                     callback(event)
                 except Exception:
                     _log().exception("audit reader: an on_event callback failed")
+
+
+def _other_netns(limit: int = 3) -> list[tuple[int, str]]:
+    """Network namespaces other than this thread's where the host's may be:
+    those of this process's ancestors, then pid 1's, at most ``limit``
+    distinct ones, each as (pid, ``/proc/PID/ns/net``), nearest first."""
+    try:
+        mine = os.stat("/proc/thread-self/ns/net").st_ino
+    except OSError:
+        return []
+    seen, found = {mine}, []
+    pid = os.getppid()
+    chain: list[int] = []
+    while pid > 1 and len(chain) < 64:
+        chain.append(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    for pid in (*chain, 1):
+        path = f"/proc/{pid}/ns/net"
+        try:
+            ino = os.stat(path).st_ino
+        except OSError:
+            continue
+        if ino not in seen:
+            seen.add(ino)
+            found.append((pid, path))
+    return found[:limit]
 
 
 def _booted_with_audit() -> bool:

@@ -91,7 +91,7 @@ KIND_DENIED: Final = "cell.denied"
 KIND_AUDITED: Final = "cell.audited"
 KIND_LOST: Final = "cell.audit_lost"
 
-LossReason = Literal["overrun", "kernel", "landlock_count", "cap", "rules"]
+LossReason = Literal["overrun", "kernel", "landlock_count", "cap", "rules", "off"]
 
 
 @dataclass(frozen=True)
@@ -299,6 +299,7 @@ def lost_event(cell: str, reason: LossReason, count: int | None, when: float) ->
         "landlock_count": "the Landlock domain counted more denials than were logged",
         "cap": "the cell passed the limit of denials kept per run; they were counted, not kept",
         "rules": "the kernel audit rules that record refusals of read-only mounts could not be added",
+        "off": "the cell ran without the kernel audit log, as chosen",
     }[reason]
     return Event(
         kind=KIND_LOST,
@@ -308,6 +309,22 @@ def lost_event(cell: str, reason: LossReason, count: int | None, when: float) ->
         detail={"reason": reason, "count": count},
         time=when,
         summary=f"{n} kernel audit records were lost ({why}); denials of this cell may be missing",
+    )
+
+
+def unrecorded_event(cell: str, when: float) -> Event:
+    """The event that says this cell runs without kernel refusal records, as
+    the operator chose (``--without-kernel-records``) where the audit log
+    cannot be read: its refusals still happen, unrecorded."""
+    return Event(
+        kind=KIND_LOST,
+        cell=cell,
+        layer="cell",
+        outcome="info",
+        detail={"reason": "off", "count": None},
+        time=when,
+        summary="kernel refusals of this cell are not recorded (run without the kernel audit log, "
+        "as chosen); Landlock and seccomp still refuse, but nothing says what was tried",
     )
 
 
