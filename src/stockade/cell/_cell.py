@@ -274,7 +274,9 @@ class Cell:
         """Run ``argv`` (or the policy's ``command``) in a fresh cell and wait.
 
         Args:
-            stdin: a file descriptor for the command's stdin (default /dev/null).
+            stdin: a file descriptor for the command's stdin (default /dev/null);
+                a terminal is never given to the cell: it gets a pty of its
+                own, fed from this one (``_terminal.TerminalRelay``).
             on_output: stream output chunks here instead of keeping them.
             timeout: wall-clock seconds; the policy's ``limits.timeout`` by default.
             on_event: called with ``cell.start`` once the cell is launched, then
@@ -370,7 +372,9 @@ class Cell:
             for stop in detach:
                 stop()
             if relay is not None:
-                relay.close()  # the cell is dead: nothing uses its pty any more
+                changed = relay.close()  # the cell is dead: nothing uses its pty any more
+                if changed:
+                    events.append(_terminal_event(cell_id, changed))
             for fd in (out_r, err_r, out_w, err_w, null_fd):
                 if fd >= 0:
                     try:
@@ -754,6 +758,17 @@ def _benign_crossing(event: Event, plan: CellPlan) -> bool:
     if any(path in pinned for path in paths):
         return False
     return all(any(inside(path, w) for w in writable) for path in paths)
+
+
+def _terminal_event(cell_id: str, changed: tuple[str, ...]) -> Event:
+    return Event(
+        kind="cell.terminal",
+        cell=cell_id,
+        layer="cell",
+        outcome="info",
+        summary=f"the cell changed its own terminal ({' '.join(changed)}); the operator's was not touched",
+        detail={"changed": list(changed)},
+    )
 
 
 def _limit_event(cell_id: str, layer: Literal["cell", "cgroup", "timeout"], summary: str) -> Event:
