@@ -18,12 +18,19 @@ import click
 
 from stockade.errors import StoreError
 from stockade.record._export import FORMATS, ExportFormat, export, export_to_file, parse_since, printable
+from stockade.record._head import Head, head_path, parse_head, read_head
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from stockade.record._chain import StoredEvent
     from stockade.record._store import SqliteStore
 
 EXIT_BROKEN = 1
 """``stockade verify``: the chain is not intact."""
+EXIT_UNANCHORED = 7
+"""``stockade verify``: the chain is intact but does not hold an expected head
+(``--expect``, or the daemon's published head): cut short or rewritten."""
 EXIT_NOT_FOUND = 6
 
 
@@ -63,29 +70,78 @@ def _open(ctx: click.Context, db: str | None) -> SqliteStore:
     return open_store(path, readonly=True)
 
 
+def _parse_heads(values: tuple[str, ...]) -> list[Head]:
+    heads = []
+    for value in values:
+        try:
+            heads.append(parse_head(value))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--expect'") from None
+    return heads
+
+
 @click.command("verify")
 @_DB_OPTION
+@click.option(
+    "--expect",
+    "expect",
+    metavar="SEQ:HASH",
+    multiple=True,
+    help="A head kept from earlier (as verify prints it): fail with exit 7 unless the chain holds "
+    "that hash at that event. Repeatable.",
+)
+@click.option(
+    "--no-published-head",
+    "skip_published",
+    is_flag=True,
+    help="Do not check the head the daemon published beside the store (<db>.head).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def verify(ctx: click.Context, db: str | None, as_json: bool) -> None:
-    """Check that the record's hash chain is intact.
+def verify(
+    ctx: click.Context, db: str | None, expect: tuple[str, ...], skip_published: bool, as_json: bool
+) -> None:
+    """Check that the record's hash chain is intact and holds the heads kept of it.
 
-    Walks every event in order and recomputes its hash. Exits 0 when every
-    event is intact and in order, 1 at the first event that was altered, is
-    missing or is out of order (it is named and shown), 6 when there is no
-    store, 5 when the store cannot be read.
+    Walks every event in order and recomputes its hash, and checks that the
+    chain holds each head given with --expect and the one the daemon
+    published in <db>.head (when there is one) at its place. Exits 0 when
+    every event is intact and in order and every head is there, 1 at the
+    first event that was altered, is missing or is out of order (it is named
+    and shown), 7 when the chain is intact but a head is not in it (the
+    record was cut short or rewritten), 6 when there is no store, 5 when the
+    store cannot be read.
     """
+    heads = _parse_heads(expect)
     with _open(ctx, db) as store:
-        result = store.verify()
+        published: Head | None = None
+        head_file = head_path(store.path)
+        if not skip_published:
+            try:
+                published = read_head(head_file)
+            except (OSError, ValueError) as exc:
+                click.echo(f"stockade: {exc}", err=True)
+                ctx.exit(EXIT_UNANCHORED)
+        expected = {h.seq: h.hash for h in heads}
+        if published is not None:
+            # An explicit --expect of the same event is checked as given; a
+            # disagreement with the published head then shows as a rewrite.
+            expected.setdefault(published.seq, published.hash)
+        result = store.verify(expected)
         bad_json = None if result.first_bad_seq is None else store.stored_json(result.first_bad_seq)
     if as_json:
         body = {
             "ok": result.ok,
+            "anchored": result.anchored,
             "db": store.path,
             "checked": result.checked,
             "first_bad_seq": result.first_bad_seq,
             "reason": result.reason,
             "last_hash": result.last_hash,
+            "head": f"{result.checked}:{result.last_hash}" if result.checked else None,
+            "expected": [str(h) for h in heads],
+            "published_head": None if published is None else {"file": head_file, **published.to_dict()},
+            "anchor": result.anchor or None,
             "first_bad_event": bad_json,
         }
         click.echo(json.dumps(body, indent=2, ensure_ascii=False))
@@ -93,13 +149,24 @@ def verify(ctx: click.Context, db: str | None, as_json: bool) -> None:
         click.echo(f"{store.path}: {result.reason}.")
         if result.checked:
             click.echo(f"last event {result.checked}, hash {result.last_hash}")
+            click.echo(f"head {result.checked}:{result.last_hash}")
     else:
         click.echo(f"{store.path}: the record is NOT intact: {result.reason}.")
         click.echo(f"{result.checked} event(s) before it are intact (last hash {result.last_hash}).")
         if bad_json is not None:
             click.echo(f"event {result.first_bad_seq} as stored: {printable(bad_json)}")
+    if not as_json:
+        if result.anchor:
+            click.echo(f"{store.path}: the record does NOT hold a head kept of it: {result.anchor}.")
+        elif result.ok and (heads or published is not None):
+            held = [str(h.seq) for h in heads]
+            if published is not None:
+                held.append(f"{published.seq} (published in {head_file})")
+            click.echo(f"the chain holds the expected head(s) at event {', '.join(held)}.")
     if not result.ok:
         ctx.exit(EXIT_BROKEN)
+    if result.anchor:
+        ctx.exit(EXIT_UNANCHORED)
 
 
 @click.command("export")
@@ -145,8 +212,12 @@ def export_cmd(
         events = store.query(since=since_ts, run=run)
         try:
             if out is not None:
-                count = export_to_file(events, fmt, out)
+                kept = _Last(events)
+                count = export_to_file(kept, fmt, out)
                 click.echo(f"stockade: {count} event(s) written to {out}", err=True)
+                if kept.last is not None:
+                    # The head to keep elsewhere: `verify --expect` checks it later.
+                    click.echo(f"stockade: the export ends at head {kept.last}", err=True)
                 return
             export(events, fmt, sys.stdout)
             sys.stdout.flush()
@@ -162,3 +233,18 @@ def export_cmd(
                 f"cannot export {store.path}: {exc}; run `stockade verify --db {store.path}`",
                 path=store.path,
             ) from exc
+
+
+class _Last:
+    """The events of an export, passed through; ``last`` is the head of the last one."""
+
+    def __init__(self, events: Iterable[StoredEvent]) -> None:
+        self._events = events
+        self.last: Head | None = None
+
+    def __iter__(self) -> Iterator[StoredEvent]:
+        stored = None
+        for stored in self._events:
+            yield stored
+        if stored is not None:
+            self.last = Head(stored.seq, stored.hash)

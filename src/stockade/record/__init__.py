@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from stockade.record._audit import AuditReader, AuditStats
     from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, canonical_json, chain_hash
     from stockade.record._export import ExportFormat, export, export_to_file, parse_since
+    from stockade.record._head import Head, parse_head, read_head
     from stockade.record._store import EventStore, SqliteStore, open_store
 
 _LAZY = {
@@ -31,6 +32,9 @@ _LAZY = {
     "export": "_export",
     "export_to_file": "_export",
     "parse_since": "_export",
+    "Head": "_head",
+    "parse_head": "_head",
+    "read_head": "_head",
     "EventStore": "_store",
     "SqliteStore": "_store",
     "open_store": "_store",
@@ -52,6 +56,7 @@ __all__ = [
     "Event",
     "EventStore",
     "ExportFormat",
+    "Head",
     "Layer",
     "Outcome",
     "SqliteStore",
@@ -62,5 +67,7 @@ __all__ = [
     "export",
     "export_to_file",
     "open_store",
+    "parse_head",
     "parse_since",
+    "read_head",
 ]

@@ -18,15 +18,17 @@ check it. See docs/RECORD.md.
 A chain shows tampering by anyone who does not recompute it: an edited,
 removed, inserted or reordered event breaks it from that event on. Someone who
 can write the store can also rewrite every hash after an edit, and can cut
-events off the end; only a copy of the last hash kept elsewhere (``stockade
-verify`` prints it) shows that.
+events off the end; only a copy of a head (``seq`` and hash) kept elsewhere
+shows that: ``stockade verify`` prints the head, the daemon publishes it
+(``_head``), and ``ChainVerifier(expect=…)`` checks that the chain still holds
+it at its place.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
@@ -172,6 +174,17 @@ class VerifyResult:
     last_hash: str = GENESIS
     """The hash of the last intact event: keep a copy elsewhere to detect later
     truncation or a rewritten chain."""
+    anchor: str = ""
+    """Empty when every expected head (``ChainVerifier(expect=…)``) is in the
+    chain at its place; else one sentence on the first that is not: its event
+    holds another hash (the chain was rewritten), or the record ends before it
+    (events were cut off its end). Not set when the chain itself is broken
+    before the expected event: ``reason`` says what is wrong then."""
+
+    @property
+    def anchored(self) -> bool:
+        """The chain is intact and holds every expected head."""
+        return self.ok and not self.anchor
 
 
 class ChainVerifier:
@@ -181,13 +194,21 @@ class ChainVerifier:
     event that breaks it; after that the verifier is done (``result()``).
     """
 
-    __slots__ = ("_before", "_expected", "_last_hash", "_problem")
+    __slots__ = ("_anchor", "_before", "_expect", "_expected", "_last_hash", "_problem")
 
-    def __init__(self) -> None:
+    def __init__(self, expect: Mapping[int, str] | None = None) -> None:
+        """
+        Args:
+            expect: heads kept from earlier (``seq`` to hash, such as ``stockade
+                verify`` printed or the daemon published): the chain must hold
+                each at its place, or ``result().anchor`` says why not.
+        """
         self._expected = 1
         self._last_hash = GENESIS
         self._before = GENESIS
         self._problem: tuple[int, str] | None = None
+        self._expect = dict(expect or {})
+        self._anchor = ""
 
     @property
     def broken(self) -> bool:
@@ -220,6 +241,13 @@ class ChainVerifier:
             return self._fail(seq, f"event {seq} was altered: its stored hash does not match its content")
         self._expected = seq + 1
         self._before, self._last_hash = self._last_hash, stored_hash
+        if self._expect and not self._anchor:
+            wanted = self._expect.get(seq)
+            if wanted is not None and wanted != stored_hash:
+                self._anchor = (
+                    f"event {seq} has the hash {stored_hash}, not the expected {wanted}: "
+                    "the chain was rewritten at or before that event"
+                )
         return None
 
     def fail(self, seq: int, reason: str) -> None:
@@ -239,11 +267,20 @@ class ChainVerifier:
         checked = self._expected - 1
         if self._problem is not None:
             seq, reason = self._problem
-            return VerifyResult(False, checked, seq, reason, self._last_hash)
+            # Only heads before the break were judged; those after it cannot be.
+            return VerifyResult(False, checked, seq, reason, self._last_hash, self._anchor)
+        anchor = self._anchor
+        beyond = [seq for seq in self._expect if seq > checked]
+        if not anchor and beyond:
+            seq = min(beyond)
+            anchor = (
+                f"the record ends at event {checked}, before the expected event {seq} "
+                f"(hash {self._expect[seq]}): events were cut off its end"
+            )
         if checked == 0:
-            return VerifyResult(True, 0, None, "the record is empty", GENESIS)
+            return VerifyResult(True, 0, None, "the record is empty", GENESIS, anchor)
         return VerifyResult(
-            True, checked, None, f"all {checked} events are intact and in order", self._last_hash
+            True, checked, None, f"all {checked} events are intact and in order", self._last_hash, anchor
         )
 
 

@@ -28,12 +28,13 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from stockade.errors import StoreError
 from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, chain_rows, hash_payload
 from stockade.record._event import Event
+from stockade.record._head import Head, head_path, write_head
 from stockade.record._journal import DEFAULT_SIZE, SUFFIX, Journal
 from stockade.record._store import SqliteStore, _prepare, insert_rows
 
@@ -44,6 +45,9 @@ INDEX_ROWS = 512
 INDEX_DELAY = 0.02
 """... or seconds it lets the first of them wait (readers never wait that long:
 they make it go at once)."""
+HEAD_INTERVAL = 1.0
+"""Seconds between two publications of the head (``_head``) while events come:
+one small durable file write a second, against none per intent."""
 
 
 class JournaledStore(SqliteStore):
@@ -55,9 +59,16 @@ class JournaledStore(SqliteStore):
         *,
         journal_size: int = DEFAULT_SIZE,
         on_failure: Callable[[StoreError], None] | None = None,
+        publish_head: bool = True,
     ) -> None:
         super().__init__(path)
         self._on_failure = on_failure
+        self.head_file = head_path(self.path) if publish_head else None
+        """Where the head is published (``_head``), or None."""
+        self._published = -1
+        self._published_at = 0.0
+        self.head_error: OSError | None = None
+        """Why the head file could not be written last time, until it can."""
         self._append_lock = threading.Lock()
         self._cond = threading.Condition()
         self._backlog: collections.deque[list[Row]] = collections.deque()
@@ -79,6 +90,8 @@ class JournaledStore(SqliteStore):
             super().close()
             raise
         self._indexed = self._head_seq
+        self._indexed_hash = self._head_hash
+        self._publish_head()
         self._writer().execute("PRAGMA synchronous = NORMAL")
         self._thread = threading.Thread(target=self._index, name="stockade-indexer", daemon=True)
         self._thread.start()
@@ -120,7 +133,7 @@ class JournaledStore(SqliteStore):
                 self._insert(rows)
                 self._flush_sqlite()
                 with self._cond:
-                    self._indexed = seq
+                    self._indexed, self._indexed_hash = seq, prev
             self._head_seq, self._head_hash = seq, prev
         return stored
 
@@ -181,8 +194,13 @@ class JournaledStore(SqliteStore):
                 while not self._ready_to_index():
                     if self._closing and (not self._backlog or self._failure is not None):
                         return
+                    if self._head_due():
+                        break
                     self._cond.wait(self._index_wait())
-                batches = list(self._backlog)
+                batches = list(self._backlog) if self._ready_to_index() else []
+            if not batches:
+                self._publish_head()
+                continue
             rows = [row for batch in batches for row in batch]
             try:
                 self._insert(rows)
@@ -203,10 +221,12 @@ class JournaledStore(SqliteStore):
                 for _ in batches:
                     self._backlog.popleft()
                 self._backlog_rows -= len(rows)
-                self._indexed = rows[-1][0]
+                self._indexed, self._indexed_hash = rows[-1][0], rows[-1][-1]
                 if not self._backlog:
                     self._urgent = False
                 self._cond.notify_all()
+            if self._head_due():
+                self._publish_head()
 
     def _ready_to_index(self) -> bool:
         """Whether the indexer goes now (under ``_cond``). It waits for a
@@ -221,9 +241,47 @@ class JournaledStore(SqliteStore):
         return time.monotonic() >= self._backlog_since + INDEX_DELAY
 
     def _index_wait(self) -> float | None:
+        head = self._head_wait()
         if not self._backlog or self._failure is not None:
+            return head
+        wait = max(0.0, self._backlog_since + INDEX_DELAY - time.monotonic())
+        return wait if head is None else min(wait, head)
+
+    # ------------------------------------------------------------------ the head
+
+    def _head_due(self) -> bool:
+        """Whether the head file lags SQLite and its interval has passed."""
+        wait = self._head_wait()
+        return wait is not None and wait <= 0
+
+    def _head_wait(self) -> float | None:
+        if self.head_file is None or self._indexed <= self._published:
             return None
-        return max(0.0, self._backlog_since + INDEX_DELAY - time.monotonic())
+        return self._published_at + HEAD_INTERVAL - time.monotonic()
+
+    def _publish_head(self) -> None:
+        """Write the head file: the last event SQLite holds (durable already,
+        in the journal or flushed). A failure is kept in ``head_error`` and
+        tried again at the next interval: the head is a copy, the events are safe."""
+        if self.head_file is None:
+            return
+        with self._cond:
+            seq, digest = self._indexed, self._indexed_hash
+        self._published_at = time.monotonic()
+        if seq == 0 or seq == self._published:
+            return
+        try:
+            write_head(self.head_file, Head(seq, digest))
+        except OSError as exc:
+            self.head_error = exc
+            return
+        self.head_error = None
+        self._published = seq
+
+    def head(self) -> Head | None:
+        """The last event appended (seq and hash), or None when the store is empty."""
+        with self._append_lock:
+            return Head(self._head_seq, self._head_hash) if self._head_seq else None
 
     @property
     def unindexed(self) -> int:
@@ -296,9 +354,9 @@ class JournaledStore(SqliteStore):
         self._check_open()
         return self._head_seq
 
-    def verify(self) -> VerifyResult:
+    def verify(self, expect: Mapping[int, str] | None = None) -> VerifyResult:
         self._caught_up()
-        return super().verify()
+        return super().verify(expect)
 
     def stored_json(self, seq: int) -> str | None:
         self._caught_up()
@@ -318,6 +376,7 @@ class JournaledStore(SqliteStore):
                 with contextlib.suppress(StoreError):
                     if self._failure is None:
                         self._flush_sqlite()
+                        self._publish_head()
                 self.journal.close()
         super().close()
 

@@ -27,7 +27,7 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
@@ -150,8 +150,10 @@ class EventStore(Protocol):
         """
         ...
 
-    def verify(self) -> VerifyResult:
-        """Walk every stored event in order and check the chain, in constant memory.
+    def verify(self, expect: Mapping[int, str] | None = None) -> VerifyResult:
+        """Walk every stored event in order and check the chain, in constant memory;
+        and that it holds each head of ``expect`` (seq to hash) at its place
+        (``VerifyResult.anchor``).
 
         Raises:
             StoreError: the store cannot be read (a tampered event is a result, not an error).
@@ -405,9 +407,9 @@ class SqliteStore:
                 raise _store_error(exc, self.path, "read") from exc
         return int(row[0] or 0)
 
-    def verify(self) -> VerifyResult:
+    def verify(self, expect: Mapping[int, str] | None = None) -> VerifyResult:
         self._check_open()
-        verifier = ChainVerifier()
+        verifier = ChainVerifier(expect)
         try:
             conn = self._connect_reader()
         except sqlite3.Error as exc:
