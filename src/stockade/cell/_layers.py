@@ -7,6 +7,7 @@ stays free of kernel specifics.
 
 from __future__ import annotations
 
+import collections
 import os
 import stat
 import struct
@@ -122,6 +123,9 @@ for the rulesets that still use it, and is closed when the last lets go."""
 
 _lock = threading.Lock()
 _current: dict[str, _Shared] = {}
+_orphans: collections.deque[list[tuple[str, _Shared]]] = collections.deque()
+"""Descriptors of rulesets collected unclosed (``HostDescriptors.__del__``),
+let go by the next holder of ``_lock``."""
 
 
 class HostDescriptors:
@@ -162,22 +166,53 @@ class HostDescriptors:
                 _current[path] = shared
             shared.users += 1
             self._held.append((path, shared))
-            return shared.fd, shared.is_dir
+            _drain()
+        _drain_if_free()
+        return shared.fd, shared.is_dir
 
     def close(self) -> None:
         with _lock:
             held, self._held = self._held, []
-            for path, shared in held:
-                shared.users -= 1
-                if shared.users == 0:
-                    # Unused: close it (a process that ran cells for many
-                    # workspaces must not keep one descriptor per past path).
-                    if _current.get(path) is shared:
-                        del _current[path]
-                    os.close(shared.fd)
+            _let_go(held)
+            _drain()
+        _drain_if_free()
 
     def __del__(self) -> None:
-        self.close()
+        # Never ``with _lock`` here: the collector runs this in whichever
+        # thread allocates when it triggers, which may be one inside ``open``
+        # holding the lock, and it would wait for itself for ever (an unclosed
+        # Cell collected so hung an Inspect conformance run, 3 runs in 6).
+        held, self._held = self._held, []
+        if held:
+            _orphans.append(held)
+            _drain_if_free()
+
+
+def _let_go(held: list[tuple[str, _Shared]]) -> None:
+    """Count one user less of each; close what nobody uses. Holds ``_lock``."""
+    for path, shared in held:
+        shared.users -= 1
+        if shared.users == 0:
+            # Unused: close it (a process that ran cells for many
+            # workspaces must not keep one descriptor per past path).
+            if _current.get(path) is shared:
+                del _current[path]
+            os.close(shared.fd)
+
+
+def _drain() -> None:
+    """Let go of what collected rulesets held. Holds ``_lock``."""
+    while _orphans:
+        _let_go(_orphans.popleft())
+
+
+def _drain_if_free() -> None:
+    # What a collection queued in another thread while this one held the lock.
+    if _orphans and _lock.acquire(blocking=False):
+        try:
+            _drain()
+        finally:
+            _lock.release()
 
 
 _FILTERS: dict[str, tuple[tuple[bytes, bool], ...]] = {}
