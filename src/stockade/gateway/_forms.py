@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 MIN_ENCODED = 6
@@ -189,6 +189,24 @@ class ValueForms:
             ):
                 found.append(value.label)
         return found
+
+    def scrub(self, text: str, label: Callable[[int], str]) -> str:
+        """``text`` with every match replaced by ``label(its label)``; a text the
+        patterns cannot clean (a form only the fast check sees) is withheld whole."""
+        data = text.encode("utf-8", "surrogateescape")
+        if not self.labels_in(data):
+            return text
+        out = bytearray()
+        pos = 0
+        for start, end, found in self.finditer(data):
+            out += data[pos:start] + label(found).encode("utf-8")
+            pos = end
+        out += data[pos:]
+        left = self.labels_in(bytes(out))
+        if left:
+            names = ", ".join(dict.fromkeys(label(i) for i in left))
+            return f"[a text withheld: it holds {names} in a form that cannot be cut out]"
+        return bytes(out).decode("utf-8", "surrogateescape")
 
     def finditer(self, data: bytes, start: int = 0) -> Iterator[tuple[int, int, int]]:
         """(start, end, label) of each match in ``data`` from ``start``, left to right."""

@@ -84,10 +84,28 @@ class Gateway:
             hide_echoed_secrets=True,
         )
         self.llm = LlmEndpoint(
-            policy.llm or LlmPolicy(), run_id=run_id, token=token, hooks=hooks, environ=environ
+            policy.llm or LlmPolicy(),
+            run_id=run_id,
+            token=token,
+            hooks=hooks,
+            environ=environ,
+            secrets=self.secrets,
+            image_url_refused=self._image_url_refused,
         )
         self._attached = 0
         self._closed = False
+
+    def _image_url_refused(self, url: str) -> str | None:
+        """Why ``network.allow`` refuses a remote image's URL (which the LLM provider
+        fetches, with ``llm.remote_images``), or ``None``: decided as a GET of it."""
+        from stockade.gateway._fetch import FetchError, parse_url
+
+        try:
+            where = parse_url(url, plain_http=False)
+        except FetchError as exc:
+            return exc.reason
+        decision = self.egress.decide(where.host, where.port, method="GET", path=where.target)
+        return None if decision.verdict == "allow" else decision.reason
 
     # ------------------------------------------------------------ CellNetwork
 

@@ -277,19 +277,7 @@ class Secrets:
         ``[secret NAME]``/``[placeholder NAME]``; cut a text to length only after this."""
         if not self._secrets:
             return text
-        if self._forms.labels_in(text.encode("utf-8", "surrogateescape")):
-            data = text.encode("utf-8", "surrogateescape")
-            out = bytearray()
-            pos = 0
-            for start, end, found in self._forms.finditer(data):
-                out += data[pos:start] + f"[secret {self._secrets[found].name}]".encode()
-                pos = end
-            out += data[pos:]
-            left = self._forms.labels_in(bytes(out))
-            if left:
-                names = ", ".join(dict.fromkeys(self._secrets[i].name for i in left))
-                return f"[a text withheld: it holds secret {names} in a form that cannot be cut out]"
-            text = bytes(out).decode("utf-8", "surrogateescape")
+        text = self._forms.scrub(text, lambda i: f"[secret {self._secrets[i].name}]")
         if PLACEHOLDER_PREFIX in text.lower():
             for needle, label in self._placeholders:
                 if needle in text:

@@ -358,7 +358,7 @@ class AnthropicUpstream(Upstream):
                 if event.get("type") == "message_stop":
                     break
         except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
+            raise transport_failure(exc, url, self.scrub) from exc
         finally:
             await response.aclose()
         if translator.usage:

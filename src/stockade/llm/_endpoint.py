@@ -16,7 +16,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,12 +29,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from stockade.errors import PolicyError, StoreError
+from stockade.gateway._forms import ValueForms
+from stockade.gateway._secrets import Secrets
 from stockade.llm._anthropic import AnthropicUpstream
 from stockade.llm._serve import AppServer
 from stockade.llm._upstreams import (
     UPSTREAM_TIMEOUT,
     ChatRequest,
     Collected,
+    ImagePart,
     OpenAIUpstream,
     Upstream,
     UpstreamError,
@@ -113,7 +116,13 @@ class LlmEndpoint:
         token: str,
         hooks: GatewayHooks,
         environ: Mapping[str, str],
+        secrets: Secrets | None = None,
+        image_url_refused: Callable[[str], str | None] | None = None,
     ) -> None:
+        """``secrets``: the run's, refused in requests and hidden in events.
+        ``image_url_refused``: with ``llm.remote_images``, why a remote image's URL
+        may not be fetched (``network.allow``), or ``None``; without one, every
+        remote image is refused."""
         key: str | None = None
         if llm.api_key_env is not None:
             key = environ.get(llm.api_key_env) or None
@@ -125,11 +134,16 @@ class LlmEndpoint:
         self.llm = llm
         self.run_id = run_id
         self._token = token.encode()
-        self._secrets = [s for s in (key, token) if s]
+        # The key and the token in every form a value is searched in (an upstream
+        # may quote the key URL-encoded or in JSON).
+        self._own = ValueForms([(s.encode(), 0) for s in (key, token) if s])
+        self._run_secrets = secrets or Secrets()
+        self._image_url_refused = image_url_refused
         self._hooks = hooks
         self._client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, follow_redirects=False, trust_env=False)
         upstream_class = AnthropicUpstream if llm.provider == "anthropic" else OpenAIUpstream
         self._upstream: Upstream = upstream_class(llm.base_url, key, self._client)
+        self._upstream.scrub = self.scrub
         self._servers: list[AppServer] = []
         self._pending: set[asyncio.Task[None]] = set()
         self.requests_used = 0
@@ -214,13 +228,18 @@ class LlmEndpoint:
 
     # ------------------------------------------------------------------ events
 
+    def scrub(self, text: str) -> str:
+        """``text`` with the key and the run token (``[redacted]``) and the run's
+        secrets replaced, in every form; cut a text only after this."""
+        if self._own:
+            text = self._own.scrub(text, lambda _: "[redacted]")
+        return self._run_secrets.scrub(text)
+
     def _scrub(self, value: Any) -> Any:
         """``value`` with the key and the run token replaced wherever they appear
         (an upstream may echo a key in an error; an agent may paste its token)."""
         if isinstance(value, str):
-            for secret in self._secrets:
-                value = value.replace(secret, "[redacted]")
-            return value
+            return self.scrub(value)
         if isinstance(value, dict):
             return {k: self._scrub(v) for k, v in value.items()}
         if isinstance(value, list):
@@ -243,9 +262,13 @@ class LlmEndpoint:
                 messages.append(
                     {
                         "role": message.role,
-                        "content": cut(message.text()),
+                        "content": cut(self.scrub(message.text())),
                         "tool_calls": [
-                            {"id": c.id, "name": c.function.name, "arguments": cut(c.function.arguments)}
+                            {
+                                "id": c.id,
+                                "name": c.function.name,
+                                "arguments": cut(self.scrub(c.function.arguments)),
+                            }
                             for c in message.tool_calls or ()
                         ],
                     }
@@ -259,7 +282,7 @@ class LlmEndpoint:
             "requested_model": call.request.model if call.request is not None else None,
             "stream": call.stream,
             "messages": messages,
-            "response": collected.detail() if collected is not None else None,
+            "response": collected.detail(self.scrub) if collected is not None else None,
             "usage": usage,
             "usage_source": usage_source,
             "latency": latency,
@@ -422,6 +445,8 @@ class LlmEndpoint:
                 f"{field}: {first['msg']}; fix this field of the request body",
             )
         call.request, call.stream = chat, chat.stream
+        if (refused := self._way_out(raw, body, chat)) is not None:
+            return await self._refuse(call, 403, "permission_error", refused, attack=True)
         call.model = self.llm.model or chat.model
         if call.model is None:
             return await self._refuse(
@@ -448,6 +473,46 @@ class LlmEndpoint:
         collected.add_response(answer)
         self._finish(call, collected, 200, None)
         return JSONResponse(answer)
+
+    def _way_out(self, raw: bytes, body: Mapping[str, Any], chat: ChatRequest) -> str | None:
+        """Why a request would carry something past ``network.allow``, or ``None``.
+
+        The provider is one more host: a secret's value is never for it, and
+        what it fetches for the agent (a remote ``image_url``, web search) is
+        egress the gateway would not see.
+        """
+        names = self._run_secrets.values_in(raw)
+        if names:
+            return (
+                f"the request carries the value of secret {', '.join(names)}, which is not meant for "
+                "the LLM provider; send the conversation without it"
+            )
+        if "web_search_options" in body:
+            return (
+                "web_search_options makes the provider fetch pages past network.allow; "
+                "fetch them with http.fetch or through the gateway instead"
+            )
+        for i, message in enumerate(chat.messages):
+            if isinstance(message.content, str) or message.content is None:
+                continue
+            for j, part in enumerate(message.content):
+                if not isinstance(part, ImagePart):
+                    continue
+                url = part.image_url.url
+                if url[:5].lower() == "data:":
+                    continue
+                where = f"messages[{i}].content[{j}].image_url"
+                shown = cut(self.scrub(url), 200)
+                if not self.llm.remote_images or self._image_url_refused is None:
+                    return (
+                        f"{where} is the remote URL {shown!r}, which the provider would fetch past "
+                        "network.allow; send the image inline as a data: URL (base64), or set "
+                        "llm.remote_images: true with its host in network.allow"
+                    )
+                why = self._image_url_refused(url)
+                if why is not None:
+                    return f"{where} {shown!r} may not be fetched: {self.scrub(why)}"
+        return None
 
     async def _stream(self, call: _Call, chat: ChatRequest, payload: dict[str, Any]) -> Response:
         try:

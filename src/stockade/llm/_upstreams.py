@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -131,6 +131,10 @@ class UpstreamError(Exception):
         self.type = type
 
 
+def _as_is(text: str) -> str:
+    return text
+
+
 def cut(text: str | None, limit: int = CONTENT_CUT) -> str | None:
     """``text`` cut to ``limit`` characters, saying how much was left out."""
     if text is None or len(text) <= limit:
@@ -196,12 +200,12 @@ class Collected:
     def text(self) -> str:
         return "".join(self.content)
 
-    def detail(self) -> dict[str, Any]:
-        """The ``response`` field of an ``llm.call`` event."""
+    def detail(self, scrub: Callable[[str], str] = _as_is) -> dict[str, Any]:
+        """The ``response`` field of an ``llm.call`` event; ``scrub`` runs before any cut."""
         return {
-            "content": cut(self.text()) or None,
+            "content": cut(scrub(self.text())) or None,
             "tool_calls": [
-                {"id": call["id"], "name": call["name"], "arguments": cut(call["arguments"])}
+                {"id": call["id"], "name": call["name"], "arguments": cut(scrub(call["arguments"]))}
                 for _, call in sorted(self.tool_calls.items())
             ],
             "finish_reason": self.finish_reason,
@@ -234,8 +238,13 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
-async def upstream_failure(response: httpx.Response, where: str) -> UpstreamError:
+async def upstream_failure(
+    response: httpx.Response, where: str, scrub: Callable[[str], str] = _as_is
+) -> UpstreamError:
     """The error for a non-2xx answer of the upstream (its body read and closed).
+
+    ``scrub`` hides the operator's key (and the run's secrets) before anything
+    is cut: a body cut first could end in half a key that no scrub finds.
 
     A refusal of the request itself (400, 404, 413, 422, 429) goes back to the
     agent with its status and the upstream's message: the agent can fix it. A
@@ -244,14 +253,14 @@ async def upstream_failure(response: httpx.Response, where: str) -> UpstreamErro
     """
     body = await response.aread()
     await response.aclose()
-    message = body.decode("utf-8", "replace")[:500]
+    message = cut(scrub(body.decode("utf-8", "replace")), 500) or ""
     try:
         parsed = json.loads(body)
         error = parsed.get("error") if isinstance(parsed, dict) else None
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            message = error["message"]
+            message = cut(scrub(error["message"]), 2000) or ""
         elif isinstance(error, str):
-            message = error
+            message = cut(scrub(error), 2000) or ""
     except ValueError:
         pass
     status = response.status_code
@@ -270,9 +279,11 @@ async def upstream_failure(response: httpx.Response, where: str) -> UpstreamErro
     return UpstreamError(f"the LLM upstream {where} failed ({status}): {message}", status=502)
 
 
-def transport_failure(exc: httpx.HTTPError, where: str) -> UpstreamError:
+def transport_failure(
+    exc: httpx.HTTPError, where: str, scrub: Callable[[str], str] = _as_is
+) -> UpstreamError:
     """The error for an upstream that could not be reached or broke off."""
-    reason = str(exc) or type(exc).__name__
+    reason = scrub(str(exc)) or type(exc).__name__
     return UpstreamError(f"the LLM upstream {where} could not be reached or broke off: {reason}", status=502)
 
 
@@ -285,6 +296,8 @@ class Upstream(ABC):
         self.base_url = base_url.rstrip("/")
         self.key = key
         self.client = client
+        self.scrub: Callable[[str], str] = _as_is
+        """Hides the key and the run's secrets in the messages of errors (the endpoint sets it)."""
 
     @abstractmethod
     def prepare(self, request: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
@@ -332,9 +345,9 @@ class Upstream(ABC):
         try:
             response = await self.client.request(method, url, json=payload, headers=self._headers())
         except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
+            raise transport_failure(exc, url, self.scrub) from exc
         if response.status_code >= 300:
-            raise await upstream_failure(response, url)
+            raise await upstream_failure(response, url, self.scrub)
         try:
             return response.json()
         except ValueError as exc:
@@ -351,9 +364,9 @@ class Upstream(ABC):
                 self.client.build_request("POST", url, json=payload, headers=self._headers()), stream=True
             )
         except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
+            raise transport_failure(exc, url, self.scrub) from exc
         if response.status_code >= 300:
-            raise await upstream_failure(response, url)
+            raise await upstream_failure(response, url, self.scrub)
         return response
 
 
@@ -402,7 +415,7 @@ class OpenAIUpstream(Upstream):
                 if isinstance(chunk, dict):
                     yield chunk
         except httpx.HTTPError as exc:
-            raise transport_failure(exc, url) from exc
+            raise transport_failure(exc, url, self.scrub) from exc
         finally:
             await response.aclose()
 
