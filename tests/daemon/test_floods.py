@@ -148,3 +148,24 @@ def test_one_runs_open_questions_do_not_hold_up_another_runs_exec(tmp_path: Path
         events.until(kind_is("run.end", flood["id"]))
         answers = _lines(wire, flood["id"])[0]["out"]
         assert [a["result"]["value"]["answer"] for a in answers] == [f"question {i}" for i in range(n)]
+
+
+def test_a_runs_bundle_carries_the_head_at_its_end(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from stockade.cli._record_cmds import verify
+    from stockade.record import open_store
+
+    policy = flood_policy(tmp_path, [], name="short")
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        info, _lines = run_to_end(wire, events, policy)
+        meta = json.loads((tmp_path / "state" / "runs" / info["id"] / "run.json").read_text())
+    head = meta["record"]
+    db = str(tmp_path / "state" / "events.db")
+    with open_store(db, readonly=True) as store:
+        ends = [s for s in store.query(run=info["id"]) if s.event.kind == "run.end"]
+    assert [(s.seq, s.hash) for s in ends] == [(head["seq"], head["hash"])]
+    result = CliRunner().invoke(verify, ["--db", db, "--expect", f"{head['seq']}:{head['hash']}"])
+    assert result.exit_code == 0 and "the chain holds the expected head(s)" in result.output

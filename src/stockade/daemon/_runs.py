@@ -479,7 +479,12 @@ class Runs(IntentPath):
         end = run_end_event(run, result.cell_id if result is not None else "")
         self._write_meta(run)
         with contextlib.suppress(StoreError):
-            await self.recorder.record_soon([end])
+            ended = await self.recorder.record_soon([end])
+            if ended:
+                # The run's bundle carries the head at its end, for
+                # `stockade verify --expect SEQ:HASH` later (docs/RECORD.md).
+                head = {"seq": ended[-1].seq, "hash": ended[-1].hash}
+                self._write_meta_dict({**run.info(), "record": head})
         self.bus.end_output(run.id, run.info())
         run.done.set()
         self.agents.ended(run)
