@@ -46,8 +46,9 @@ class MountOp:
     dst: str
     src: str = ""
     writable: bool = False
-    """For a bind: whether the mount is read-write. Read grants are read-write
-    mounts that Landlock makes read-only (see ``_owned_by``)."""
+    """For a bind: whether the mount is read-write. Read grants are read-only
+    mounts, except root's system directories, which Landlock makes read-only
+    (see ``_read_only_mount``)."""
     data: bytes = b""
     names: tuple[str, ...] = ()
     idmap_owner: int | None = None
@@ -229,6 +230,7 @@ def plan_cell(
     # own (merged-/usr systems: /bin is a link to /usr/bin, inside /usr).
     granted_writes = [p for p in dict.fromkeys(write_dirs) if os.path.isdir(p)]
     write_dirs = _outermost(write_dirs, [workspace])
+    all_read = read_dirs
     read_dirs = [p for p in _outermost(read_dirs, []) if p not in write_dirs and p != workspace]
 
     hidden_roots = [*_DEFAULT_HIDDEN, *extra_hidden]
@@ -247,7 +249,9 @@ def plan_cell(
     # under /etc, the workspace under /tmp) lands on top of a shallower one.
     entries: list[tuple[str, MountOp]] = []
     for path in sorted(set(read_dirs)):
-        entries.append((path, MountOp("bind", path, src=path, writable=not _owned_by(path, host_uid))))
+        entries.append((path, MountOp("bind", path, src=path, writable=not _read_only_mount(path))))
+    for path in _read_only_inside_read(all_read, read_dirs):
+        entries.append((path, MountOp("bind", path, src=path, writable=False, from_view=True)))
     for path in sorted({*write_dirs, workspace}):
         entries.append(
             (path, MountOp("bind", path, src=path, writable=True, idmap_owner=_idmap(path, host_uid)))
@@ -341,21 +345,41 @@ def _cell_identity(workspace: str) -> tuple[int, int]:
     return NOBODY, NOBODY
 
 
-def _owned_by(path: str, uid: int) -> bool:
-    """Whether a read grant belongs to the cell's own host uid.
+def _read_only_mount(path: str) -> bool:
+    """Whether a read grant is a read-only mount (else Landlock alone keeps it read-only).
 
-    A read grant is normally a read-write mount, so that Landlock, not the
-    mount, refuses writes and the kernel records them. But Landlock has no
-    right for chmod, chown or utimes, and on files the cell's uid owns, file
-    permissions do not stop those either: such a grant is a read-only mount
-    (writes then fail with EROFS, recorded through the audit rules of
-    record/_audit_mount, not Landlock's). Only the grant's own directory is
-    looked at.
+    Landlock has no right for chmod, chown, utimes or xattrs, and on a file the
+    cell's uid owns, file permissions do not stop those either: any file of a
+    grant may be the cell's (a user's own data, whatever its directory's
+    owner), so a read grant is a read-only mount, on which they fail with
+    EROFS (recorded through the audit rules of record/_audit_mount, as every
+    write there is). The exception is a system directory owned by root
+    (``/usr``, ``/etc``: ``SYSTEM_READ`` and what lies in it), whose files
+    are root's and so refuse the cell by file permissions; it stays a plain
+    bind so that Landlock refuses a new file there and records it. A grant
+    inside it that is not root's is a read-only mount of its own
+    (``_read_only_inside_read``).
     """
+    if not any(_is_under(path, system) for system in SYSTEM_READ):
+        return True
     try:
-        return os.stat(path).st_uid == uid
+        return os.stat(path).st_uid != 0
     except OSError:
-        return False
+        return True
+
+
+def _read_only_inside_read(all_read: list[str], read_dirs: list[str]) -> list[str]:
+    """Read grants inside a plain-bind read grant (a system directory) that
+    must be read-only mounts themselves (``_read_only_mount``): ``/etc/myapp``
+    owned by the agent's user, granted beside ``/etc``."""
+    nested: list[str] = []
+    for path in sorted(set(all_read)):
+        if path in read_dirs or not _read_only_mount(path):
+            continue
+        holders = [r for r in read_dirs if r != path and _is_under(path, r)]
+        if holders and not any(_read_only_mount(r) for r in holders):
+            nested.append(path)
+    return nested
 
 
 def _plantable(path: str, tree: str, host_uid: int) -> bool:
@@ -552,7 +576,17 @@ def _protect(
         targets.append(os.path.realpath(policy.source))
     git_dirs, gitfiles = find_git(tuple(r for r in roots if not _holds_system(r)))
     for gitdir in git_dirs:
-        targets.extend(p for rest in in_git for p in _expand(os.path.join(gitdir, rest)))
+        # A submodule's git directory keeps its config writable: `git
+        # submodule update` rewrites core.worktree there every time (EBUSY on
+        # a mount point). A change to it is in the persistence report, with
+        # the keys that run programs, and revert restores it.
+        submodule = "/.git/modules/" in gitdir + "/"
+        targets.extend(
+            p
+            for rest in in_git
+            if not (submodule and rest in _SUBMODULE_WRITABLE)
+            for p in _expand(os.path.join(gitdir, rest))
+        )
     targets.extend(gitfiles)
     ops: list[MountOp] = []
     pinned: set[str] = set()
@@ -593,6 +627,9 @@ def _protect(
         pin(os.path.dirname(target), top)
         ops.append(MountOp("bind", target, src=target, writable=False, from_view=True))
     return tuple(inside), ops
+
+
+_SUBMODULE_WRITABLE = ("config", "config.worktree")
 
 
 def _holds_system(root: str) -> bool:
