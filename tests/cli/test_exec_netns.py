@@ -24,7 +24,7 @@ WRITE_ETC = ["/bin/sh", "-c", "echo x > /etc/stockade-netns-test; exit 7"]
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="unshare -n and the audit log need root")
 
 
-def _pid1_netns_reachable() -> bool:
+def pid1_netns_reachable() -> bool:
     try:
         os.stat("/proc/1/ns/net")
         return True
@@ -47,14 +47,14 @@ def test_exec_under_unshare_n_still_records_kernel_refusals(tmp_path: Path) -> N
     assert "cell.denied" in kinds and "cell.audit_lost" not in kinds
 
 
-def _orphan_in_own_netns(tmp_path: Path, *exec_args: str) -> tuple[int, str, str]:
-    """``stockade exec`` in a new network namespace, orphaned (its shell exits
+def orphan_in_own_netns(tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    """``stockade ARGS`` in a new network namespace, orphaned (its shell exits
     at once), so that no ancestor of it is in the host's namespace any more
     but pid 1. Waits on a pipe the orphan holds, not on time."""
     out, err = tmp_path / "out", tmp_path / "err"
     rc = tmp_path / "rc"
     read_end, write_end = os.pipe()
-    command = shlex.join([STOCKADE, "exec", *exec_args])
+    command = shlex.join([STOCKADE, *args])
     script = f"({command} >{out} 2>{err}; echo $? >{rc}) &"
     subprocess.run(["unshare", "-n", "sh", "-c", script], pass_fds=(write_end,), check=True, timeout=30)
     os.close(write_end)
@@ -69,8 +69,8 @@ def _orphan_in_own_netns(tmp_path: Path, *exec_args: str) -> tuple[int, str, str
 
 
 def test_exec_where_the_audit_log_cannot_be_reached_refuses_or_records(tmp_path: Path) -> None:
-    code, _out, err = _orphan_in_own_netns(tmp_path, "-w", str(tmp_path), "--", *WRITE_ETC)
-    if _pid1_netns_reachable():
+    code, _out, err = orphan_in_own_netns(tmp_path, "exec", "-w", str(tmp_path), "--", *WRITE_ETC)
+    if pid1_netns_reachable():
         # pid 1 is in the host's namespace and may be entered: still recorded.
         assert code == 7 and "1 refusal(s) in this cell" in err, err
         return
@@ -85,7 +85,7 @@ def test_without_kernel_records_runs_and_says_so(tmp_path: Path) -> None:
     # refuses the write, and the gap is on screen and in the record.
     events = tmp_path / "events.jsonl"
     args = ("--without-kernel-records", "-w", str(tmp_path), "-e", str(events), "--", *WRITE_ETC)
-    code, _out, err = _orphan_in_own_netns(tmp_path, *args)
+    code, _out, err = orphan_in_own_netns(tmp_path, "exec", *args)
     assert code == 7, err
     assert "Permission denied" in err  # refused all the same
     assert "--without-kernel-records: Landlock and seccomp refusals in this cell are not recorded" in err

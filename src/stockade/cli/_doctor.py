@@ -17,6 +17,7 @@ from stockade.errors import HostError
 
 if TYPE_CHECKING:
     from stockade.cell._host import Finding, HostFacts
+    from stockade.cell._selftest import SelfTest
     from stockade.gateway._host import GatewayCheck
     from stockade.policy import Policy
     from stockade.record._host import RecordCheck
@@ -57,13 +58,20 @@ def doctor(policy_file: str | None, state: str | None, as_json: bool) -> None:
     from stockade.record._host import probe_record
 
     record = probe_record(state_dir(state))
+    from stockade.cell._selftest import kernel_refusals
+
+    # Last: it needs a cell, and says more when the facts above are all there.
+    self_test = kernel_refusals()
     if as_json:
-        _print_json(facts, policy, findings, gateway, record)
+        _print_json(facts, policy, findings, gateway, record, self_test)
     else:
         _print_tables(facts, policy, findings)
         _print_gateway(policy, gateway)
         _print_record(record)
+        _print_self_test(self_test)
     missing = [f.requirement.feature for f in findings if not f.met]
+    if not self_test.ok:
+        missing.append("kernel refusals reaching the record")
     missing += [f"record: {c.name}" for c in record if not c.ok]
     if _wants_network(policy):
         missing += [f"gateway: {c.name}" for c in gateway if c.needed and not c.ok]
@@ -132,6 +140,7 @@ def _print_json(
     findings: list[Finding],
     gateway: list[GatewayCheck],
     record: list[RecordCheck],
+    self_test: SelfTest,
 ) -> None:
     import dataclasses
     import json
@@ -139,7 +148,8 @@ def _print_json(
     data = report(facts, policy, findings)
     data["gateway"] = [dataclasses.asdict(check) for check in gateway]
     data["record"] = [dataclasses.asdict(check) for check in record]
-    data["ok"] = data["ok"] and all(c.ok for c in record)
+    data["self_test"] = dataclasses.asdict(self_test)
+    data["ok"] = data["ok"] and all(c.ok for c in record) and self_test.ok
     if _wants_network(policy):
         data["ok"] = data["ok"] and all(c.ok for c in gateway if c.needed)
     click.echo(json.dumps(data, indent=2))
@@ -171,6 +181,18 @@ def _print_record(record: list[RecordCheck]) -> None:
     if any(not c.ok for c in record):
         console.print(
             "[red]The daemon cannot record here, so it would not start: every run needs the record.[/red]"
+        )
+
+
+def _print_self_test(self_test: SelfTest) -> None:
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    row = (self_test.ok, True, "kernel refusals reach the record", self_test.here, self_test.fix)
+    console.print(_checks_table("Self-test: a refusal that must come back (docs/DOCTOR.md)", [row]))
+    if not self_test.ok:
+        console.print(
+            "[red]Cells would refuse to start here (or run unrecorded with --without-kernel-records).[/red]"
         )
 
 
