@@ -465,6 +465,17 @@ class Cell:
 
         return attach
 
+    def _records_hidden(self) -> tuple[str, ...]:
+        """The reports' directory, when a writable place holds it: made now (a
+        decoy covers only what exists) and hidden, since ``stockade revert``
+        writes what a report says, as the operator."""
+        records = os.path.realpath(self.records)
+        places = (self.workspace, *self.policy.filesystem.write)
+        if not any(records.startswith(os.path.realpath(p).rstrip("/") + "/") for p in places):
+            return ()
+        os.makedirs(records, mode=0o700, exist_ok=True)
+        return (records,)
+
     def _persistence(self, cell_id: str, before: Snapshot) -> Event:
         """The ``cell.persistence`` event: what the cell left that a tool of the
         operator's would run or load, kept for ``stockade revert`` when not empty."""
@@ -546,6 +557,7 @@ class Cell:
             environ=self._environ,
             sockets=self._sockets,
             files=self._files,
+            extra_hidden=self._records_hidden(),
         )
         if self._extra_env:
             plan = dataclasses.replace(plan, env=tuple(sorted({**dict(plan.env), **self._extra_env}.items())))

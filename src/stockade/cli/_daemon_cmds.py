@@ -219,7 +219,10 @@ def run(
             else:
                 click.echo(info["id"])
             return 0
-        return _foreground(client, info, as_json=as_json)
+        code = _foreground(client, info, as_json=as_json)
+        if not as_json:
+            _persistence(state_dir, str(info["id"]))
+        return code
     finally:
         client.close()
         if local is not None:
@@ -269,6 +272,18 @@ def _foreground(client: Client, info: dict[str, Any], *, as_json: bool) -> int:
         return EXIT_HOST
     code = ended.get("exit_code")
     return int(code) if isinstance(code, int) else EXIT_HOST
+
+
+def _persistence(state_dir: str, run_id: str) -> None:
+    """The run's persistence report (every cell of it that left something a
+    tool of the operator's would run), on stderr after the run."""
+    from stockade.cell._persist import report_lines
+    from stockade.cell._revert import RECORDS, reports
+
+    for _where, report in reports(os.path.join(state_dir, RECORDS), run_id):
+        lines = report_lines({**report, "revert": f"stockade revert {run_id}"})
+        if lines:
+            click.echo("stockade: " + "\n".join(lines), err=True)
 
 
 def _write(fd: int, text: str) -> None:

@@ -301,6 +301,17 @@ class _View:
             "[green]halted the run[/green]" if trip else "[yellow]did not trip[/yellow]",
             _esc(trip),
         )
+        left = report.persistence
+        if left:
+            names = ", ".join(f"{c.get('change')} {c.get('path')}" for c in left[:3])
+            more = " …" if len(left) > 3 else ""
+            undo = f"stockade revert {report.run.get('id', '')}"
+            note = _esc(f"{names}{more}; undo: {undo}")
+            table.add_row("left for your tools", f"[yellow]{len(left)}[/yellow]", note)
+        else:
+            table.add_row(
+                "left for your tools", "[green]nothing[/green]", "no hook, git config, rc or editor file"
+            )
         table.add_row("took", f"{report.duration:.1f} s", "")
         c.print(table)
         c.print()

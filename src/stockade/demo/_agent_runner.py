@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.demo._attempts import Planned, catalogue, key
-from stockade.demo._report import Call, DemoReport, pair
+from stockade.demo._report import Call, DemoReport, pair, persistence_changes
 from stockade.errors import HostError
 
 PACKAGE = Path(__file__).parent
@@ -190,6 +190,7 @@ def run_agent_demo(
             missing=[p.id for p in planned if p.id not in made],
             agent_error=agent_error,
             model_calls=_model_calls(mock, llm_key),
+            persistence=persistence_changes(stored),
         )
         report.files = _write_files(out, stored, transcript, report)
     return report

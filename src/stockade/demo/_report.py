@@ -245,6 +245,9 @@ class DemoReport:
     model_calls: dict[str, int] | None = None
     """For the scripted model: the calls it got, and how many carried the
     operator's key (the LLM endpoint puts it in place of the run's token)."""
+    persistence: list[dict[str, Any]] = field(default_factory=list)
+    """The run's persistence report: each file its cells left that a tool of
+    the operator's would run or load (the ``cell.persistence`` events)."""
 
     @property
     def attempts(self) -> list[Call]:
@@ -362,6 +365,7 @@ class DemoReport:
             "scripted": self.scripted,
             "agent_error": self.agent_error,
             "model_calls": self.model_calls,
+            "persistence": self.persistence,
             "ok": self.contained,
         }
 
@@ -371,3 +375,14 @@ def _name(call: Call) -> str:
 
 
 __all__ = ["Call", "DemoReport", "Verdict", "pair"]
+
+
+def persistence_changes(stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The changes listed by the ``cell.persistence`` events among a run's stored events."""
+    out: list[dict[str, Any]] = []
+    for item in stored:
+        event = item.get("event", item)
+        if isinstance(event, dict) and event.get("kind") == "cell.persistence":
+            changes = event.get("detail", {}).get("changes")
+            out.extend(c for c in changes or [] if isinstance(c, dict))
+    return out
