@@ -201,23 +201,17 @@ READ_ONLY_OPS = {
     "delete": "os.unlink(F)",
     "chmod": "os.chmod(F, 0o777)",
 }
-OP_BLOCKERS = {
-    "overwrite": ("file", "fs.write_file"),
-    "truncate": ("file", "fs.truncate"),
-    "rename": ("dir", "fs.remove_file"),
-    "delete": ("dir", "fs.remove_file"),
-    "chmod": None,  # Landlock has no right for chmod/chown/utimes (no setattr hook)
-}
 
 
 @pytest.mark.parametrize("op", READ_ONLY_OPS)
 def test_write_under_a_read_only_grant(host_dir: Path, op: str) -> None:
     """A host directory shown read-only (``filesystem.read``) whose files are
-    world-writable, so that no discretionary check refuses first: every write
-    is refused by Landlock and recorded. chmod is the exception: Landlock has
-    no access right for it; it is refused by the discretionary check (EPERM,
-    not the file's owner) and the kernel records nothing. The file is unchanged
-    on the host in every case."""
+    world-writable, so that no discretionary check refuses first. A read grant
+    that is not a system directory is a read-only mount (Landlock has no right
+    for chmod, utimes or xattrs, so nothing else could refuse those on the
+    agent's own files): every change, chmod included, fails with EROFS in the
+    VFS and is on record as layer ``mount`` (``record/_audit_mount``). The
+    file is unchanged on the host in every case."""
     grant = host_dir / "ro"
     grant.mkdir(mode=0o777)
     grant.chmod(0o777)
@@ -234,14 +228,11 @@ def test_write_under_a_read_only_grant(host_dir: Path, op: str) -> None:
                 Attempt("control", f"return open({str(target)!r}).read()"),
             ],
         )
-    assert_refused(probe["attempt"], EPERM if op == "chmod" else EACCES)
+    assert_refused(probe["attempt"], EROFS)
     assert assert_works(probe["control"]) == "original\n"
     assert snapshot(target) == before
     assert sorted(os.listdir(grant)) == ["notes.txt"]
-    blockers = OP_BLOCKERS[op]
-    if blockers is not None:
-        kind, blocker = blockers
-        assert_landlock_denial(probe, str(target) if kind == "file" else str(grant), blocker)
+    assert assert_mount_refusal(probe, probe["attempt"], target, grant).layer == "mount"
 
 
 @pytest.mark.parametrize("op", READ_ONLY_OPS)
@@ -357,6 +348,10 @@ METADATA_OPS = {
     "chmod-file": "os.chmod(F, 0o000)",
     "chmod-dir": "os.chmod(D, 0o777)",
     "utimes": "os.utime(F, (0, 0))",
+    "utimes-now": "os.utime(F)",
+    "fchmod": "fd = os.open(F, os.O_RDONLY)\ntry:\n    os.fchmod(fd, 0o777)\nfinally:\n    os.close(fd)",
+    "chown-self": "os.chown(F, os.getuid(), os.getgid())",
+    "setxattr": "os.setxattr(F, 'user.planted', b'x')",
 }
 
 
@@ -396,6 +391,51 @@ def test_metadata_of_a_read_only_grant_the_agent_owns(host_dir: Path, op: str) -
     assert not probe["attempt"].ok and after == before, (
         f"ESCAPE: {probe['attempt']}; the host's read-only {grant} went from {before} to {after}"
     )
+
+
+@pytest.mark.parametrize("op", METADATA_OPS)
+def test_metadata_of_the_agents_files_in_a_root_owned_grant(host_dir: Path, op: str) -> None:
+    """The same class where only the files are the agent's: the granted
+    directory is root's, a file and a subdirectory in it belong to the cell's
+    host identity (a user's data in a shared tree). Looking at the grant's own
+    owner was not enough (chmod went through). Every change fails with EROFS,
+    is on record as layer ``mount`` naming the path, and the host is
+    unchanged; the agent's own file in the workspace still takes a chmod (the
+    control)."""
+    owner = 4242
+    ws = _ws_root_owned(host_dir)
+    grant = host_dir / "shared"
+    grant.mkdir()
+    sub = grant / "mine"
+    sub.mkdir()
+    target = sub / "notes.txt"
+    target.write_text("original\n")
+    for path in (ws, sub, target):
+        os.chown(path, owner, owner)
+    before = (snapshot(sub)[:3], snapshot(target), os.listxattr(target))
+    policy = read_only_grant(default_policy("escapes"), grant)
+    with Cell(policy, workspace=ws, environ={}) as cell:
+        probe = run_probe(
+            cell,
+            [
+                Attempt("attempt", f"F = {str(target)!r}\nD = {str(sub)!r}\n{METADATA_OPS[op]}"),
+                Attempt(
+                    "control", "open('mine.sh', 'w').write('#'); os.chmod('mine.sh', 0o755); return True"
+                ),
+            ],
+        )
+    assert assert_works(probe["control"]) is True
+    assert_refused(probe["attempt"], EROFS)
+    assert (snapshot(sub)[:3], snapshot(target), os.listxattr(target)) == before
+    if op == "fchmod":  # a descriptor: the kernel logs the call, not the file's name
+        assert [
+            e
+            for e in probe.denials()
+            if e.layer == "mount" and e.detail.get("syscall") == "fchmod" and e.detail.get("errno") == "EROFS"
+            and "of an open file" in e.summary
+        ], probe.transcript()
+    else:
+        assert assert_mount_refusal(probe, probe["attempt"], target, sub).layer == "mount"
 
 
 # ------------------------------------------------------------------ symlinks and links

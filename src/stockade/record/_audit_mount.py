@@ -220,8 +220,12 @@ def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
         else None
     )
     code = -(int_field(s.get("exit")) or 0)
-    paths = [_absolute(p, refusal.cwd) for p, _kind in refusal.paths]
-    named = [_absolute(p, refusal.cwd) for p, kind in refusal.paths if kind != "PARENT"]
+    # A call on a descriptor (fchmod, fchown, ftruncate, fsetxattr) is logged
+    # with the file's inode but no name: "(null)", not a path to join to the cwd.
+    logged = [(p, kind) for p, kind in refusal.paths if p != "(null)"]
+    by_descriptor = len(logged) < len(refusal.paths)
+    paths = [_absolute(p, refusal.cwd) for p, _kind in logged]
+    named = [_absolute(p, refusal.cwd) for p, kind in logged if kind != "PARENT"]
     target = _target(code, paths, named)
     detail: dict[str, Any] = {
         "syscall": name,
@@ -236,6 +240,8 @@ def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
     if target is not None:
         detail["path"] = target
         what = f"{call} into {target}" if code == EXDEV else f"{call} of {target}"
+    elif by_descriptor:
+        what = f"{call} of an open file (the kernel logs no name for it)"
     else:
         what = call
     why = _WHY.get(code, f"errno {code}")
