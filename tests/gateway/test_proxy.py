@@ -111,6 +111,8 @@ class Origin:
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     sent: int = 0
     """Body bytes of /bytes/N written so far."""
+    answer: Callable[[dict[str, Any]], tuple[list[tuple[str, str]], bytes]] | None = None
+    """Answers ``/reflect/…`` (headers, body) from what was seen; the test sets it."""
     _servers: list[asyncio.Server] = field(default_factory=list)
 
     async def listen(self, host: str, port: int) -> Origin:
@@ -173,6 +175,11 @@ class Origin:
                         left -= len(part)
                         self.sent += len(part)
                         await writer.drain()
+                elif path.startswith("/reflect/") and self.answer is not None:
+                    extra, answer = self.answer(seen)
+                    headers = [*extra, ("content-length", str(len(answer)))]
+                    writer.write(conn.send(h11.Response(status_code=200, headers=headers)))
+                    writer.write(conn.send(h11.Data(data=answer)))
                 elif path == "/hang":
                     writer.write(
                         conn.send(h11.Response(status_code=200, headers=[("content-length", "100000")]))

@@ -334,8 +334,8 @@ class Proxy(Answers):
             if not kept:
                 self._release(c)
                 opened = await self._open(c, req, decision, tls)
-                if opened is None:
-                    return False
+                if not isinstance(opened, Upstream):
+                    return opened  # refused or failed: whether the client's connection may go on
                 c.upstream = opened
             upstream = c.upstream
             assert upstream is not None
@@ -398,20 +398,25 @@ class Proxy(Answers):
 
     async def _open(
         self, c: Client, req: RequestInfo, decision: EgressDecision, tls: Destination | None
-    ) -> Upstream | None:
-        """A new connection to the request's upstream; ``None`` once a refusal or a 502 went out."""
+    ) -> Upstream | bool:
+        """A new connection to the request's upstream; once a refusal or a 502 went
+        out instead, whether the client's connection may carry another request."""
         assert req.host is not None and req.port is not None
         dest = tls
         if dest is None:
             try:
                 dest = await self._egress.destination(req.host, req.port)
             except EgressRefused as exc:
-                await self._refuse(c, req, 403, exc.reason, exc.rule)
-                return None
+                return await self._refuse(c, req, 403, exc.reason, exc.rule)
             except Exception as exc:  # ResolveError and kin: nothing to connect to
-                await self._fail(c, req, decision, f"{req.host} could not be resolved: {exc}")
-                return None
+                return await self._fail(c, req, decision, f"{req.host} could not be resolved: {exc}")
         req.address = str(dest.address)
+        # Before connecting: an address rule's methods and paths bind what a name rule let through.
+        bound = self._egress.decide_address(
+            req.host, dest.address, dest.port, method=req.method, path=(req.path or "/").partition("?")[0]
+        )
+        if bound is not None:
+            return await self._refuse(c, req, 403, bound.reason, bound.rule)
         key = (dest.host, dest.port, str(dest.address), tls is not None)
         idle = self._pool.get(key)
         now = asyncio.get_running_loop().time()
@@ -425,8 +430,7 @@ class Proxy(Answers):
                 dest, tls=self._upstream_tls if tls is not None else None, timeout=CONNECT_TIMEOUT
             )
         except (OSError, TimeoutError, ssl.SSLError) as exc:
-            await self._fail(c, req, decision, f"could not connect to {req.url()}: {reason_of(exc)}")
-            return None
+            return await self._fail(c, req, decision, f"could not connect to {req.url()}: {reason_of(exc)}")
         return Upstream(key, str(dest.address), reader, writer)
 
     def _release(self, c: Client) -> None:
