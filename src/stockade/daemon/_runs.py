@@ -330,6 +330,8 @@ class Runs(IntentPath):
             cell = await asyncio.to_thread(
                 _make_cell, policy, opts["workspace"], environ, run_id, sock_path, token, watch, run.gateway
             )
+            # Persistence reports go with the run's state, for `stockade revert`.
+            cell.records = os.path.join(self.state_dir, "persistence")
             run.workspace = cell.workspace
             run.executor = IntentExecutor(
                 policy,
@@ -503,7 +505,10 @@ class Runs(IntentPath):
             if run.kill_requested:
                 raise CellError(f"run {run.id} is stopping")
             audit = self._audit() if self._audit is not None else _shared_audit()
-            with Cell(policy, run_id=run.id, audit=cast("AuditReader", _CellWatch(audit, run))) as cell:
+            records = os.path.join(self.state_dir, "persistence")
+            with Cell(
+                policy, run_id=run.id, audit=cast("AuditReader", _CellWatch(audit, run)), records=records
+            ) as cell:
                 result = cell.run(argv, on_event=self._live_sink(run))
             self.recorder.record(result.not_live())
             return result
