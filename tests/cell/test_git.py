@@ -302,3 +302,39 @@ def test_protection_holds_while_a_cell_of_another_process_ends(tmp_path: Path) -
     assert result.stdout.decode().split() == ["hook=2", "control=0"], result.stderr
     assert not (repo / ".git" / "hooks" / "pre-commit").exists()
     assert any(e.layer == "mount" and ".git/hooks" in str(e.detail.get("path")) for e in result.denials)
+
+
+def test_an_exec_workbench_keeps_the_run_workspaces_git_read_only(tmp_path: Path) -> None:
+    """Under the daemon an ``exec`` intent runs in a workbench cell whose
+    policy is the run's with a fresh workspace (``IntentExecutor.workbench_policy``):
+    the run's repository is then a plain write grant, and its hooks and config
+    are read-only there as at the top of a workspace. Evidence: the refusals
+    (mount-layer events) and the unchanged host files; the control, a file of
+    the repository, is written."""
+    from stockade.broker._intents import IntentExecutor
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    host_git(repo, "init", "-q", "-b", "main")
+    config = (repo / ".git" / "config").read_bytes()
+    policy = dataclasses.replace(_policy(write=(str(repo),)), workspace=str(repo))
+    results: list[CellResult] = []
+
+    def workbench(argv: list[str], wb: Policy) -> CellResult:
+        with Cell(wb, records=str(tmp_path / "records")) as cell:
+            results.append(cell.run(argv))
+        return results[-1]
+
+    executor = IntentExecutor(policy, workspace=str(repo), run_workbench=workbench)
+    script = (
+        f"cd {repo}; (echo evil > .git/hooks/pre-commit) 2>/dev/null; echo hook=$?; "
+        "(git config core.fsmonitor 'touch /pwned') 2>/dev/null; echo config=$?; echo ok > notes.txt"
+    )
+    answer = executor.execute("exec", {"argv": ["/bin/sh", "-c", script]})
+    assert answer["exit_code"] == 0, answer
+    (result,) = results
+    assert result.stdout.decode().split() == ["hook=2", "config=4"], result.stderr
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert (repo / ".git" / "config").read_bytes() == config
+    assert (repo / "notes.txt").read_text() == "ok\n"
+    assert any(e.layer == "mount" and ".git" in str(e.detail.get("path")) for e in result.denials)
