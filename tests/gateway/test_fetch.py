@@ -9,6 +9,8 @@ with the test's DNS server on its 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import base64
+import gzip
 import ipaddress
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -19,12 +21,15 @@ import pytest
 from stockade.gateway._egress import Destination, Egress
 from stockade.gateway._fetch import FetchFailed, FetchLimits, FetchRefused, FetchResult, fetch
 from stockade.gateway._resolve import DnsResolver
+from stockade.gateway._secrets import Secrets
 from stockade.gateway._upstream import UpstreamError, open_upstream, upstream_tls_context
 from stockade.policy import loads_policy
+from stockade.policy._model import SecretPolicy
 from tests._netns import TestNetns
 from tests.gateway._dns import TestDns
 from tests.gateway._servers import Canary, HttpServer, Reply
 from tests.gateway._tls import TestPki
+from tests.gateway.test_secret_leaks import recoverable
 
 PUBLIC = "93.184.216.34"
 OTHER = "93.184.216.35"
@@ -509,3 +514,86 @@ def test_upstream_sends_the_requested_name_as_sni(ns: TestNetns, pki: TestPki) -
     with ns.entered():
         asyncio.run(main())
     assert names == ["api.example.com"]
+
+
+# --------------------------------------------------------------------------- secrets (issue 11)
+
+KEY = "sk-live-0123456789abcdef"
+
+
+def _secrets() -> Secrets:
+    return Secrets.load([SecretPolicy("API_KEY", env="K", hosts=("api.example.com",))], {"K": KEY})
+
+
+def test_fetch_puts_a_secret_in_place_and_hides_it_in_answers(ns: TestNetns, pki: TestPki) -> None:
+    async def body(w: World) -> None:
+        secrets = _secrets()
+        placeholder = secrets.env()["API_KEY"]
+        auth = {"Authorization": f"Bearer {placeholder}"}
+        w.web.routes["/b64"] = lambda seen: Reply(body=base64.b64encode(seen.headers["authorization"].encode()))
+        w.web.routes["/gz"] = lambda seen: Reply(
+            headers=[("Content-Encoding", "gzip")], body=gzip.compress(seen.headers["authorization"].encode())
+        )
+        w.web.routes["/bounce"] = lambda seen: Reply(
+            302, headers=[("Location", f"https://www.example.com/?t={seen.headers['authorization'][7:]}")]
+        )
+        encoded = await w.get("https://api.example.com/b64", headers=auth, secrets=secrets)
+        zipped = await w.get("https://api.example.com/gz", headers=auth, secrets=secrets)
+        # The value echoed in a Location becomes the placeholder, which then may not
+        # follow the redirect to a host it is not for.
+        with pytest.raises(FetchRefused) as bounced:
+            await w.get("https://api.example.com/bounce", headers=auth, secrets=secrets)
+        assert "not meant for www.example.com" in bounced.value.reason
+        assert [s.headers["authorization"] for s in w.web.seen] == [f"Bearer {KEY}"] * 3
+        assert w.web.seen[0].headers["accept-encoding"] == "identity"
+        for result in (encoded, zipped):
+            assert not recoverable(result.body + repr(result.headers).encode() + result.url.encode())
+        # What could be cut out came back with the placeholder in place of the value.
+        assert zipped.body == f"Bearer {placeholder}".encode()
+        assert not any(k.lower() == "content-encoding" for k, _ in zipped.headers)
+        for hop in (*encoded.hops, *zipped.hops, *bounced.value.hops):
+            assert KEY not in hop.url + hop.reason and placeholder not in hop.url + hop.reason
+
+    in_world(ns, pki, body)
+
+
+def test_fetch_refuses_a_value_or_a_misplaced_placeholder(ns: TestNetns, pki: TestPki) -> None:
+    async def body(w: World) -> None:
+        secrets = _secrets()
+        placeholder = secrets.env()["API_KEY"]
+        attempts = [
+            ("https://www.example.com/?k=" + base64.b64encode(KEY.encode()).decode(), {}, b"", "value"),
+            ("https://www.example.com/", {"X-Data": KEY.encode().hex()}, b"", "value"),
+            ("https://www.example.com/", {"Authorization": f"Bearer {placeholder}"}, b"", "not meant"),
+            ("https://api.example.com/", {}, placeholder.encode(), "in its body"),
+            ("https://api.example.com/?k=" + placeholder, {}, b"", "in its URL"),
+            ("https://api.example.com/", {"X-Other": placeholder}, b"", "in its header"),
+        ]
+        for url, headers, data, why in attempts:
+            with pytest.raises(FetchRefused) as caught:
+                await w.get(url, method="POST", headers=headers, body=data, secrets=secrets)
+            assert "API_KEY" in caught.value.reason and why in caught.value.reason, caught.value.reason
+            assert not recoverable(caught.value.reason.encode())
+            (hop,) = caught.value.hops
+            assert hop.verdict == "deny" and not recoverable((hop.url + hop.reason).encode())
+            assert placeholder not in hop.url
+        assert w.web.seen == []
+        # Control: the placeholder in Authorization to its host goes, as the value.
+        ok = await w.get("https://api.example.com/", headers={"Authorization": placeholder}, secrets=secrets)
+        assert ok.status == 200 and w.web.seen[0].headers["authorization"] == KEY
+
+    in_world(ns, pki, body)
+
+
+def test_fetch_keeps_an_address_rules_methods_and_paths(ns: TestNetns, pki: TestPki) -> None:
+    async def body(w: World) -> None:
+        with pytest.raises(FetchRefused) as caught:
+            await w.get("http://internal.example.com/admin/", method="POST", plain_http=True)
+        assert f"internal.example.com resolves to {PRIVATE}" in caught.value.reason
+        assert caught.value.rule is not None and PRIVATE in caught.value.rule
+        assert w.private.connections == 0
+        mirror = await w.get("http://internal.example.com/mirror/", plain_http=True)
+        assert mirror.status == 404 and w.private.seen[0].target == "/mirror/"
+
+    bound = ALLOW + f"    - {{host: {PRIVATE}, ports: [80], methods: [GET], paths: [/mirror/]}}\n"
+    in_world(ns, pki, body, allow=bound)
