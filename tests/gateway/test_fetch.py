@@ -530,7 +530,9 @@ def test_fetch_puts_a_secret_in_place_and_hides_it_in_answers(ns: TestNetns, pki
         secrets = _secrets()
         placeholder = secrets.env()["API_KEY"]
         auth = {"Authorization": f"Bearer {placeholder}"}
-        w.web.routes["/b64"] = lambda seen: Reply(body=base64.b64encode(seen.headers["authorization"].encode()))
+        w.web.routes["/b64"] = lambda seen: Reply(
+            body=base64.b64encode(seen.headers["authorization"].encode())
+        )
         w.web.routes["/gz"] = lambda seen: Reply(
             headers=[("Content-Encoding", "gzip")], body=gzip.compress(seen.headers["authorization"].encode())
         )
