@@ -12,6 +12,7 @@ evidence there is instead.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import errno
 import os
@@ -22,6 +23,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -1068,3 +1070,99 @@ def test_the_llm_key_never_reaches_the_cell_even_when_named() -> None:
     assert not leaked(probe, secret), (
         f"ESCAPE: the LLM key named by llm.api_key_env is in the cell: {assert_works(probe['environ'])}"
     )
+
+
+# --------------------------------------------------------------------- host root's per-user counters
+
+INOTIFY_HOG = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+held = 0
+while libc.inotify_init1(0) >= 0:  # each kept open: an instance charged until the cell ends
+    held += 1
+print(f"full {held} {ctypes.get_errno()}", flush=True)
+sys.stdin.read(1)
+"""
+
+SIGNAL_HOG = r"""
+import os, signal, sys, threading
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN})
+me = threading.get_ident()
+queued = 0
+try:
+    while True:  # each blocked real-time signal is queued, and charged, until taken
+        signal.pthread_kill(me, signal.SIGRTMIN)
+        queued += 1
+except OSError as exc:
+    err = exc.errno
+print(f"full {queued} {err}", flush=True)
+sys.stdin.read(1)
+"""
+
+
+def _host_root_can_queue_a_signal() -> bool:
+    """Queue one real-time signal to this thread (blocked, then taken back):
+    what fails with EAGAIN once host root's queued signals are used up."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN})
+    try:
+        try:
+            signal.pthread_kill(threading.get_ident(), signal.SIGRTMIN)
+        except OSError as exc:
+            assert exc.errno == EAGAIN, exc
+            return False
+        assert signal.sigtimedwait({signal.SIGRTMIN}, 0) is not None
+        return True
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _host_root_can_inotify() -> bool:
+    fd = _libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        assert ctypes.get_errno() == errno.EMFILE
+        return False
+    os.close(fd)
+    return True
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@pytest.mark.parametrize(
+    ("hog", "check", "err"),
+    [
+        pytest.param(INOTIFY_HOG, _host_root_can_inotify, errno.EMFILE, id="inotify-instances"),
+        pytest.param(SIGNAL_HOG, _host_root_can_queue_a_signal, EAGAIN, id="queued-signals"),
+    ],
+)
+def test_a_cell_cannot_use_up_host_roots_kernel_counters(
+    hog: str, check: Callable[[], bool], err: int
+) -> None:
+    """A cell takes inotify instances (128 per user here) or queues real-time
+    signals (RLIMIT_SIGPENDING, ~96,000) until the kernel refuses; while it
+    holds them all, host root still gets both. The kernel charges these to
+    the uid that created the cell's user namespace (kernel/ucount.c), which
+    is a host uid of the cell's own (cell/_owners.py), not root.
+
+    No layer records this refusal (a per-user count, not a policy decision):
+    the evidence is the cell's own refusal at its own limit, with the errno
+    the kernel gives, and root's allocation succeeding meanwhile. The control
+    is the cell's own first allocations (``held`` > 0).
+
+    ESCAPE (found by this test, fixed): with the namespace created by host
+    root, 128 instances in one cell made host root's ``inotify_init`` fail,
+    and a cell's queued signals made root's ``rt_sigqueueinfo`` fail."""
+    seen: list[bool] = []
+    gate = _Gate(b"full", lambda _seen: seen.append(check()))
+    try:
+        with Cell(default_policy("escapes"), environ={}) as cell:
+            result = cell.run(
+                [PYTHON, "-I", "-c", hog], stdin=gate.read_fd, on_output=gate, timeout=BOUND * 3
+            )
+    finally:
+        gate.close()
+    assert gate.fired, f"the cell never filled its counter: {result.stdout!r} {result.stderr!r}"
+    _, held, cell_err = gate.seen.decode().split()[:3]
+    assert int(held) > 0 and int(cell_err) == err, gate.seen
+    assert seen == [True], f"ESCAPE: host root's counter was used up by the cell ({held} held by it)"
+    assert result.exit_code == 0, result.stderr

@@ -4,7 +4,9 @@ The sequence, from a warm parent process (P)::
 
     P ──fork──▶ C1: death signal, new session, audit session (loginuid),
                     joins the cell's cgroups, drops supplementary groups,
-                    unshare(user, mount, pid, net, ipc, uts, cgroup)
+                    becomes the cell's own namespace owner (an unprivileged
+                    host uid, ``_owners``), unshare(user, mount, pid, net,
+                    ipc, uts, cgroup)
     P writes C1's uid/gid maps (cell uid 1000 → an unprivileged host uid)
                 C1 ──fork──▶ C2 (pid 1 of the cell, its init): builds the
                     filesystem view on a tmpfs, pivots into it, brings up
@@ -76,6 +78,12 @@ class LaunchSpec:
     """Called with C1's pid once the cell's namespaces exist and before the
     command runs (the gateway opens its sockets in the cell's network
     namespace then); an exception aborts the launch."""
+    userns_owner: tuple[int, int] | None = None
+    """The host (uid, gid) that creates the cell's user namespace (``_owners``:
+    its per-user kernel counters are then that uid's, not the caller's), or
+    None to create it as the caller. C1 takes these ids after everything that
+    needs the caller's privileges and just before ``unshare``; the caller,
+    still privileged, writes the maps."""
 
 
 @dataclass(frozen=True)
@@ -217,6 +225,7 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
         go_pipe=go_pipe,
         cap_last=spec.cap_last,
         keep_fds=spec.keep_fds,
+        userns_owner=spec.userns_owner,
     )
 
 

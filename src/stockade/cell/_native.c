@@ -179,6 +179,7 @@ struct spec {
     char loginuid[24];
     int stdio[3], status_r, status_w, go_r, go_w, cap_last;
     int *keep, *c1_keep; /* sorted: what C2 hands to the command; what C1 keeps */
+    long owner_uid, owner_gid; /* the host ids that create the cell's user namespace; -1: as called */
     size_t n_keep, n_c1_keep;
     pid_t parent;
     PyObject *owned; /* what the pointers above point into, alive until spec_free */
@@ -850,6 +851,23 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
     /* Raw syscalls: they change this thread only, which is all there is. */
     if (geteuid() == 0 && syscall(SYS_setgroups, 0, NULL) < 0)
         die(fd, ST_PREPARING, errno, "setgroups", NULL);
+    if (s->owner_uid >= 0) {
+        /* The kernel charges a user namespace's per-user counters (inotify
+         * instances and watches, fanotify groups, queued signals, user
+         * namespaces: kernel/ucount.c) up the chain to the uid that created
+         * it. Created by host root, a cell would use up root's. Created by an
+         * unprivileged uid of the cell's own, it uses up that uid's, and
+         * nothing of root's or another cell's. Everything that needs host
+         * root (the grants' trees, cgroups, the audit session) is done above;
+         * the parent, still root, writes the maps. */
+        if (syscall(SYS_setresgid, s->owner_gid, s->owner_gid, s->owner_gid) < 0)
+            die(fd, ST_PREPARING, errno, "setresgid to the namespace's owner", NULL);
+        if (syscall(SYS_setresuid, s->owner_uid, s->owner_uid, s->owner_uid) < 0)
+            die(fd, ST_PREPARING, errno, "setresuid to the namespace's owner", NULL);
+        /* A change of uid clears the parent-death signal (prctl(2)). */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die(fd, ST_PREPARING, errno, "death signal", NULL);
+        if (getppid() != s->parent) _exit(127);
+    }
     if (unshare(CELL_NAMESPACES) < 0) die(fd, ST_UNSHARE, errno, "unshare namespaces", NULL);
     if (write_all(fd, "U\n", 2) < 0) _exit(127);
     do got = read(go, &g, 1);
@@ -1234,6 +1252,14 @@ static int parse_spec(struct spec *s, PyObject **a) {
     for (size_t i = 0; i < s->n_ops; i++)
         if (parse_op(s, PyTuple_GET_ITEM(a[3], (Py_ssize_t)i), (Py_ssize_t)i, &s->ops[i]) < 0) return -1;
     if (parse_landlock(s, a[4]) < 0 || parse_filters(s, a[5]) < 0) return -1;
+    s->owner_uid = s->owner_gid = -1;
+    if (a[13] != Py_None) {
+        /* (uid, gid) of the user namespace's creator: never root (0), never "unset" (-1). */
+        if (tuple_of(a[13], "userns_owner", 2) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[13], 0), 1, (long)UINT32_MAX - 1, "userns_owner uid", &s->owner_uid) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[13], 1), 1, (long)UINT32_MAX - 1, "userns_owner gid", &s->owner_gid) < 0)
+            return -1;
+    }
     if (tuple_of(a[6], "cgroup_procs", -1) < 0) return -1;
     s->n_cgroups = (size_t)PyTuple_GET_SIZE(a[6]);
     if ((s->cgroups = spec_alloc(s, s->n_cgroups, sizeof *s->cgroups)) == NULL) return -1;
@@ -1279,10 +1305,10 @@ static int parse_spec(struct spec *s, PyObject **a) {
 
 static const char *const SPAWN_KEYWORDS[] = {
     "argv", "env", "workdir", "mounts", "landlock", "seccomp", "cgroup_procs", "loginuid",
-    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", NULL};
+    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "userns_owner", NULL};
 
 static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
-    PyObject *a[13] = {NULL};
+    PyObject *a[14] = {NULL};
     struct spec s;
     sigset_t all, old;
     pid_t pid;
@@ -1290,10 +1316,11 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
     (void)module;
     /* All keyword-only; the format can only make them optional ("|$"), so
      * their presence is checked below. */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
                                      &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], &a[10],
-                                     &a[11], &a[12]))
+                                     &a[11], &a[12], &a[13]))
         return NULL;
+    if (a[13] == NULL) a[13] = Py_None; /* userns_owner is optional */
     for (int i = 0; i < 13; i++)
         if (a[i] == NULL)
             return PyErr_Format(PyExc_TypeError, "spawn() missing required keyword argument '%s'",

@@ -26,6 +26,7 @@ def spawn(
     go_pipe: tuple[int, int],
     cap_last: int,
     keep_fds: tuple[int, ...],
+    userns_owner: tuple[int, int] | None = None,
 ) -> int:
     """Fork the cell's first child and return its pid.
 
