@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from stockade.errors import StoreError
+from stockade.gateway._secrets import Secrets
 from stockade.llm import AppServer, LlmEndpoint, MockLlm, Script
 from stockade.llm._scripts import solver
 from stockade.policy import LlmPolicy
@@ -84,6 +85,9 @@ async def running(
     max_requests: int | None = None,
     max_tokens: int | None = None,
     hooks: Hooks | None = None,
+    remote_images: bool = False,
+    secrets: Secrets | None = None,
+    image_url_refused: Callable[[str], str | None] | None = None,
 ) -> AsyncIterator[Setup]:
     """A mock upstream, an endpoint in front of it, and a client with the run's token."""
     mock = MockLlm(script, stream_usage=stream_usage)
@@ -101,9 +105,18 @@ async def running(
         api_key_env=key_env,
         max_requests=max_requests,
         max_tokens=max_tokens,
+        remote_images=remote_images,
     )
     hooks = hooks or Hooks()
-    endpoint = LlmEndpoint(llm, run_id="r-000000000001", token=TOKEN, hooks=hooks, environ={KEY_ENV: KEY})
+    endpoint = LlmEndpoint(
+        llm,
+        run_id="r-000000000001",
+        token=TOKEN,
+        hooks=hooks,
+        environ={KEY_ENV: KEY},
+        secrets=secrets,
+        image_url_refused=image_url_refused,
+    )
     sock = listening()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     await endpoint.serve(sock, "c-000000000001")
