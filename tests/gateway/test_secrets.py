@@ -211,3 +211,129 @@ def test_substitution_and_scrub_properties(data: bytes, text: str) -> None:
     # Scrubbed text never holds the value or the placeholder.
     scrubbed = secrets.scrub(text + ENV["GH"] + text + placeholder)
     assert ENV["GH"] not in scrubbed and placeholder not in scrubbed
+
+
+# --------------------------------------------------------------------------- issue 11: forms and places
+
+
+def _encodings(value: bytes) -> dict[str, bytes]:
+    import base64
+    import json
+    import urllib.parse
+
+    return {
+        "raw": value,
+        "upper": value.upper(),
+        "b64": base64.b64encode(value),
+        "b64-1": base64.b64encode(b"a" + value),
+        "b64-2": base64.b64encode(b"ab" + value),
+        "b64url": base64.urlsafe_b64encode(b"\xff" + value).rstrip(b"="),
+        "hex": value.hex().encode(),
+        "HEX": value.hex().upper().encode(),
+        "url": urllib.parse.quote(value, safe="").encode(),
+        "url-all": b"".join(b"%%%02x" % b for b in value),
+        "url-twice": b"".join(b"%%25%02X" % b for b in value),
+        "json": json.dumps({"k": value.decode()}).encode().replace(b"-", b"\\u002d"),
+        "html": b"".join(b"&#x%x;" % b for b in value),
+    }
+
+
+@pytest.mark.parametrize("form", list(_encodings(b"x")))
+def test_values_are_found_and_scrubbed_in_every_form(form: str) -> None:
+    secrets = load(SecretPolicy("GH", env="GH", hosts=("api.github.com",)))
+    encoded = _encodings(ENV["GH"].encode())[form]
+    data = b"before " + encoded + b" after"
+    assert secrets.values_in(data) == ("GH",)
+    # A base64 form's first and last characters depend on its neighbours too: what
+    # is cut out is the part that holds the value.
+    scrubbed = secrets.scrub(data.decode())
+    assert "[secret GH]" in scrubbed and scrubbed.startswith("before ") and scrubbed.endswith(" after")
+    assert secrets.values_in(scrubbed.encode()) == ()
+    echo = secrets.echo_filter()
+    assert echo is not None
+    out = echo.feed(data) + echo.flush()
+    assert secrets.env()["GH"].encode() in out and secrets.values_in(out) == ()
+    with pytest.raises(SecretMisuse) as info:
+        sub(secrets, data, "api.github.com")  # the agent never sends the value, even to its host
+    assert info.value.kind == "value" and "GH" in str(info.value) and ENV["GH"] not in str(info.value)
+    # Text that only resembles it is left alone.
+    assert secrets.values_in(b"before " + encoded[: len(encoded) // 2] + b" after") == ()
+
+
+def test_the_policy_says_which_headers_and_parts_a_placeholder_may_stand_in() -> None:
+    secrets = load(
+        SecretPolicy("GH", env="GH", hosts=("api.github.com",)),
+        SecretPolicy("OAI", env="OAI", hosts=("api.openai.com",), headers=("X-Api-Key",), body=True),
+    )
+    gh, oai = secrets.env()["GH"].encode(), secrets.env()["OAI"].encode()
+
+    def put(data: bytes, host: str, place: str, header: bytes = b"") -> bytes:
+        return secrets.put(data, host, place, encrypted=True, header=header)  # type: ignore[arg-type]
+
+    assert put(b"token " + gh, "api.github.com", "header", b"authorization") == b"token " + ENV["GH"].encode()
+    assert put(oai, "api.openai.com", "header", b"x-api-key") == ENV["OAI"].encode()
+    assert put(b'{"k": "' + oai + b'"}', "api.openai.com", "body") == b'{"k": "' + ENV["OAI"].encode() + b'"}'
+    refused = [
+        (gh, "api.github.com", "header", b"x-api-key", "in its header x-api-key"),
+        (gh, "api.github.com", "body", b"", "secrets[].body: true"),
+        (gh, "api.github.com", "url", b"", "secrets[].url: true"),
+        (oai, "api.openai.com", "header", b"authorization", "X-Api-Key"),
+        (oai, "api.github.com", "header", b"x-api-key", "not meant for api.github.com"),
+    ]
+    for data, host, place, header, words in refused:
+        with pytest.raises(SecretMisuse) as info:
+            put(data, host, place, header)
+        assert words in str(info.value)
+    with pytest.raises(SecretMisuse, match="unencrypted"):
+        secrets.put(gh, "api.github.com", "header", encrypted=False, header=b"authorization")
+
+
+def test_a_streamed_body_is_refused_at_a_value_cut_across_chunks() -> None:
+    secrets = load(SecretPolicy("GH", env="GH", hosts=("api.github.com",)))
+    scan = secrets.body_scan("evil.example")
+    assert scan is not None
+    data = b"x" * 5000 + ENV["GH"].encode().hex().encode() + b"y" * 100
+    sent = b""
+    with pytest.raises(SecretMisuse):
+        for i in range(0, len(data), 5):
+            sent += scan.feed(data[i : i + 5])
+    assert _encodings(ENV["GH"].encode())["hex"][:8] not in sent  # not even a start of it went out
+    clean = secrets.body_scan("evil.example")
+    assert clean is not None
+    out = b"".join(clean.feed(data[i : i + 5]) for i in range(0, 5000, 5)) + clean.flush()
+    assert out == data[:5000]  # the control passes whole
+
+
+@given(st.integers(min_value=1, max_value=97), st.sampled_from(["raw", "b64-1", "hex", "url-all", "json"]))
+def test_echo_filter_finds_every_form_across_any_chunking(size: int, form: str) -> None:
+    secrets = load(SecretPolicy("GH", env="GH", hosts=("api.github.com",)))
+    data = b"head " * 30 + _encodings(ENV["GH"].encode())[form] + b" tail" * 30
+    echo = secrets.echo_filter()
+    assert echo is not None
+    out = b"".join(echo.feed(data[i : i + size]) for i in range(0, len(data), size)) + echo.flush()
+    assert secrets.values_in(out) == () and secrets.env()["GH"].encode() in out
+    assert out.startswith(b"head " * 30) and out.endswith(b" tail" * 30)
+
+
+def test_a_gzip_body_holding_a_value_is_cut_off_before_any_of_it_passes() -> None:
+    import gzip
+
+    from stockade.gateway._secrets import SecretInAnswer
+
+    secrets = load(SecretPolicy("GH", env="GH", hosts=("api.github.com",)))
+    zipped = gzip.compress(b"a" * 50000 + ENV["GH"].encode() + b"b" * 50000)
+    echo = secrets.echo_filter()
+    assert echo is not None
+    passed = b""
+    with pytest.raises(SecretInAnswer):
+        for i in range(0, len(zipped), 64):
+            passed += echo.feed(zipped[i : i + 64])
+        passed += echo.flush()
+    import zlib
+
+    assert ENV["GH"].encode() not in zlib.decompressobj(16 + 15).decompress(passed)
+    # The control: a gzip body without the value passes byte for byte.
+    plain = gzip.compress(b"a" * 50000)
+    echo = secrets.echo_filter()
+    assert echo is not None
+    assert b"".join(echo.feed(plain[i : i + 64]) for i in range(0, len(plain), 64)) + echo.flush() == plain

@@ -385,3 +385,25 @@ def test_every_yaml_example_in_the_docs_loads() -> None:
                 loads_policy(block, environ=environ)
         else:
             loads_policy(block, source=str(DOCS), environ=environ)
+
+
+def test_secret_places_default_to_authorization_only_and_opt_in_per_secret() -> None:
+    policy = load(
+        """
+        name: s
+        llm: {provider: openai, remote_images: true}
+        secrets:
+          - {name: GH, env: GH, hosts: [api.github.com]}
+          - name: OAI
+            env: OAI
+            hosts: [api.openai.com]
+            headers: [X-Api-Key, x-api-key, Authorization]
+            body: true
+            url: true
+        """
+    )
+    gh, oai = policy.secrets
+    assert (gh.headers, gh.body, gh.url) == (("Authorization",), False, False)
+    assert (oai.headers, oai.body, oai.url) == (("X-Api-Key", "x-api-key", "Authorization"), True, True)
+    assert policy.llm is not None and policy.llm.remote_images is True
+    assert load("name: s\nllm: {provider: openai}\n").llm.remote_images is False  # type: ignore[union-attr]

@@ -112,6 +112,8 @@ class _Secret:
     """Lower-case names of the request headers the placeholder may stand in."""
     body: bool = False
     url: bool = False
+    shown_headers: str = "Authorization"
+    """The headers as the policy spells them, for messages."""
 
 
 class Secrets:
@@ -167,7 +169,9 @@ class Secrets:
                 )
             placeholder = f"{PLACEHOLDER_PREFIX}{name}-{_random.token_hex(16)}"
             headers = frozenset(h.lower().encode("ascii") for h in spec.headers)
-            loaded.append(_Secret(name, value, placeholder, tuple(rules), headers, spec.body, spec.url))
+            shown = ", ".join(spec.headers)
+            secret = _Secret(name, value, placeholder, tuple(rules), headers, spec.body, spec.url, shown)
+            loaded.append(secret)
         return cls(loaded)
 
     @property
@@ -319,7 +323,7 @@ def _opens(secret: _Secret, place: Place, header: bytes) -> bool:
 
 
 def _place_fix(secret: _Secret, place: Place) -> str:
-    headers = ", ".join(sorted(h.decode() for h in secret.headers))
+    headers = secret.shown_headers
     if place == "header":
         return f"send it in a header {secret.name} is for ({headers}), or add this one to secrets[].headers"
     if place == "body":
