@@ -611,7 +611,7 @@ def test_proc_pid_root_of_a_host_process(cell: Cell, host_dir: Path) -> None:
     is the host's /): the cell has a pid namespace and a proc of its own, so
     that pid does not exist there (ENOENT); no security layer is asked, and the
     kernel records nothing. Evidence: a host file is unreachable through it, and
-    the cell's /proc lists only the cell's pid 1."""
+    the cell's /proc lists only the cell's own: its init (pid 1) and the probe."""
     secret = canary()
     (host_dir / "secret.txt").write_text(secret)
     host_pid = os.getpid()
@@ -628,7 +628,7 @@ def test_proc_pid_root_of_a_host_process(cell: Cell, host_dir: Path) -> None:
     assert_refused(probe["escape"], ENOENT)
     assert_refused(probe["readlink"], ENOENT)
     assert not leaked(probe, secret)
-    assert assert_works(probe["pids"]) == [1]
+    assert assert_works(probe["pids"]) == [1, 2]
     assert assert_works(probe["control"]) == "/"
 
 
@@ -1029,11 +1029,13 @@ _SYS_KNOBS = ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/uevent
 
 
 def test_sys_writes(cell: Cell) -> None:
-    """/sys is the host's, read-only by Landlock. Creating anything in it
-    (a new cgroup, a file) meets Landlock's path hooks and is recorded. Writing
-    an existing attribute is refused by the discretionary check first (root's
-    files, root unmapped: EACCES), recorded as layer ``dac`` by the audit rules
-    of ``record/_audit_mount``; and the host's value is unchanged. Reading /sys
+    """/sys is the cell's own sysfs (mounted from its network namespace),
+    read-only by Landlock. Creating anything in it (a new cgroup, a file)
+    meets Landlock's path hooks and is recorded. Opening an existing
+    attribute to write it (``open(…, 'w')``: O_CREAT) is refused too, by
+    Landlock (its create check on the directory, fs.make_reg) or by the
+    discretionary check (root's files, root unmapped: EACCES, layer ``dac``),
+    and is on record either way; the host's value is unchanged. Reading /sys
     still works (the control)."""
     knob = next(k for k in _SYS_KNOBS if os.path.exists(k))
     before = Path(knob).read_bytes()
@@ -1050,7 +1052,10 @@ def test_sys_writes(cell: Cell) -> None:
     assert_landlock_denial(probe, "/sys/kernel", "fs.make_dir")
     assert assert_works(probe["control"]) is True
     assert Path(knob).read_bytes() == before
-    assert assert_mount_refusal(probe, probe["write"], knob).layer == "dac"
+    recorded = probe.landlock(path=os.path.dirname(knob), blocker="fs.make_reg") + [
+        e for e in probe.denials() if e.layer == "dac" and e.detail.get("path") == knob
+    ]
+    assert recorded, probe.transcript()
 
 
 def test_proc_sys_kernel_core_pattern(cell: Cell) -> None:

@@ -140,9 +140,9 @@ static const char ST_EXEC[] = "exec";
 
 /* ------------------------------------------------------------------ the spec */
 
-enum kind { K_BIND, K_TMPFS, K_DIR, K_SYMLINK, K_FILE, K_DECOY_FILE, K_DECOY_DIR, K_PROC, K_DEV, K_COUNT };
+enum kind { K_BIND, K_TMPFS, K_DIR, K_SYMLINK, K_FILE, K_DECOY_FILE, K_DECOY_DIR, K_PROC, K_DEV, K_SYSFS, K_COUNT };
 static const char *const KIND_NAMES[K_COUNT] = {
-    "bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev"};
+    "bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev", "sysfs"};
 
 struct op { /* one _plan.MountOp */
     int kind, writable, from_view, userns_fd;
@@ -174,6 +174,8 @@ struct spec {
     struct sock_fprog *filters;
     unsigned int *filter_flags;
     size_t n_filters;
+    struct sock_fprog notify; /* the user-notification filter (filter.len 0: none) */
+    int notify_sock;          /* where its listener is sent (SCM_RIGHTS), or -1 */
     const char **cgroups;
     size_t n_cgroups;
     char loginuid[24];
@@ -483,6 +485,15 @@ static void build_op(int fd, struct op *op, size_t index) {
         }
         return;
     }
+    case K_SYSFS:
+        /* A fresh sysfs, mounted from the cell's own network namespace (its
+         * user namespace owns that one, so it may): the net class shows that
+         * namespace's interfaces only (lo), never the host's, their MAC
+         * addresses or traffic counters. The rest of sysfs is not namespaced;
+         * what identifies the host is covered by decoys (_plan._SYS_HIDDEN). */
+        makedirs(fd, dst);
+        do_mount(fd, "sysfs", dst, "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+        return;
     case K_DEV:
         build_dev(fd, dst, op);
         return;
@@ -561,7 +572,10 @@ static void apply_landlock(int fd, const struct spec *s) {
         struct cell_path_beneath rule;
         int path_fd = open(s->ll_paths[i], O_PATH | O_CLOEXEC);
         if (path_fd < 0) {
-            if (errno == ENOENT || errno == ENOTDIR) continue;
+            /* EACCES: an entry of a granted directory the cell's uid cannot
+             * even look up (a 0700 directory on the way); no rule, and file
+             * permissions refuse it anyway. */
+            if (errno == ENOENT || errno == ENOTDIR || errno == EACCES) continue;
             die(fd, ST_LANDLOCK, errno, "landlock: open ", s->ll_paths[i], NULL);
         }
         if (fstat(path_fd, &st) < 0) die(fd, ST_LANDLOCK, errno, "landlock: stat ", s->ll_paths[i], NULL);
@@ -578,6 +592,46 @@ static void apply_landlock(int fd, const struct spec *s) {
     if (syscall(SYS_landlock_restrict_self, ruleset, s->ll_flags) < 0)
         die(fd, ST_LANDLOCK, errno, "landlock: restrict_self", NULL);
     must_close(fd, ruleset, ST_LANDLOCK, "the ruleset");
+}
+
+/* The filter that sends connect(2) to the supervisor (_unotify.py), loaded
+ * with SECCOMP_FILTER_FLAG_NEW_LISTENER (Linux 5.0): its listener is sent to
+ * the parent over notify_sock (SCM_RIGHTS) and closed here, before anything of
+ * the cell's runs, so that no process of the cell ever holds it (a process
+ * holding its own listener could answer its own connects). In flight, the
+ * descriptor keeps the listener alive until the parent receives it; a connect
+ * made before that waits in the kernel. Once every copy is closed (the
+ * supervisor ended), the filter's calls fail with ENOSYS: closed, not open. */
+static void hand_over_listener(int fd, const struct spec *s) {
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct msghdr msg;
+    struct iovec iov;
+    struct cmsghdr *cmsg;
+    char byte = 'L';
+    int listener;
+    if (s->notify.len == 0) return;
+    listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &s->notify);
+    if (listener < 0) die(fd, ST_SECCOMP, errno, "seccomp user notification", NULL);
+    memset(&msg, 0, sizeof msg);
+    memset(&control, 0, sizeof control);
+    iov.iov_base = &byte;
+    iov.iov_len = 1;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmsg), &listener, sizeof(int));
+    while (sendmsg(s->notify_sock, &msg, MSG_NOSIGNAL) < 0)
+        if (errno != EINTR) die(fd, ST_SECCOMP, errno, "sending the notification listener", NULL);
+    must_close(fd, listener, ST_SECCOMP, "the notification listener");
+    must_close(fd, s->notify_sock, ST_SECCOMP, "the notification socket");
 }
 
 static void close_fds(int fd, unsigned int low, unsigned int high) {
@@ -724,6 +778,7 @@ static int cell_init(void *arg) {
      * and loads seccomp; a hijacked command that reached it would gain
      * nothing. */
     if (s->landlock) apply_landlock(fd, s);
+    hand_over_listener(fd, s);
     /* Nothing the launcher holds may leak into the cell: keep 0-2, the status
      * pipe (close-on-exec: it reports exec errors) and keep_fds. */
     close_except(fd, s->keep, s->n_keep, fd);
@@ -1191,7 +1246,7 @@ static int cmp_int(const void *a, const void *b) {
 
 static int parse_spec(struct spec *s, PyObject **a) {
     /* a: argv, env, workdir, mounts, landlock, seccomp, cgroup_procs, loginuid,
-     * stdio, status_pipe, go_pipe, cap_last, keep_fds */
+     * stdio, status_pipe, go_pipe, cap_last, keep_fds, notify (None or (program, socket)) */
     Py_ssize_t n;
     long value;
     int pipe_fds[2];
@@ -1252,12 +1307,31 @@ static int parse_spec(struct spec *s, PyObject **a) {
     for (size_t i = 0; i < s->n_ops; i++)
         if (parse_op(s, PyTuple_GET_ITEM(a[3], (Py_ssize_t)i), (Py_ssize_t)i, &s->ops[i]) < 0) return -1;
     if (parse_landlock(s, a[4]) < 0 || parse_filters(s, a[5]) < 0) return -1;
-    s->owner_uid = s->owner_gid = -1;
+    s->notify_sock = -1;
     if (a[13] != Py_None) {
+        /* (program, socket): the user-notification filter and where its listener goes. */
+        Py_ssize_t size;
+        void *copy;
+        if (tuple_of(a[13], "notify", 2) < 0) return -1;
+        size = PyBytes_Check(PyTuple_GET_ITEM(a[13], 0)) ? PyBytes_GET_SIZE(PyTuple_GET_ITEM(a[13], 0)) : -1;
+        if (size <= 0 || size % (Py_ssize_t)sizeof(struct sock_filter) ||
+            size / (Py_ssize_t)sizeof(struct sock_filter) > BPF_MAXINSNS) {
+            PyErr_Format(PyExc_ValueError, "notify[0] must be bytes of 1 to %d BPF instructions", BPF_MAXINSNS);
+            return -1;
+        }
+        if (to_long(PyTuple_GET_ITEM(a[13], 1), 3, INT_MAX, "notify[1]", &value) < 0) return -1;
+        if ((copy = spec_alloc(s, (size_t)size, 1)) == NULL) return -1;
+        memcpy(copy, PyBytes_AS_STRING(PyTuple_GET_ITEM(a[13], 0)), (size_t)size);
+        s->notify.len = (unsigned short)(size / (Py_ssize_t)sizeof(struct sock_filter));
+        s->notify.filter = copy;
+        s->notify_sock = (int)value;
+    }
+    s->owner_uid = s->owner_gid = -1;
+    if (a[14] != Py_None) {
         /* (uid, gid) of the user namespace's creator: never root (0), never "unset" (-1). */
-        if (tuple_of(a[13], "userns_owner", 2) < 0 ||
-            to_long(PyTuple_GET_ITEM(a[13], 0), 1, (long)UINT32_MAX - 1, "userns_owner uid", &s->owner_uid) < 0 ||
-            to_long(PyTuple_GET_ITEM(a[13], 1), 1, (long)UINT32_MAX - 1, "userns_owner gid", &s->owner_gid) < 0)
+        if (tuple_of(a[14], "userns_owner", 2) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[14], 0), 1, (long)UINT32_MAX - 1, "userns_owner uid", &s->owner_uid) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[14], 1), 1, (long)UINT32_MAX - 1, "userns_owner gid", &s->owner_gid) < 0)
             return -1;
     }
     if (tuple_of(a[6], "cgroup_procs", -1) < 0) return -1;
@@ -1290,7 +1364,7 @@ static int parse_spec(struct spec *s, PyObject **a) {
     qsort(s->keep, s->n_keep, sizeof *s->keep, cmp_int);
     /* What C1 keeps: its pipe ends, stdio sources, the user namespaces of
      * idmapped grants, the descriptors of ready Landlock rules, keep_fds. */
-    s->c1_keep = spec_alloc(s, 5 + s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
+    s->c1_keep = spec_alloc(s, 6 + s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
     if (s->c1_keep == NULL) return -1;
     s->c1_keep[s->n_c1_keep++] = s->status_w;
     s->c1_keep[s->n_c1_keep++] = s->go_r;
@@ -1299,16 +1373,17 @@ static int parse_spec(struct spec *s, PyObject **a) {
         if (s->ops[i].userns_fd >= 0) s->c1_keep[s->n_c1_keep++] = s->ops[i].userns_fd;
     for (size_t i = 0; i < s->n_ll_ready; i++) s->c1_keep[s->n_c1_keep++] = s->ll_ready[i].parent_fd;
     for (size_t i = 0; i < s->n_keep; i++) s->c1_keep[s->n_c1_keep++] = s->keep[i];
+    if (s->notify_sock >= 0) s->c1_keep[s->n_c1_keep++] = s->notify_sock;
     qsort(s->c1_keep, s->n_c1_keep, sizeof *s->c1_keep, cmp_int);
     return 0;
 }
 
 static const char *const SPAWN_KEYWORDS[] = {
     "argv", "env", "workdir", "mounts", "landlock", "seccomp", "cgroup_procs", "loginuid",
-    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "userns_owner", NULL};
+    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "notify", "userns_owner", NULL};
 
 static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
-    PyObject *a[14] = {NULL};
+    PyObject *a[15] = {NULL};
     struct spec s;
     sigset_t all, old;
     pid_t pid;
@@ -1316,11 +1391,12 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
     (void)module;
     /* All keyword-only; the format can only make them optional ("|$"), so
      * their presence is checked below. */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
                                      &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], &a[10],
-                                     &a[11], &a[12], &a[13]))
+                                     &a[11], &a[12], &a[13], &a[14]))
         return NULL;
-    if (a[13] == NULL) a[13] = Py_None; /* userns_owner is optional */
+    if (a[13] == NULL) a[13] = Py_None; /* notify is optional */
+    if (a[14] == NULL) a[14] = Py_None; /* userns_owner is optional */
     for (int i = 0; i < 13; i++)
         if (a[i] == NULL)
             return PyErr_Format(PyExc_TypeError, "spawn() missing required keyword argument '%s'",
@@ -1353,7 +1429,7 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
 
 PyDoc_STRVAR(spawn_doc,
              "spawn(*, argv, env, workdir, mounts, landlock, seccomp, cgroup_procs, loginuid, stdio,\n"
-             "      status_pipe, go_pipe, cap_last, keep_fds) -> int\n\n"
+             "      status_pipe, go_pipe, cap_last, keep_fds, notify=None) -> int\n\n"
              "Fork the cell's first child (C1) and return its pid. Everything is checked and\n"
              "converted before the fork (TypeError/ValueError, nothing forked); the children\n"
              "then report on status_pipe as stockade.cell._launch expects.");

@@ -30,7 +30,9 @@ NOBODY = 65534
 """The host uid a cell runs as when stockade runs as root and the workspace has
 no other owner: a cell never runs as host root."""
 
-MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev"]
+MountKind = Literal[
+    "bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev", "sysfs"
+]
 
 
 @dataclass(frozen=True)
@@ -282,9 +284,17 @@ def plan_cell(
     entries.append(("/dev", MountOp("dev", "/dev")))
     entries.append(("/proc", MountOp("proc", "/proc")))
     if os.path.isdir("/sys"):
-        # Read-write mount, read-only by Landlock (and file permissions: it is
-        # root's): a write is then refused by Landlock, which records it.
-        entries.append(("/sys", MountOp("bind", "/sys", src="/sys", writable=True)))
+        # The cell's own sysfs (its network namespace's interfaces only), not
+        # a bind of the host's. Read-write mount, read-only by Landlock (and
+        # file permissions: it is root's): a write is refused by Landlock,
+        # which records it. What it shows of the host is hidden by decoys.
+        entries.append(("/sys", MountOp("sysfs", "/sys")))
+        for op in _sys_decoys():
+            hidden.append(op.dst)
+            entries.append((op.dst, op))
+    proc_decoys = [p for p in _PROC_HIDDEN if _exists(p)]
+    for path in proc_decoys:
+        entries.append((path, MountOp("decoy_file", path)))
     if any(_is_under("/etc", r) for r in read_dirs):
         entries.append(("/etc/passwd", MountOp("file", "/etc/passwd", data=_passwd(workspace))))
         entries.append(("/etc/group", MountOp("file", "/etc/group", data=_group())))
@@ -326,8 +336,87 @@ def plan_cell(
         env=_environment(policy, workspace, environ, _scratch_dir(read_dirs, hidden)),
         writable_roots=tuple(dict.fromkeys(mounted_writes)),
         protected=protected,
-        hidden=tuple(hidden),
+        hidden=(*hidden, *proc_decoys),
     )
+
+
+_SYS_HIDDEN = (
+    "/sys/block",
+    "/sys/class/block",
+    "/sys/dev/block",
+    "/sys/devices/virtual/block",
+    "/sys/fs/ext4",
+    "/sys/fs/xfs",
+    "/sys/fs/btrfs",
+    "/sys/firmware",
+    "/sys/class/dmi",
+    "/sys/devices/virtual/dmi",
+    "/sys/hypervisor",
+)
+"""What a cell's sysfs shows of the host beyond its own interfaces, hidden:
+the disks and their I/O counters (from which one agent could watch
+another's work), the filesystems' write counters, firmware tables and the
+machine's identity (DMI, hypervisor). Decoys, so that an attempt meets
+Landlock and is recorded."""
+
+_PROC_HIDDEN = (
+    "/proc/cmdline",
+    "/proc/config.gz",
+    "/proc/bootconfig",
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/diskstats",
+    "/proc/partitions",
+    "/proc/interrupts",
+    "/proc/softirqs",
+)
+"""Host-wide files of a cell's procfs that identify the host or count other
+cells' work (disk I/O; interrupts and softirqs count the host's network
+traffic), shown as empty files. Not recorded: Landlock rules cannot punch a
+hole in /proc, whose pid directories are not known when the cell is planned."""
+
+
+_SYS_DECOYS_SECONDS = 30.0
+_sys_cache: tuple[float, tuple[MountOp, ...]] | None = None
+
+
+def _sys_decoys() -> tuple[MountOp, ...]:
+    """The decoys of ``_sys_hidden``, made again at most every
+    ``_SYS_DECOYS_SECONDS`` (mirroring them takes about 5 ms, and a host's
+    disks seldom change; one added since shows its class links as names).
+
+    sysfs's entries are links into the device tree: they are mirrored as the
+    directories they lead to, so that ``/sys/block/vda/stat`` is a decoy file
+    that Landlock refuses and records.
+    """
+    import time
+
+    global _sys_cache
+    now = time.monotonic()
+    if _sys_cache is None or now - _sys_cache[0] > _SYS_DECOYS_SECONDS:
+        ops = tuple(
+            MountOp("decoy_dir", path, names=tuple(_mirror(path, follow=True)), writable=True)
+            for path in _sys_hidden()
+        )
+        _sys_cache = (now, ops)
+    return _sys_cache[1]
+
+
+def _sys_hidden() -> list[str]:
+    """``_SYS_HIDDEN`` as it exists here, and the ``block`` directory of each
+    disk in the device tree (``/sys/devices/pci…/virtio1/block``): the disk's
+    counters are there too, whatever its class links say."""
+    found = [p for p in _SYS_HIDDEN if _exists(p)]
+    try:
+        disks = os.listdir("/sys/class/block")
+    except OSError:
+        disks = []
+    for name in disks:
+        path = os.path.realpath(os.path.join("/sys/class/block", name))
+        while path.startswith("/sys/devices/") and os.path.basename(path) != "block":
+            path = os.path.dirname(path)
+        if os.path.basename(path) == "block" and not any(_is_under(path, f) for f in found):
+            found.append(path)
+    return sorted(set(found))
 
 
 def _cell_identity(workspace: str) -> tuple[int, int]:
@@ -418,7 +507,7 @@ def _idmap(path: str, host_uid: int) -> int | None:
     return owner if owner != host_uid else None
 
 
-def _mirror(path: str) -> list[str]:
+def _mirror(path: str, *, follow: bool = False) -> list[str]:
     """Relative names under ``path``, two levels deep, directories ending in "/",
     at most ``_DECOY_NAMES_MAX`` of them, parents before children.
 
@@ -438,7 +527,7 @@ def _mirror(path: str) -> list[str]:
     names: list[str] = []
     below: list[str] = []
     for entry in top[: _DECOY_NAMES_MAX // 2]:
-        if entry.is_dir(follow_symlinks=False):
+        if entry.is_dir(follow_symlinks=follow):
             names.append(entry.name + "/")
             below.append(entry.name + "/")
         else:
@@ -718,7 +807,7 @@ def _grants(
         list_dirs.append("/tmp")
     read.append("/proc")
     if os.path.isdir("/sys"):
-        read.append("/sys")
+        add("/sys", read)  # with holes at its decoys (_sys_hidden)
     devices = (*(f"/dev/{name}" for name in SYSTEM_DEVICES), "/dev/pts", "/dev/ptmx")
     write.append("/dev/shm")
     # Shown files are read-only; their directories may be listed (Python's
