@@ -66,12 +66,20 @@ def prepare_layers(
     # process, and handed to the child as ready rules: a Landlock rule binds
     # an inode, and the bind shows the host's. The rest (the cell's own /tmp,
     # /dev, /proc, decoys) only exists in the child, which opens them itself.
+    # So do the entries of a granted directory that holds a hidden path (its
+    # entries are granted one by one: see _plan._grants): there can be any
+    # number of them, and one descriptor each, kept here for the ruleset's
+    # life, made the daemon die with EMFILE (25,000 files and a socket). The
+    # child opens, adds and closes them one at a time, through the binds that
+    # show the host's own inodes.
+    listed = frozenset(grants.list_dirs)
     ready: list[bytes] = []
     local: list[tuple[bytes, int, int]] = []
     held = HostDescriptors()
     for raw, dir_rights, file_rights in (*prepared.paths, *extra):
         name = raw.decode()
-        opened = held.open(name) if _shows_host(plan.mounts, name) else None
+        entry = os.path.dirname(name) in listed and name not in listed
+        opened = held.open(name) if not entry and _shows_host(plan.mounts, name) else None
         if opened is None:
             local.append((raw, dir_rights, file_rights))
             continue
