@@ -25,7 +25,6 @@ from stockade.cell._cell import WORKSPACES_ROOT
 from stockade.daemon._client import Client
 from stockade.daemon._server import DaemonThread
 from stockade.errors import StockadeError
-from stockade.policy._default import PROTECT
 from stockade.scenario import load_scenario, loads_scenario
 from stockade.scenario._progress import Progress
 from stockade.scenario._runner import (
@@ -59,17 +58,8 @@ def scenario_file(tmp_path: Path, agents: list[dict[str, Any]], *, name: str = "
     """A scenario whose agents share one workspace, ``ws/``, through one policy."""
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
-    # Cells that share a workspace at the same time race on the placeholders
-    # of its protected paths (one removes .git/ while another makes
-    # .git/hooks in it; reported to the cell's owners). With the paths there
-    # already, no cell makes or removes any.
-    for protected in PROTECT:
-        target = ws / protected
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if protected.startswith(".git/") and "config" not in protected and protected != ".git/commondir":
-            target.mkdir(exist_ok=True)
-        else:
-            target.touch()
+    # Cells sharing a workspace at once used to race on the placeholders of
+    # its protected paths; nothing is made or removed for them any more.
     (tmp_path / "shared.yaml").write_text(
         f"name: worker\nworkspace: {ws}\ncommand: [/bin/true]\n"
         "env:\n  pass: [STOCKADE_REPLICA, STOCKADE_REPLICAS, STOCKADE_ATTEMPT, STOCKADE_AGENT]\n"
