@@ -207,6 +207,15 @@ def test_the_value_is_refused_toward_any_host_in_any_part_and_form(tmp_path: Pat
                 refused.append(
                     await client.post(f"{scheme}://api.example.com/echo", content=carried.encode())
                 )
+            # In a header's name, or as the method.
+            refused.append(
+                await client.get(
+                    f"{scheme}://other.example.com/echo", headers={"X-" + KEY.encode().hex(): "1"}
+                )
+            )
+            refused.append(
+                await client.request(KEY.upper(), f"{scheme}://other.example.com/echo")
+            )
             control = await client.post(f"{scheme}://other.example.com/echo", content=b'{"d": "harmless"}')
         for r in refused:
             assert r.status_code == 403, r.text

@@ -91,7 +91,7 @@ class Answers:
             return self._answer(c, 503, _store_failed(exc), verdict="deny", rule=rule)
         await self._hooks.denied()
         keep = status == 403 and c.h.their_state is h11.DONE
-        text = f"stockade: {req.method} {self._secrets.scrub(req.url())} refused: {reason}"
+        text = self._secrets.scrub(f"stockade: {req.method} {req.url()} refused: {reason}")
         return self._answer(c, status, text, rule=rule, keep=keep)
 
     async def _refuse_in_tunnel(
@@ -121,7 +121,7 @@ class Answers:
         outcome = outcome or Outcome()
         outcome.status = 502
         reason = self._secrets.scrub(reason)
-        self._answer(c, 502, f"stockade: {req.method} {self._secrets.scrub(req.url())} failed: {reason}")
+        self._answer(c, 502, self._secrets.scrub(f"stockade: {req.method} {req.url()} failed: {reason}"))
         self._record_later(self._event(c, req, 502, outcome, decision, "allow", reason))
         return False
 

@@ -423,6 +423,7 @@ def _put_secrets(
     encrypted = where.scheme == "https"
     host = where.host
     secrets.refuse_values(host.encode("ascii", "replace"), host, "in its host name")
+    secrets.refuse_values(b"\n".join(n for n, _ in headers), host, "in a header's name")
     out = [
         (name, secrets.put(value, host, "header", encrypted=encrypted, header=name.lower()))
         for name, value in headers

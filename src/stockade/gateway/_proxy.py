@@ -284,6 +284,8 @@ class Proxy(Answers):
             # Every part of the request is searched for the values (the agent's own
             # bytes, before any placeholder is replaced), whatever its host.
             secrets.refuse_values(host.encode("ascii", "replace"), host, "in its host name")
+            secrets.refuse_values(event.method, host, "in its method")
+            secrets.refuse_values(b"\n".join(n for n, _ in event.headers), host, "in a header's name")
             headers = [
                 (n, secrets.put(v, host, "header", encrypted=encrypted, header=n)) for n, v in event.headers
             ]
