@@ -219,6 +219,25 @@ WIDER: dict[str, tuple[Change, str]] = {
         ),
         "'evil.example.net'",
     ),
+    "a secret in another header": (
+        lambda p: dataclasses.replace(
+            p, secrets=(SecretPolicy("TOK", env="TOK", hosts=("api.example.com",), headers=("X-Key",)),)
+        ),
+        "may stand in the header 'X-Key'",
+    ),
+    "a secret in the body": (
+        lambda p: dataclasses.replace(
+            p, secrets=(SecretPolicy("TOK", env="TOK", hosts=("api.example.com",), body=True),)
+        ),
+        "remove body: true",
+    ),
+    "a secret in the url": (
+        lambda p: dataclasses.replace(
+            p, secrets=(SecretPolicy("TOK", env="TOK", hosts=("api.example.com",), url=True),)
+        ),
+        "remove url: true",
+    ),
+    "llm remote images": (_llm(remote_images=True), "llm.remote_images"),
     "allow where the parent asks": (
         _tools(ToolRule("t", "exec", "allow", (("argv", "pytest *"),))),
         "'t' (allow exec)",

@@ -25,9 +25,10 @@ What is compared, field by field:
 ``env.pass``        only names the parent is passed
 ``network``         each ``allow`` rule inside one parent rule (host, ports, methods,
                     paths); ``loopback_ports`` a subset; ``fetch_plain_http`` not newly on
-``secrets``         the parent's secrets only (same name and source), to fewer hosts
+``secrets``         the parent's secrets only (same name and source), to fewer hosts, in
+                    no header, body or URL the parent's may not stand in
 ``llm``             none without the parent's; the same provider, URL, model and key;
-                    budgets no larger
+                    budgets no larger; ``remote_images`` not newly on
 ``limits``          each no larger (no limit is larger than any number)
 ``tools``           each ``allow`` or ``ask`` rule inside a parent rule at least as
                     permissive, and not shadowed by an earlier, stricter parent rule
@@ -395,6 +396,20 @@ def _secrets(child: Sequence[SecretPolicy], parent: Sequence[SecretPolicy]) -> l
             for host in secret.hosts
             if not any(host_covers(h, host) for h in mine.hosts)
         ]
+        parent_headers = {h.lower() for h in mine.headers}
+        problems += [
+            f"secrets {secret.name!r} may stand in the header {header!r}, which the parent's may not "
+            f"({_list(mine.headers)}); remove that header"
+            for header in secret.headers
+            if header.lower() not in parent_headers
+        ]
+        opened = (("body", secret.body, mine.body), ("url", secret.url, mine.url))
+        for part, child_opens, parent_opens in opened:
+            if child_opens and not parent_opens:
+                problems.append(
+                    f"secrets {secret.name!r} may stand in the {part}, which the parent's may not; "
+                    f"remove {part}: true"
+                )
     return problems
 
 
@@ -420,6 +435,8 @@ def _llm(child: LlmPolicy | None, parent: LlmPolicy | None) -> list[str]:
         )
     for name in ("max_requests", "max_tokens"):
         problems += _at_most(f"llm.{name}", getattr(child, name), getattr(parent, name))
+    if child.remote_images and not parent.remote_images:
+        problems.append("llm.remote_images is true where the parent's is false; remove it")
     return problems
 
 
