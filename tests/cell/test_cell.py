@@ -168,7 +168,9 @@ def test_extra_read_grant_is_readable_not_writable(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "data.txt").write_text("data")
-    os.chown(shared / "data.txt", 65534, 65534)  # owned by the cell's host uid: only Landlock stops a write
+    # Owned by the cell's host uid: file modes do not stop it; the read grant's
+    # read-only mount does (EROFS, on record as layer mount).
+    os.chown(shared / "data.txt", 65534, 65534)
     workspace = tmp_path / "ws"
     workspace.mkdir()
     fs = default_policy().filesystem
@@ -181,7 +183,8 @@ def test_extra_read_grant_is_readable_not_writable(tmp_path: Path) -> None:
     assert result.exit_code != 0
     assert (shared / "data.txt").read_text() == "data"
     assert any(
-        e.layer == "landlock" and e.detail.get("path") == f"{shared}/data.txt" for e in result.denials
+        e.layer == "mount" and e.detail.get("errno") == "EROFS" and e.detail.get("path") == f"{shared}/data.txt"
+        for e in result.denials
     ), result.events
 
 
