@@ -334,7 +334,9 @@ def plan_cell(
         host_uid=host_uid,
         host_gid=host_gid,
         env=_environment(policy, workspace, environ, _scratch_dir(read_dirs, hidden)),
-        writable_roots=tuple(dict.fromkeys(mounted_writes)),
+        # A place that holds a system directory (AgentOS's write: [/]) is not
+        # walked: the report would be the host's, and the walk's bound spent there.
+        writable_roots=tuple(r for r in dict.fromkeys(mounted_writes) if not _holds_system(r)),
         protected=protected,
         hidden=(*hidden, *proc_decoys),
     )
