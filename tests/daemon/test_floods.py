@@ -24,7 +24,9 @@ from tests.daemon.test_server import (
     close_wires,  # noqa: F401  (the fixture that closes every Wire)
     daemon_at,
     kind_is,
+    release,
     run_to_end,
+    wait_output,
     workspace,
 )
 
@@ -89,6 +91,15 @@ FLOOD_AGENT = textwrap.dedent(
                 if key == "ok":
                     out["last_seq"] = got["result"]["seq"]
             s.close()
+        elif op == "block":  # until the test writes to the fifo (test_server.release)
+            import select as sel
+            fd = os.open(step["fifo"], os.O_RDONLY | os.O_NONBLOCK)  # a reader now, before saying so
+            print(json.dumps({"step": n, "op": op, "out": "blocking"}), flush=True)
+            poller = sel.poll()
+            poller.register(fd, sel.POLLIN)
+            poller.poll()
+            os.close(fd)
+            out = "released"
         print(json.dumps({"step": n, "op": op, "out": out}), flush=True)
     """
 )
@@ -169,3 +180,57 @@ def test_a_runs_bundle_carries_the_head_at_its_end(tmp_path: Path) -> None:
     assert [(s.seq, s.hash) for s in ends] == [(head["seq"], head["hash"])]
     result = CliRunner().invoke(verify, ["--db", db, "--expect", f"{head['seq']}:{head['hash']}"])
     assert result.exit_code == 0 and "the chain holds the expected head(s)" in result.output
+
+
+def _stored(db: str, run: str) -> list[dict[str, Any]]:
+    from stockade.record import open_store
+
+    with open_store(db, readonly=True) as store:
+        return [s.event.to_dict() | {"seq": s.seq} for s in store.query(run=run)]
+
+
+def test_a_tool_record_flood_stops_at_its_budget_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    from stockade.daemon._tools import RecordBudgets
+
+    fifo = workspace(tmp_path, "ws-flooder") / "hold"  # in its workspace: the cell sees it
+    os.mkfifo(fifo, 0o666)
+    # 40 calls of 4 KiB against a budget of 64 KiB: about 15 stored, the rest refused.
+    flood = [{"op": "records", "n": 40, "size": 4096}, {"op": "block", "fifo": str(fifo)}]
+    flooder = flood_policy(tmp_path, flood, name="flooder")
+    other = flood_policy(tmp_path, [{"op": "records", "n": 3, "size": 100}], name="other")
+    budgets = RecordBudgets(total=64 * 1024)
+    with daemon_at(tmp_path, record_budgets=budgets) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        held = wire.call("run.start", {"policy_path": str(flooder), "detach": True})
+        wait_output(dt.socket_path, held["id"], '"blocking"')  # the flood is over, its run held
+        _info, lines = run_to_end(wire, events, other)
+        assert lines[0]["out"] == {"ok": 3, "last_seq": lines[0]["out"]["last_seq"]}, lines
+        status = wire.call("status")
+        assert status["store"]["tool_records_refused"] == {held["id"]: 40 - 15}
+        release(fifo)
+        events.until(kind_is("run.end", held["id"]))
+        got = _lines(wire, held["id"])[0]["out"]
+    assert got["ok"] == 15 and got["denied"] == 25, got
+    stored = _stored(str(tmp_path / "state" / "events.db"), held["id"])
+    calls = [e for e in stored if e["kind"] == "tool.call"]
+    assert len(calls) == 15 and calls[-1]["seq"] == got["last_seq"], "an acknowledged call is missing"
+    refusals = [e for e in stored if e["kind"] == "budget.exceeded"]
+    assert len(refusals) == 1 and "budget of 65536" in refusals[0]["detail"]["reason"]
+
+
+def test_the_store_reserve_refuses_agents_data_and_keeps_the_daemons_events(tmp_path: Path) -> None:
+    echo = {"op": "intent", "intent": "exec", "args": {"argv": ["/bin/echo", "recorded"]}}
+    plan = [{"op": "records", "n": 2, "size": 10}, echo]
+    policy = flood_policy(tmp_path, plan, name="late")
+    # A quota the store is already within the reserve of: no tool call may be stored.
+    with daemon_at(tmp_path, store_quota=1024 * 1024, store_reserve=1024 * 1024) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        info, lines = run_to_end(wire, events, policy)
+        assert "kept for the daemon's own events" in wire.call("status")["store"]["room_for_agents"]
+    assert lines[0]["out"] == {"denied": 2}
+    assert lines[1]["out"]["result"]["value"]["stdout"]["content"] == "recorded\n"
+    kinds = [e["kind"] for e in _stored(str(tmp_path / "state" / "events.db"), info["id"])]
+    assert "tool.call" not in kinds and kinds.count("budget.exceeded") == 1
+    assert "intent" in kinds and "run.end" in kinds, "the daemon's own events were not kept"

@@ -53,11 +53,12 @@ from stockade.daemon._bus import (
 )
 from stockade.daemon._peer import MAX_BROKER_CONNECTIONS, MAX_INFLIGHT, Peer
 from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs
-from stockade.daemon._tools import record_tool_call
+from stockade.daemon._tools import RecordBudgets, record_tool_call
 from stockade.errors import DaemonError, StockadeError, StoreError
 from stockade.gateway._options import GatewayOptions
 from stockade.record import Event
 from stockade.record._chain import StoredEvent
+from stockade.record._journaled import STORE_RESERVE
 
 SUBSCRIBER_BUFFER = 4 * 1024 * 1024
 """Bytes of pushes a subscriber may leave unread before it is dropped."""
@@ -78,8 +79,23 @@ class Daemon:
         max_frame: int = MAX_FRAME,
         subscriber_buffer: int = SUBSCRIBER_BUFFER,
         gateway: GatewayOptions | None = None,
+        store_quota: int | None = None,
+        store_reserve: int = STORE_RESERVE,
+        record_budgets: RecordBudgets | None = None,
     ) -> None:
+        """
+        Args:
+            store_quota: bytes the event store may grow to before what agents
+                supply is refused (``JournaledStore.room_for_agents``); None:
+                only the disk's free space counts.
+            store_reserve: bytes below the quota (and of free disk) kept for
+                the daemon's own events.
+            record_budgets: the ``tool.record`` budgets (``_tools``).
+        """
         self.state = os.path.abspath(state)
+        self.store_quota = store_quota
+        self.store_reserve = store_reserve
+        self.record_budgets = record_budgets or RecordBudgets()
         self.gateway = gateway
         self.socket_path = socket_path or _paths.socket_path(None, state=self.state)
         self.approval_timeout = approval_timeout
@@ -122,6 +138,7 @@ class Daemon:
                 _paths.store_path(self.state), loop, on_stored=self._stored, on_failure=self._store_failed
             )
             await asyncio.to_thread(recorder.start)
+            recorder.store.quota, recorder.store.reserve = self.store_quota, self.store_reserve
             self.recorder = recorder
             self.runs = Runs(
                 state=self.state,
@@ -344,7 +361,9 @@ class Daemon:
     async def broker(self, peer: Peer, req: Request) -> dict[str, Any]:
         assert self.runs is not None and peer.run is not None
         if req.method == "tool.record":
-            return await record_tool_call(self.runs, peer.run, req.params, cell=peer.cell)
+            return await record_tool_call(
+                self.runs, peer.run, req.params, cell=peer.cell, budgets=self.record_budgets
+            )
         if req.method != "intent":
             raise RequestError(
                 "unknown_method",
@@ -371,6 +390,10 @@ class Daemon:
                 "bytes": journaled.journal.size,
                 "unindexed": journaled.unindexed,
             }
+            store["quota"] = journaled.quota
+            store["reserve"] = journaled.reserve
+            store["room_for_agents"] = journaled.room_for_agents() or "yes"
+        store["tool_records_refused"] = self.record_budgets.refused()
         live = [r for r in runs.runs.values() if not r.done.is_set()]
         return {
             "version": __version__,

@@ -14,6 +14,16 @@ an intent (it is recorded as a denied ``intent`` named ``tool.record``). A
 halted or ended run's calls are still recorded: they say what the agent was
 doing when it was stopped.
 
+What an agent makes the daemon store this way is budgeted (``RecordBudgets``),
+per family of runs (a run and every helper below it share one budget): at most
+``RECORD_RATE`` calls a second sustained (``RECORD_BURST`` at once) and
+``RECORD_BYTES`` of arguments and errors over the family's life; and nothing
+while the store is within its reserve (``JournaledStore.room_for_agents``),
+which is kept for the daemon's own events. A call past a budget is refused
+(``denied``); the first refusal of a family is recorded as one
+``budget.exceeded`` event, the later ones only counted (``status`` shows the
+counts), so that a flood of refusals does not flood the record either.
+
 Nothing here touches a socket: the server calls ``record_tool_call``; ``Runs.intent``
 may call ``check_tool_call_id`` (as ``_tools.check_tool_call_id``: the modules
 import each other).
@@ -21,10 +31,13 @@ import each other).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._intents import _json_type, _short, redact
@@ -53,6 +66,73 @@ ERROR_MAX = 4096
 DURATION_MAX = 366 * 24 * 3600.0
 SIZE_MAX = 2**63 - 1
 PARAMS = ("token", "name", "args", "result_size", "duration", "ok", "error", "tool_call")
+RECORD_RATE = 100.0
+"""``tool.record`` calls a second one family of runs may make, sustained. An
+SDK agent records one per tool call: a few a second at most. 14 MB/s of them
+filled this host's disk in about 1.5 h."""
+RECORD_BURST = 500
+"""Calls a family may make at once before ``RECORD_RATE`` holds it back."""
+RECORD_BYTES = 64 * 1024 * 1024
+"""Bytes of arguments and errors one family of runs may have stored by
+``tool.record`` over its life (a thousand full 64 KiB calls)."""
+
+
+@dataclass(slots=True)
+class _Budget:
+    tokens: float
+    at: float
+    stored: int = 0
+    refused: int = 0
+
+
+class RecordBudgets:
+    """The ``tool.record`` budgets of every family of runs: a token bucket for
+    the rate, a count of bytes for the total. Pure, with its clock injected."""
+
+    def __init__(
+        self,
+        *,
+        rate: float = RECORD_RATE,
+        burst: int = RECORD_BURST,
+        total: int = RECORD_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate, self.burst, self.total = rate, burst, total
+        self._clock = clock
+        self._families: dict[str, _Budget] = {}
+
+    def charge(self, family: str, size: int) -> str | None:
+        """Take one call of ``size`` bytes from ``family``'s budget: None when
+        it fits (it is then counted), else why not (nothing is taken)."""
+        now = self._clock()
+        budget = self._families.get(family)
+        if budget is None:
+            budget = self._families[family] = _Budget(float(self.burst), now)
+        budget.tokens = min(float(self.burst), budget.tokens + (now - budget.at) * self.rate)
+        budget.at = now
+        if budget.tokens < 1.0:
+            return (
+                f"this run's family has recorded tool calls faster than {self.rate:g} a second "
+                f"(a burst of {self.burst}); record one per call of a tool"
+            )
+        if budget.stored + size > self.total:
+            return (
+                f"this run's family has stored {budget.stored} bytes of tool call arguments, and "
+                f"{size} more would pass its budget of {self.total}; record less of each call's arguments"
+            )
+        budget.tokens -= 1.0
+        budget.stored += size
+        return None
+
+    def refuse(self, family: str) -> bool:
+        """Count a refusal of ``family``; True for its first (record that one)."""
+        budget = self._families.setdefault(family, _Budget(float(self.burst), self._clock()))
+        budget.refused += 1
+        return budget.refused == 1
+
+    def refused(self) -> dict[str, int]:
+        """Refusals so far, by family (its root run's id), for ``status``."""
+        return {family: b.refused for family, b in self._families.items() if b.refused}
 
 
 def check_tool_call_id(value: object) -> str | None:
@@ -74,12 +154,15 @@ def check_tool_call_id(value: object) -> str | None:
     return value
 
 
-async def record_tool_call(runs: Runs, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
+async def record_tool_call(
+    runs: Runs, run: Run, params: Mapping[str, Any], *, cell: str, budgets: RecordBudgets
+) -> dict[str, Any]:
     """``tool.record`` on ``run``'s broker socket: store one ``tool.call`` event.
 
     The token is checked first, as for an intent (a bad one is recorded as a
-    denial and counted); then every param; then the event is stored durably
-    before the agent is answered.
+    denial and counted); then every param; then the family's budget and the
+    store's reserve (see the module docstring); then the event is stored
+    durably before the agent is answered.
 
     Returns:
         ``{"recorded": true, "tool_call": id, "seq": n}``; ``seq`` is the
@@ -87,7 +170,8 @@ async def record_tool_call(runs: Runs, run: Run, params: Mapping[str, Any], *, c
 
     Raises:
         RequestError: ``unavailable`` (the store cannot write), ``unauthorized``
-            (the token), ``bad_params`` (a missing, unknown or malformed param).
+            (the token), ``bad_params`` (a missing, unknown or malformed param),
+            ``denied`` (past a budget, or the store is within its reserve).
     """
     if runs.recorder.failure is not None:
         raise RequestError(
@@ -103,6 +187,16 @@ async def record_tool_call(runs: Runs, run: Run, params: Mapping[str, Any], *, c
         raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
     fields = parse_params(params)
     event = tool_call_event(run, cell, fields)
+    above = runs.agents.lineage(run)
+    family = above[-1].id if above else run.id
+    size = len(json.dumps(fields["args"], ensure_ascii=False)) + len(fields["error"])
+    why = runs.recorder.store.room_for_agents() or budgets.charge(family, size)
+    if why is not None:
+        if budgets.refuse(family):
+            refusal = budget_event(run, cell, why, family)
+            with contextlib.suppress(StoreError):  # the refusal stands whether or not it is stored
+                await runs.recorder.record_soon([refusal])
+        raise RequestError("denied", f"tool.record refused: {why}")
     try:
         stored = await runs.recorder.record_soon([event])
     except StoreError as exc:
@@ -193,8 +287,32 @@ def tool_call_event(run: Run, cell: str, fields: Mapping[str, Any]) -> Event:
     )
 
 
+def budget_event(run: Run, cell: str, why: str, family: str) -> Event:
+    """The one ``budget.exceeded`` event of a family's first refused ``tool.record``."""
+    return Event(
+        kind="budget.exceeded",
+        cell=cell,
+        layer="broker",
+        outcome="denied",
+        run=run.id,
+        summary=f"tool.record of run {run.id} refused, and its family's later ones counted: {why}",
+        detail={"method": "tool.record", "family": family, "reason": why},
+    )
+
+
 def _bad(problem: str) -> RequestError:
     return RequestError("bad_params", f"tool.record: {problem}")
 
 
-__all__ = ["TOOL_CALL_ID", "check_tool_call_id", "parse_params", "record_tool_call", "tool_call_event"]
+__all__ = [
+    "RECORD_BURST",
+    "RECORD_BYTES",
+    "RECORD_RATE",
+    "TOOL_CALL_ID",
+    "RecordBudgets",
+    "budget_event",
+    "check_tool_call_id",
+    "parse_params",
+    "record_tool_call",
+    "tool_call_event",
+]

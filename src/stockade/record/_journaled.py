@@ -45,6 +45,14 @@ INDEX_ROWS = 512
 INDEX_DELAY = 0.02
 """... or seconds it lets the first of them wait (readers never wait that long:
 they make it go at once)."""
+STORE_RESERVE = 64 * 1024 * 1024
+"""Bytes kept for the daemon's own events (``room_for_agents``): below the
+quota by this much, or with this little free on the store's filesystem, what
+agents supply (``tool.record``) is refused while the daemon's events go on."""
+_SIZE_EVERY = 1.0
+_SIZE_BYTES = 1024 * 1024
+"""``room_for_agents`` looks at the files again after this many seconds or
+bytes appended, whichever comes first (a stat and a statvfs, not one per call)."""
 HEAD_INTERVAL = 1.0
 """Seconds between two publications of the head (``_head``) while events come:
 one small durable file write a second, against none per intent."""
@@ -69,6 +77,14 @@ class JournaledStore(SqliteStore):
         self._published_at = 0.0
         self.head_error: OSError | None = None
         """Why the head file could not be written last time, until it can."""
+        self.quota: int | None = None
+        """Bytes the store's files (SQLite's and its WAL) may hold before agents'
+        data is refused (``room_for_agents``); None: only the disk's free space counts."""
+        self.reserve = STORE_RESERVE
+        self._sized_at = -_SIZE_EVERY
+        self._size = 0
+        self._free = 0
+        self._appended_bytes = 0
         self._append_lock = threading.Lock()
         self._cond = threading.Condition()
         self._backlog: collections.deque[list[Row]] = collections.deque()
@@ -110,6 +126,7 @@ class JournaledStore(SqliteStore):
             rows, stored = chain_rows(prepared, self._head_seq, first_prev)
             seq, prev = rows[-1][0], rows[-1][-1]
             payloads = [payload for _event, _d, _raw, payload in prepared]
+            self._appended_bytes += sum(map(len, payloads))
             record = self.journal.encode(rows[0][0], first_prev, payloads)
             if not self.journal.fits(record):
                 # Full: SQLite gets everything and is flushed; then the file is
@@ -247,6 +264,41 @@ class JournaledStore(SqliteStore):
         wait = max(0.0, self._backlog_since + INDEX_DELAY - time.monotonic())
         return wait if head is None else min(wait, head)
 
+    # ------------------------------------------------------------------ the quota
+
+    def room_for_agents(self) -> str | None:
+        """None while agents may make the store grow; else why not, in one
+        sentence: the store is within ``reserve`` of its ``quota``, or its
+        filesystem has less than ``reserve`` free. The daemon's own events are
+        never refused here: the reserve is theirs (a disk that does fill is a
+        store failure, as before). Any thread."""
+        now = time.monotonic()
+        if now - self._sized_at >= _SIZE_EVERY or self._appended_bytes >= _SIZE_BYTES:
+            self._measure(now)
+        if self.quota is not None and self._size + self._appended_bytes + self.reserve > self.quota:
+            return (
+                f"the event store holds {_mib(self._size + self._appended_bytes)} of its quota of "
+                f"{_mib(self.quota)}, and the last {_mib(self.reserve)} are kept for the daemon's own events"
+            )
+        if self._free - self._appended_bytes < self.reserve:
+            return (
+                f"the filesystem of the event store has {_mib(max(0, self._free - self._appended_bytes))} "
+                f"free, under the {_mib(self.reserve)} kept for the daemon's own events"
+            )
+        return None
+
+    def _measure(self, now: float) -> None:
+        size = 0
+        for name in (self.path, self.path + "-wal"):
+            with contextlib.suppress(OSError):
+                size += os.stat(name).st_size
+        try:
+            st = os.statvfs(os.path.dirname(self.path))
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = 0
+        self._size, self._free, self._appended_bytes, self._sized_at = size, free, 0, now
+
     # ------------------------------------------------------------------ the head
 
     def _head_due(self) -> bool:
@@ -379,6 +431,10 @@ class JournaledStore(SqliteStore):
                         self._publish_head()
                 self.journal.close()
         super().close()
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
 
 
 def _row(seq: int, payload: bytes, prev: str, digest: str, where: str) -> Row:
