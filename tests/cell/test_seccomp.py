@@ -99,7 +99,7 @@ def refused_reference(name: str, args: tuple[int, ...]) -> bool:
         if kind == 3:
             return True
         if domain == 1:
-            return False
+            return kind == 2
         if domain in (2, 10):
             return not (kind == 1 and proto in (0, 6))
         return True
@@ -204,7 +204,12 @@ class TestProgram:
         [
             ((socket.AF_INET, socket.SOCK_STREAM, 0), False),
             ((socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC, 6), False),
-            ((socket.AF_UNIX, socket.SOCK_DGRAM, 0), False),
+            # A unix datagram socket sends to any path without connect(2), where
+            # the connect supervisor decides: refused. Stream and seqpacket connect.
+            ((socket.AF_UNIX, socket.SOCK_DGRAM, 0), True),
+            ((socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0), True),
+            ((socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK, 0), False),
+            ((socket.AF_UNIX, socket.SOCK_SEQPACKET, 0), False),
             ((socket.AF_INET, socket.SOCK_DGRAM, 0), True),
             ((socket.AF_INET6, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK, 17), True),
             ((socket.AF_INET, socket.SOCK_STREAM, 132), True),  # SCTP: not covered by Landlock
@@ -445,7 +450,7 @@ class TestKernel:
                 ("tcp4", socket.AF_INET, socket.SOCK_STREAM),
                 ("tcp6", socket.AF_INET6, socket.SOCK_STREAM),
                 ("unix stream", socket.AF_UNIX, socket.SOCK_STREAM),
-                ("unix dgram", socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC),
+                ("unix seqpacket", socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC),
             ]:
                 socket.socket(family, kind).close()
                 out[label] = True
@@ -467,7 +472,7 @@ class TestKernel:
             "tcp4": True,
             "tcp6": True,
             "unix stream": True,
-            "unix dgram": True,
+            "unix seqpacket": True,
             "socketpair": True,
             "ioctl TIOCGWINSZ": errno.EBADF,
             "personality query": 0,

@@ -195,14 +195,20 @@ class Probe:
         return [e for e in self.denials() if e.layer == "seccomp" and e.detail.get("syscall") == syscall]
 
     def decoy_connects(self, path: str) -> list[Event]:
-        """The mount layer's records of a connect refused by a decoy at ``path``
-        (``record/_audit_mount``: ECONNREFUSED, the path named)."""
+        """The connect supervisor's records of a connect refused by a decoy at
+        ``path`` (``cell/_unotify``: not a socket, ECONNREFUSED, the path named)."""
+        return self.unix_refusals(path, "ECONNREFUSED")
+
+    def unix_refusals(self, path: str, err: str = "EACCES") -> list[Event]:
+        """The connect supervisor's refusals of a unix connect to ``path`` (``@name``
+        for an abstract one) that failed with ``err``."""
         return [
             e
             for e in self.denials()
-            if e.layer == "mount"
+            if e.layer == "seccomp"
             and e.detail.get("syscall") == "connect"
-            and e.detail.get("errno") == "ECONNREFUSED"
+            and e.detail.get("action") == "user_notif"
+            and e.detail.get("errno") == err
             and e.detail.get("path") == path
         ]
 

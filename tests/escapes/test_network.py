@@ -649,11 +649,13 @@ attempt("neighbour", neighbour)
     assert_neighbour(p)
 
 
-def test_abstract_unix_socket_outside_the_cell_is_refused_by_landlock() -> None:
+def test_abstract_unix_socket_outside_the_cell_is_refused() -> None:
     """THREATS: abstract unix sockets of the host, bound in the cell's own network
     namespace by a process outside the cell (as the daemon may do): the name is
-    found, and Landlock's abstract-unix scope refuses the connect (EPERM) and
-    records it with the name. The cell's own abstract sockets still work."""
+    found, and the connect supervisor refuses it (EACCES: bound by another uid
+    than the cell's) and records it with the name. Landlock's abstract-unix
+    scope no longer sees the connect: the cgroup guard sends every unix connect
+    of the cell through the supervisor. The cell's own abstract sockets work."""
     name = f"stockade-daemon-{secrets.token_hex(6)}"
     body = (
         _UNIX_BODY
@@ -674,8 +676,8 @@ attempt("neighbour", neighbour)
         finally:
             daemon.close()
     p.check_clean()
-    assert_refused(p, "abstract", errno.EPERM)
-    assert p.landlock("scope.abstract_unix_socket", path="@" + name), p.transcript()
+    assert_refused(p, "abstract", errno.EACCES)
+    assert len(p.unix_refusals("@" + name)) == 1, p.transcript()
     assert reached == []
     assert p["own"].ok and p["own"].value == "ping", p.transcript()
     assert_neighbour(p)
@@ -760,12 +762,11 @@ def test_run_sockets_are_decoys(run_sockets: dict[str, socket.socket]) -> None:
     and the sockets see nothing. Any open of the decoy is refused by
     Landlock and recorded.
 
-    Landlock has no right for connecting to a pathname socket (up to ABI 7),
-    and the decoy file is not one, so the kernel refuses the connect before
-    any security hook; the audit rule of ``record/_audit_mount`` on connect
-    (ECONNREFUSED) records it, as an event of layer ``mount`` naming the path.
-    An ENOENT (nothing of that name in the view) is not recorded: nothing was
-    there to refuse."""
+    The connect supervisor (``cell/_unotify``) finds a file that is no socket
+    there, fails the connect with ECONNREFUSED as the kernel would, and records
+    it naming the path. An ENOENT (nothing of that name in the view) is not
+    recorded: nothing was there to refuse. Were the decoy missing, the
+    supervisor would refuse the host's socket all the same (the tests below)."""
     flat = run_sockets["flat"].getsockname()
     nested = run_sockets["nested"].getsockname()
     p = probe(
@@ -822,10 +823,10 @@ def test_host_socket_inside_a_read_only_grant_is_a_decoy(granted_socket_dir: str
     ECONNREFUSED (not a socket), whatever the socket's mode, and the host's
     sockets see nothing; an open of the decoy is refused by Landlock and recorded.
 
-    The connect itself is refused before any security hook (the decoy is an
-    empty file); the audit rule of ``record/_audit_mount`` on connect
-    (ECONNREFUSED) records it. Not covered (docs): a socket the host creates in
-    the grant after the cell started."""
+    The connect meets the decoy (an empty file): the connect supervisor fails
+    it with ECONNREFUSED and records it. A socket the host creates in the
+    grant after the cell started has no decoy, and the supervisor refuses it
+    (test_host_socket_made_after_the_cell_started_is_refused)."""
     open_path = os.path.join(granted_socket_dir, "app.sock")
     private_path = os.path.join(granted_socket_dir, "private.sock")
     with socket.socket(socket.AF_UNIX) as wide, socket.socket(socket.AF_UNIX) as private:

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,10 +17,12 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from stockade.cell import _host
 from stockade.cell._cgroup import CellCgroup
 from stockade.cell._launch import LaunchSpec, launch
-from stockade.cell._terminal import TerminalRelay, relay_if_terminal
 from stockade.cell._owners import lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
 from stockade.cell._plan import NOBODY, CellPlan, plan_cell
+from stockade.cell._seccomp import build_notify_filter
+from stockade.cell._terminal import TerminalRelay, relay_if_terminal
+from stockade.cell._unotify import CellWatch, attach_guard, supervisor
 from stockade.errors import CellError, PolicyError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
@@ -315,7 +318,13 @@ class Cell:
         launched = None
         owner = None
         detach: list[Callable[[], None]] = []
+        notify_ours, notify_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        watch: CellWatch | None = None
+        connect_events: list[Event] = []
         try:
+            # Before any process joins the cgroup: no unix socket of the cell
+            # connects but through the connect supervisor (_unotify).
+            attach_guard(cgroup.paths[0])
             # The host uid that creates the cell's user namespace, so that its
             # per-user kernel counters are the cell's own, not root's (_owners).
             owner = lease_owner()
@@ -337,6 +346,7 @@ class Cell:
                 idmap_userns=_idmaps(plan),
                 on_namespaces=self._attacher(cell_id, detach) if self._network is not None else None,
                 userns_owner=None if owner is None else (owner.uid, owner.gid),
+                notify=(build_notify_filter(), notify_theirs.fileno()),
             )
             if on_event is not None and audit is not None:
                 # Subscribed before the launch: a refusal in the cell's first
@@ -346,6 +356,11 @@ class Cell:
             os.close(out_w)
             os.close(err_w)
             out_w = err_w = -1
+            notify_theirs.close()
+            watch = _watch_connects(
+                notify_ours, cell_id, launched.init_pid, dict(self._sockets), plan.host_uid, policy,
+                live.start,
+            )
             for event in events:  # cell.start, and the gap it has if audit is off
                 live.start(event)
             if audit is not None and launched.session is not None:
@@ -369,6 +384,10 @@ class Cell:
         finally:
             if unsubscribe is not None:
                 unsubscribe()
+            if watch is not None:
+                connect_events = supervisor().unwatch(watch)
+            notify_ours.close()
+            notify_theirs.close()
             for stop in detach:
                 stop()
             if relay is not None:
@@ -389,6 +408,7 @@ class Cell:
             # Those delivered live come back here too: the same events, once.
             events.extend(live.settle(e) for e in audit.collect(cell_id) if not _not_an_attempt(e, plan))
             audit.unwatch(cell_id)
+        events.extend(live.settle(e) for e in connect_events)
         limits_hit: list[str] = []
         if timed_out:
             limits_hit.append("timeout")
@@ -564,6 +584,41 @@ class Cell:
         landlock, seccomp = prepare_layers(self.policy, plan)
         self._prepared = (now, plan, landlock, seccomp)
         return plan, landlock, seccomp
+
+
+def _watch_connects(
+    sock: socket.socket,
+    cell_id: str,
+    init_pid: int,
+    offered: dict[str, str],
+    host_uid: int,
+    policy: Policy,
+    on_event: Callable[[Event], None],
+) -> CellWatch:
+    """Hand the cell's connect listener, which its init sent on ``sock``, to the supervisor.
+
+    Raises:
+        CellError: the listener did not come (the cell's connects would wait forever).
+    """
+    sock.settimeout(5.0)
+    try:
+        _msg, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
+    except OSError as exc:
+        raise CellError(f"the cell's connect listener did not arrive: {exc}") from exc
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise CellError("the cell's connect listener did not arrive (the init sent no descriptor)")
+    os.set_inheritable(fds[0], False)
+    return supervisor().watch(
+        fds[0],
+        cell_id=cell_id,
+        init_pid=init_pid,
+        offered=offered,
+        host_uid=host_uid,
+        audit=policy.mode == "audit",
+        on_event=on_event,
+    )
 
 
 def _fresh_workspace() -> str:

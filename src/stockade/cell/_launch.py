@@ -74,6 +74,9 @@ class LaunchSpec:
     keep_fds: tuple[int, ...] = ()
     idmap_userns: tuple[tuple[int, int, int], ...] = ()
     """(owner uid, owner gid, user namespace fd) for each idmapped grant."""
+    notify: tuple[bytes, int] | None = None
+    """The connect supervisor's seccomp filter and the socket on which the
+    cell's init sends its listener (``_unotify``), or None for none."""
     on_namespaces: Callable[[int], None] | None = None
     """Called with C1's pid once the cell's namespaces exist and before the
     command runs (the gateway opens its sockets in the cell's network
@@ -226,6 +229,7 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
         cap_last=spec.cap_last,
         keep_fds=spec.keep_fds,
         userns_owner=spec.userns_owner,
+        notify=spec.notify,
     )
 
 

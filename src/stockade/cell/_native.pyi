@@ -27,8 +27,12 @@ def spawn(
     cap_last: int,
     keep_fds: tuple[int, ...],
     userns_owner: tuple[int, int] | None = None,
+    notify: tuple[bytes, int] | None = None,
 ) -> int:
     """Fork the cell's first child and return its pid.
+
+    ``notify``: a seccomp filter to load with a user-notification listener, and
+    the socket on which the cell's init sends that listener (SCM_RIGHTS).
 
     Raises:
         TypeError, ValueError: an argument is malformed (checked before forking).

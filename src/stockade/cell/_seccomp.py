@@ -67,11 +67,15 @@ MSG_FASTOPEN = 0x2000_0000
 
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_LOG = 1 << 1
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+"""Linux 5.0: seccomp(2) returns a listener for this filter's SECCOMP_RET_USER_NOTIF."""
 """Linux 4.14: log every action of this filter but ALLOW (subject to actions_logged)."""
 SECCOMP_RET_KILL_PROCESS = 0x8000_0000
 """Linux 4.14: kill the whole process with SIGSYS (core dump)."""
 SECCOMP_RET_ERRNO = 0x0005_0000
 """Fail the call with the errno in the low 16 bits."""
+SECCOMP_RET_USER_NOTIF = 0x7FC0_0000
+"""Linux 5.0: the call waits for the listener's answer (seccomp_unotify(2))."""
 SECCOMP_RET_LOG = 0x7FFC_0000
 """Linux 4.14: allow the call and log it."""
 SECCOMP_RET_ALLOW = 0x7FFF_0000
@@ -102,6 +106,7 @@ AF_UNIX = 1
 AF_INET = 2
 AF_INET6 = 10
 SOCK_STREAM = 1
+SOCK_DGRAM = 2
 SOCK_RAW = 3
 SOCK_TYPE_MASK = 0xF
 """include/linux/net.h: the type without SOCK_NONBLOCK and SOCK_CLOEXEC."""
@@ -197,8 +202,10 @@ REFUSED: dict[str, str] = {
         " caller (CVE-2017-5226)"
     ),
     "socket": (
-        "anything but AF_UNIX or TCP over AF_INET/AF_INET6: no UDP (DNS exfiltration), raw,"
-        " packet, netlink or vsock socket; the cell reaches out only through the gateway"
+        "anything but AF_UNIX (stream or seqpacket) or TCP over AF_INET/AF_INET6: no UDP (DNS"
+        " exfiltration), raw, packet, netlink or vsock socket; the cell reaches out only through"
+        " the gateway. No unix datagram socket: it sends to any path without connect(2), which"
+        " the connect supervisor sees"
     ),
     **{
         name: "only with a set-uid or set-gid bit in the mode: a set-id file made in the workspace"
@@ -351,9 +358,13 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
         _jeq(SOCK_RAW, "refuse"),
         _ld(_arg_low(0)),
-        _jeq(AF_UNIX, "allow"),
+        _jeq(AF_UNIX, "unix"),
         _jeq(AF_INET, "inet"),
         _jeq(AF_INET6, "inet", "refuse"),
+        "unix",
+        _ld(_arg_low(1)),
+        (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+        _jeq(SOCK_DGRAM, "refuse", "allow"),
         "inet",
         _ld(_arg_low(1)),
         (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
@@ -404,6 +415,33 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         _fprog(program)
     _cache[mode] = built
     return built
+
+
+_notify_cache: list[bytes] = []
+
+
+def build_notify_filter() -> bytes:
+    """The filter that sends every x86-64 ``connect(2)`` to the connect supervisor
+    (``_unotify``), to be loaded with ``SECCOMP_FILTER_FLAG_NEW_LISTENER``.
+
+    Only connect: a unix stream or seqpacket socket reaches a peer by no other
+    call (sendto/sendmsg with an address fail on them, EISCONN or EOPNOTSUPP,
+    and datagram sockets are refused by the deny filter), and TCP's other way,
+    MSG_FASTOPEN, is refused too. Foreign and x32 calls are the deny filter's.
+    """
+    if not _notify_cache:
+        program: list[_Insn | str] = [
+            _ld(_OFF_ARCH),
+            _jeq(AUDIT_ARCH_X86_64, 0, "allow"),
+            _ld(_OFF_NR),
+            _jeq(SYSCALLS["connect"], "notify", "allow"),
+            "notify",
+            _ret(SECCOMP_RET_USER_NOTIF),
+            "allow",
+            _ret(SECCOMP_RET_ALLOW),
+        ]
+        _notify_cache.append(_assemble(program))
+    return _notify_cache[0]
 
 
 def build_filter(mode: Mode) -> bytes:
@@ -501,6 +539,7 @@ __all__ = [
     "apply",
     "build_filter",
     "build_filters",
+    "build_notify_filter",
     "check_host",
     "load",
     "refusal_reason",
