@@ -2,10 +2,12 @@
 
 ``Peer`` is the asyncio protocol of every connection the daemon accepts: it
 feeds the bytes to the sans-I/O ``Connection`` (``stockade.broker._protocol``),
-hands each request to the ``Daemon`` (``_server``), writes what comes back and
-the pushes of subscriptions, and applies the limits that keep one peer from
-hurting the others (see ``_server``'s docstring). Kept apart from ``_server``
-(the daemon's lifecycle, its requests) so that each stays readable.
+hands each request to its host (``PeerHost``: the ``Daemon`` of ``_server``),
+writes what comes back and the pushes of subscriptions, and applies the limits
+that keep one peer from hurting the others (see ``_server``'s docstring). Kept
+apart from ``_server`` (the daemon's lifecycle, its requests) so that each
+stays readable; it knows the daemon only as the small protocol ``PeerHost``,
+so ``_server`` imports this module and not the other way round.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ import struct
 import sys
 from collections import deque
 from collections.abc import Awaitable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from stockade.broker._protocol import Connection, ErrorCode, ProtocolViolation, Request
 from stockade.daemon._intent_path import PreparedRead
-from stockade.daemon._runs import RequestError
+from stockade.daemon._requests import RequestError
 from stockade.errors import ProtocolError, StockadeError, StoreError
 
 if TYPE_CHECKING:
     from stockade.daemon._run import Run
-    from stockade.daemon._server import Daemon
+    from stockade.daemon._runs import Runs
     from stockade.record._chain import StoredEvent
 
 MAX_INFLIGHT = 64
@@ -44,6 +46,50 @@ the daemon hold more than this for it, whatever its memory limit."""
 _UCRED = struct.Struct("3i")
 
 
+class PeerHost(Protocol):
+    """What a connection needs of the daemon that accepted it (``_server.Daemon``)."""
+
+    @property
+    def max_frame(self) -> int:
+        """The control socket's frame limit, in bytes."""
+        ...
+
+    @property
+    def subscriber_buffer(self) -> int:
+        """Bytes of pushes a subscriber may leave unread before it is dropped."""
+        ...
+
+    @property
+    def released(self) -> bool:
+        """True once the daemon let go of its sockets."""
+        ...
+
+    @property
+    def runs(self) -> Runs | None:
+        """The runs, whose intent path serves a broker socket's intents."""
+        ...
+
+    def register(self, peer: Peer) -> bool:
+        """Count a new connection in; False when its run has all it may have."""
+        ...
+
+    def forget(self, peer: Peer) -> None:
+        """The connection is gone: drop its subscriptions and its runs."""
+        ...
+
+    def buffered(self, run: Run) -> int:
+        """Bytes of unfinished frames held for ``run``'s broker connections."""
+        ...
+
+    async def control(self, peer: Peer, req: Request) -> dict[str, Any]:
+        """Serve one request of the control socket; its result."""
+        ...
+
+    async def broker(self, peer: Peer, req: Request) -> dict[str, Any]:
+        """Serve one request of a broker socket; its result."""
+        ...
+
+
 class Peer(asyncio.Protocol):
     """One connection, to the control socket (``run`` is None) or to a run's broker socket.
 
@@ -52,7 +98,7 @@ class Peer(asyncio.Protocol):
     served one after the other, in order, as an agent expects.
     """
 
-    def __init__(self, daemon: Daemon, run: Run | None) -> None:
+    def __init__(self, daemon: PeerHost, run: Run | None) -> None:
         self.daemon = daemon
         self.run = run
         self.conn = Connection(max_frame=daemon.max_frame if run is None else BROKER_MAX_FRAME)
@@ -348,4 +394,11 @@ def _cell_of(pid: int) -> str:
     return ""
 
 
-__all__ = ["BROKER_BUFFER_BUDGET", "BROKER_MAX_FRAME", "MAX_BROKER_CONNECTIONS", "MAX_INFLIGHT", "Peer"]
+__all__ = [
+    "BROKER_BUFFER_BUDGET",
+    "BROKER_MAX_FRAME",
+    "MAX_BROKER_CONNECTIONS",
+    "MAX_INFLIGHT",
+    "Peer",
+    "PeerHost",
+]
