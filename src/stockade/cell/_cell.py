@@ -303,7 +303,7 @@ class Cell:
         audit = self._audit_reader()
         plan, landlock, seccomp = self._prepared_plan()
         events: list[Event] = []
-        before = snapshot(plan.writable_roots, protected=plan.protected)
+        before = snapshot(self._walked(plan), protected=plan.protected)
         cgroup = CellCgroup.create(cell_id, limits)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -484,6 +484,13 @@ class Cell:
                 os.close(fd)
 
         return attach
+
+    def _walked(self, plan: CellPlan) -> tuple[str, ...]:
+        """The places the persistence report walks: the writable ones, but not a
+        fresh workspace that ``close`` removes (nothing in it outlives the Cell)."""
+        if self._fresh and not self.keep_workspace:
+            return tuple(r for r in plan.writable_roots if r != plan.workspace)
+        return plan.writable_roots
 
     def _records_hidden(self) -> tuple[str, ...]:
         """The reports' directory, when a writable place holds it: made now (a
