@@ -337,3 +337,28 @@ def test_a_gzip_body_holding_a_value_is_cut_off_before_any_of_it_passes() -> Non
     echo = secrets.echo_filter()
     assert echo is not None
     assert b"".join(echo.feed(plain[i : i + 64]) for i in range(0, len(plain), 64)) + echo.flush() == plain
+
+
+def test_a_compressed_request_body_holding_a_value_is_refused() -> None:
+    import gzip
+    import zlib
+
+    secrets = load(SecretPolicy("GH", env="GH", hosts=("api.github.com",)))
+    hidden = b"a" * 30000 + ENV["GH"].encode() + b"b" * 30000
+    for packed in (gzip.compress(hidden), zlib.compress(hidden)):
+        with pytest.raises(SecretMisuse, match="GH in its body, compressed"):
+            secrets.put(packed, "evil.example", "body", encrypted=True)
+        scan = secrets.body_scan("evil.example")
+        assert scan is not None
+        sent = b""
+        with pytest.raises(SecretMisuse, match="compressed"):
+            for i in range(0, len(packed), 50):
+                sent += scan.feed(packed[i : i + 50])
+            sent += scan.flush()
+        assert ENV["GH"].encode() not in zlib.decompressobj(32 + 15).decompress(sent)
+    # The control: compressed data without it goes, whole and as it is.
+    plain = gzip.compress(b"a" * 60000)
+    assert secrets.put(plain, "evil.example", "body", encrypted=True) == plain
+    scan = secrets.body_scan("evil.example")
+    assert scan is not None
+    assert b"".join(scan.feed(plain[i : i + 50]) for i in range(0, len(plain), 50)) + scan.flush() == plain

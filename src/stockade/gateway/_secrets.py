@@ -227,6 +227,8 @@ class Secrets:
             place, "in its URL"
         )
         self.refuse_values(data, host, where)
+        if place == "body" and len(data) >= 2 and _compressed(data[:2]):
+            self._refuse_compressed(data, host)
         if place == "header":
             basic = _BASIC.match(data)
             if basic is not None:
@@ -239,6 +241,21 @@ class Secrets:
                     out = self._put(inner, host, place, encrypted, header, where)
                     return basic.group(1) + base64.b64encode(out)
         return self._put(data, host, place, encrypted, header, where)
+
+    def _refuse_compressed(self, data: bytes, host: str) -> None:
+        """Refuse a body that is gzip or zlib data (declared as a content-coding or not)
+        whose decompressed text carries a value."""
+        watch = _Watch(self._forms, [s.name for s in self._secrets])
+        try:
+            watch.feed(data)
+            watch.flush()
+        except SecretInAnswer as exc:
+            raise SecretMisuse(
+                exc.names or [s.name for s in self._secrets],
+                host,
+                kind="value",
+                where="in its body, compressed",
+            ) from None
 
     def _put(self, data: bytes, host: str, place: Place, encrypted: bool, header: bytes, where: str) -> bytes:
         if self._pattern is None or PLACEHOLDER_PREFIX.encode() not in data:
@@ -347,23 +364,43 @@ class BodyScan:
         self._host = host
         self._keep = max(keep, len(PLACEHOLDER_PREFIX) + 128 + 33)
         self._tail = b""
+        self._start = b""
+        self._watch: _Watch | None = None
 
     def feed(self, data: bytes) -> bytes:
         """What can be sent on of ``data`` now.
 
         Raises:
-            SecretMisuse: the body carries a value or a placeholder.
+            SecretMisuse: the body carries a value or a placeholder (also
+                inside a body that is gzip or zlib data).
         """
+        if len(self._start) < 2:
+            self._start += data[: 2 - len(self._start)]
+            if len(self._start) == 2 and _compressed(self._start):
+                self._watch = _Watch(self._secrets._forms, [x.name for x in self._secrets._secrets])
         buf = self._tail + data
         self._check(buf)
         cut = max(0, len(buf) - self._keep)
         self._tail = buf[cut:]
-        return buf[:cut]
+        return self._watched(buf[:cut], end=False)
 
     def flush(self) -> bytes:
-        """The bytes held back: the end of the body."""
+        """The bytes held back: the end of the body.
+
+        Raises:
+            SecretMisuse: as ``feed``.
+        """
         tail, self._tail = self._tail, b""
-        return tail
+        return self._watched(tail, end=True)
+
+    def _watched(self, data: bytes, *, end: bool) -> bytes:
+        if self._watch is None:
+            return data
+        try:
+            return self._watch.feed(data) + (self._watch.flush() if end else b"")
+        except SecretInAnswer as exc:
+            names = exc.names or tuple(self._secrets.env())
+            raise SecretMisuse(names, self._host, kind="value", where="in its body, compressed") from None
 
     def _check(self, buf: bytes) -> None:
         where = "in its body"
