@@ -177,13 +177,14 @@ def test_extra_read_grant_is_readable_not_writable(tmp_path: Path) -> None:
     policy = _policy(
         filesystem=FilesystemPolicy(read=(*fs.read, str(shared)), deny=fs.deny, protect=fs.protect)
     )
+    data = shared / "data.txt"
     with Cell(policy, workspace=workspace) as cell:
         result = cell.run(["/bin/sh", "-c", f"cat {shared}/data.txt; echo x >> {shared}/data.txt"])
     assert result.stdout == b"data"
     assert result.exit_code != 0
     assert (shared / "data.txt").read_text() == "data"
     assert any(
-        e.layer == "mount" and e.detail.get("errno") == "EROFS" and e.detail.get("path") == f"{shared}/data.txt"
+        e.layer == "mount" and e.detail.get("errno") == "EROFS" and e.detail.get("path") == str(data)
         for e in result.denials
     ), result.events
 

@@ -102,7 +102,8 @@ def test_the_operators_home_its_settings_and_what_holds_it_are_refused(tmp_path:
                 assert why in said, said
         # The control: a project inside the home is a workspace at every door.
         assert workspace_problem(str(home / "project"), environ=environ) is None
-        assert load_policy(str(_policy_file(tmp_path, str(home / "project")))).workspace == str(home / "project")
+        project = str(home / "project")
+        assert load_policy(str(_policy_file(tmp_path, project))).workspace == project
         with Cell(workspace=home / "project", environ=environ, audit=None) as cell:
             assert cell.workspace == str(home / "project")
     finally:
