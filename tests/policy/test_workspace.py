@@ -129,3 +129,25 @@ def test_a_project_directory_passes_every_door(tmp_path: Path) -> None:
     assert (project / "made").read_text() == "ok\n"
     assert workspace_problem("/var/lib/stockade/workspaces/ws-0123456789ab") is None
     assert workspace_problem("/var/tmp/build") is None
+
+
+def test_the_daemons_run_start_refuses_the_same_workspaces(tmp_path: Path) -> None:
+    """A fourth door, ``run.start``'s ``workspace``: the same sentence, as
+    ``bad_params``, and no run; a project directory starts one (the control)."""
+    from tests.daemon.test_server import Wire, agent_policy, daemon_at, kind_is
+
+    policy = agent_policy(tmp_path, [])
+    link = tmp_path / "to-etc"
+    link.symlink_to("/etc")
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        for workspace in ("/", "/etc", str(link)):
+            reply = wire.request("run.start", {"policy_path": str(policy), "workspace": workspace})
+            assert reply["error"]["code"] == "bad_params", reply
+            assert reply["error"]["message"] == f"workspace {workspace!r} {workspace_problem(workspace)}"
+        assert wire.call("run.list")["runs"] == []
+        project = tmp_path / "project"
+        project.mkdir()
+        info = wire.call("run.start", {"policy_path": str(policy), "workspace": str(project), "detach": True})
+        events.until(kind_is("run.end", info["id"]))

@@ -662,6 +662,13 @@ def _start_params(params: Mapping[str, Any]) -> dict[str, Any]:
             f"the workspace {workspace!r} is not a directory; create it, or leave 'workspace' out "
             "for a fresh one",
         )
+    if workspace is not None:
+        # The check of a policy's workspace, Cell(workspace=...) and exec -w.
+        from stockade.policy._workspace import workspace_problem
+
+        why = workspace_problem(workspace)
+        if why is not None:
+            raise RequestError("bad_params", f"workspace {os.path.normpath(workspace)!r} {why}")
     name = params.get("name")
     if name is not None and not (isinstance(name, str) and _RUN_NAME.fullmatch(name)):
         raise RequestError(
