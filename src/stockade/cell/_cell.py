@@ -508,12 +508,13 @@ class Cell:
         operator's would run or load, kept for ``stockade revert`` when not empty."""
         from stockade.cell._revert import save
 
-        changes = compare(before, snapshot(before.roots, protected=before.protected, keep=False))
+        after = snapshot(before.roots, protected=before.protected, keep=False)
+        changes = compare(before, after)
         self.last_report = tuple(changes)
         detail: dict[str, object] = {
             "changes": [c.to_dict() for c in changes],
             "roots": list(before.roots),
-            "cut": list(before.cut),
+            "cut": list(dict.fromkeys([*before.cut, *after.cut])),
         }
         if changes:
             try:

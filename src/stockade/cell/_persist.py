@@ -23,6 +23,7 @@ Reading only: nothing here writes to the walked trees.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import hashlib
 import os
@@ -322,9 +323,12 @@ def snapshot(roots: tuple[str, ...], *, protected: tuple[str, ...] = (), keep: b
 
 
 def _walk(snap: Snapshot, root: str, top: str, budget: list[int], kept: list[int], done: set[str]) -> None:
-    todo = [top]
+    # Breadth first: where an agent floods a tree to spend the bound, what
+    # lies near the top (the rc files, .git, .vscode) has been seen already,
+    # and the report says where the walk stopped.
+    todo = collections.deque([top])
     while todo:
-        directory = todo.pop()
+        directory = todo.popleft()
         try:
             with os.scandir(directory) as it:
                 entries = sorted(it, key=lambda e: e.name)
@@ -698,8 +702,18 @@ def report_lines(detail: dict[str, object], *, limit: int = 20) -> list[str]:
     """A ``cell.persistence`` event's detail as lines for a terminal (empty
     when the cell left nothing): what the CLI and the demo print at the end."""
     changes = detail.get("changes")
+    cut = detail.get("cut")
+    warning = (
+        [f"  the walk was cut ({'; '.join(str(c) for c in cut[:2])}): files past it were not checked"]
+        if isinstance(cut, list) and cut
+        else []
+    )
     if not isinstance(changes, list) or not changes:
-        return []
+        return (
+            ["persistence report: nothing found, but not everything was looked at:", *warning]
+            if warning
+            else []
+        )
     lines = [
         f"persistence report: {len(changes)} file(s) that your tools run or load were created or "
         "changed in writable places (git, your shell, editor or build would run them):"
@@ -716,6 +730,7 @@ def report_lines(detail: dict[str, object], *, limit: int = 20) -> list[str]:
         lines.append(text)
     if len(changes) > limit:
         lines.append(f"  … and {len(changes) - limit} more (see the cell.persistence event)")
+    lines.extend(warning)
     if detail.get("revert"):
         lines.append(
             f"  look at them before you run git, a shell or a build there; undo them: {detail['revert']}"
