@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from stockade.cell import _host
 from stockade.cell._cgroup import CellCgroup
+from stockade.cell._disk import TmpWatch
 from stockade.cell._launch import LaunchSpec, launch
 from stockade.cell._owners import lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
@@ -78,7 +79,8 @@ class CellResult:
     duration: float
     timed_out: bool = False
     limits_hit: tuple[str, ...] = ()
-    """Which limits ended or cut the run: ``timeout``, ``memory``, ``pids``, ``output``."""
+    """Which limits ended or cut the run: ``timeout``, ``memory``, ``pids``,
+    ``output``, ``disk`` (the cell's /tmp was full when it ended)."""
     workspace: str = ""
     live: tuple[Event, ...] = ()
     """The events already handed to ``run``'s ``on_event`` (also in ``events``,
@@ -317,6 +319,7 @@ class Cell:
         unsubscribe: Callable[[], None] | None = None
         launched = None
         owner = None
+        tmp_watch: TmpWatch | None = None
         detach: list[Callable[[], None]] = []
         notify_ours, notify_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         watch: CellWatch | None = None
@@ -353,6 +356,8 @@ class Cell:
                 # instant is attributed as soon as ``watch`` claims it.
                 unsubscribe = audit.on_event(live.from_reader)
             launched = launch(spec)
+            if limits.disk is not None:
+                tmp_watch = TmpWatch(launched.init_pid, limits.disk)
             os.close(out_w)
             os.close(err_w)
             out_w = err_w = -1
@@ -380,6 +385,8 @@ class Cell:
                     audit.unwatch(cell_id)
             cgroup.destroy()
             release_owner(owner)
+            if tmp_watch is not None:
+                tmp_watch.close()
             raise
         finally:
             if unsubscribe is not None:
@@ -428,6 +435,10 @@ class Cell:
         if truncated:
             limits_hit.append("output")
             events.append(_limit_event(cell_id, "cell", f"output past {limits.output} bytes dropped"))
+        disk_full = tmp_watch.reached() if tmp_watch is not None else []
+        if disk_full:
+            limits_hit.append("disk")
+            events.extend(_limit_event(cell_id, "cell", sentence) for sentence in disk_full)
         exit_code = status
         if launched.exec_error is not None:
             _stage, err, message = launched.exec_error

@@ -420,10 +420,23 @@ static void build_op(int fd, struct op *op, size_t index) {
                                   (op->writable ? 0 : CELL_MOUNT_ATTR_RDONLY), 0);
         }
         return;
-    case K_TMPFS:
+    case K_TMPFS: {
+        /* data: more options (the /tmp of limits.disk: "size=...,nr_inodes=..."). */
+        char options[256];
+        if (op->data_len >= sizeof options - 16 || memchr(op->data, '\0', op->data_len) != NULL) {
+            errno = EINVAL;
+            die(fd, ST_VIEW, errno, "tmpfs options of ", op->dst, NULL);
+        }
+        memcpy(options, "mode=1777", 10);
+        if (op->data_len) {
+            options[9] = ',';
+            memcpy(options + 10, op->data, op->data_len);
+            options[10 + op->data_len] = '\0';
+        }
         makedirs(fd, dst);
-        do_mount(fd, "tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+        do_mount(fd, "tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV, options);
         return;
+    }
     case K_DECOY_FILE:
         touch(fd, dst);
         do_mount(fd, "/empty", dst, NULL, MS_BIND, NULL);

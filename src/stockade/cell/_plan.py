@@ -277,7 +277,7 @@ def plan_cell(
     for path in _read_only_inside_writable(read_dirs, write_dirs, workspace):
         entries.append((path, MountOp("bind", path, src=path, writable=False, from_view=True)))
     # The cell's own /tmp, /dev and /proc are fresh, never the host's.
-    entries.append(("/tmp", MountOp("tmpfs", "/tmp", writable=True)))
+    entries.append(("/tmp", MountOp("tmpfs", "/tmp", writable=True, data=_tmp_options(policy))))
     scratch = _scratch_dir(read_dirs, hidden)
     if scratch != "/tmp":
         entries.append((scratch, MountOp("dir", scratch)))
@@ -727,6 +727,23 @@ def _holds_system(root: str) -> bool:
     """Whether a writable place is or holds a system directory (an AgentOS
     manifest writing ``/``): not walked for git directories."""
     return any(_is_under(system, root) for system in SYSTEM_READ)
+
+
+def _tmp_options(policy: Policy) -> bytes:
+    """Mount options of the cell's /tmp beyond its mode: ``limits.disk`` as
+    tmpfs's own limits (tmpfs(5): ``size``, ``nr_inodes``), which the kernel
+    enforces (ENOSPC) for every writer, root of the cell included. Its pages
+    are charged to the memory cgroup of the process that writes them, so the
+    cell's memory limit bounds /tmp too, as it always did."""
+    disk = policy.limits.disk
+    if disk is None:
+        return b""
+    options = []
+    if disk.bytes is not None:
+        options.append(f"size={disk.bytes}")
+    if disk.files is not None:
+        options.append(f"nr_inodes={disk.files}")
+    return ",".join(options).encode()
 
 
 SCRATCH = "/tmp/.stockade-tmp"

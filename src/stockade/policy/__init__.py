@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from stockade.policy._default import default_policy
 from stockade.policy._model import (
+    DiskLimit,
     EnvPolicy,
     ExecPolicy,
     FilesystemPolicy,
@@ -35,6 +36,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DiskLimit",
     "EnvPolicy",
     "ExecPolicy",
     "FilesystemPolicy",

@@ -34,6 +34,7 @@ from stockade.errors import PolicyError
 from stockade.policy import _agentos
 from stockade.policy._default import DEFAULT_LIMITS, PROTECT, SECRETS_DENY, SYSTEM_READ
 from stockade.policy._model import (
+    DiskLimit,
     ExecPolicy,
     FilesystemPolicy,
     HostRule,
@@ -47,6 +48,7 @@ from stockade.policy._model import (
 from stockade.policy._schema import (
     LLM_BASE_URLS,
     STOCKADE_KEYS,
+    DiskSection,
     PathKey,
     PolicyFile,
     Problem,
@@ -876,6 +878,7 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
             timeout=limit("timeout"),
             output=limit("output"),
             denials=limit("denials"),
+            disk=_disk(limits.disk) if "disk" in given else DEFAULT_LIMITS.disk,
         ),
         network=NetworkPolicy(
             allow=tuple(
@@ -946,6 +949,13 @@ def _secret_problems(model: PolicyFile) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _disk(section: DiskSection | None) -> DiskLimit | None:
+    """``limits.disk``; null, or both kinds unlimited, is no limit."""
+    if section is None or (section.bytes is None and section.files is None):
+        return None
+    return DiskLimit(bytes=section.bytes, files=section.files)
 
 
 def _unique(items: Any) -> tuple[Any, ...]:

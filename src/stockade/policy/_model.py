@@ -54,6 +54,18 @@ class EnvPolicy:
 
 
 @dataclass(frozen=True)
+class DiskLimit:
+    """``limits.disk``: the size of the cell's own ``/tmp`` (a tmpfs of its
+    own, so the kernel enforces it); ``None`` means no limit of that kind. A
+    workspace is not limited by it (docs/POLICY.md)."""
+
+    bytes: int | None = None
+    """Bytes of data, rounded up to whole pages."""
+    files: int | None = None
+    """Inodes: files, directories, links and the like, ``/tmp`` itself included."""
+
+
+@dataclass(frozen=True)
 class Limits:
     """Resource limits; ``None`` means no limit of that kind."""
 
@@ -70,6 +82,8 @@ class Limits:
     denials: int | None = None
     """The tripwire: after this many denials of the broker in one run, the run
     halts (its cells stop, every later intent is refused and recorded)."""
+    disk: DiskLimit | None = None
+    """The cell's ``/tmp``: bytes and files (``DiskLimit``); None for no limit."""
 
 
 @dataclass(frozen=True)

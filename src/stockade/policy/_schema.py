@@ -551,6 +551,17 @@ def _pids(value: object) -> int:
 PID_MAX_LIMIT = 4 * 1024 * 1024
 """The most processes Linux can have (``PID_MAX_LIMIT`` on 64-bit, include/linux/threads.h)."""
 
+
+def _files(value: object) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        raise ValueError(f"{show(value)} is text, not a number; write it without quotes: {value.strip()}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{show(value)} is not a whole number; write a number of files such as 100000")
+    if value > 2**31 - 1:
+        # tmpfs's nr_inodes is an unsigned long, but past 2^31 it is no limit worth the name.
+        raise ValueError(f"{value} is more than {2**31 - 1} files; write a smaller number, or 'unlimited'")
+    return value
+
 # ------------------------------------------------------------------- annotated types
 
 PathPattern = Annotated[str, AfterValidator(_checked(check_path))]
@@ -622,6 +633,29 @@ OutputLimit = Annotated[
     int | None,
     BeforeValidator(_limit(parse_size)),
     WithJsonSchema({**SIZE_SCHEMA, "description": "Bytes of stdout + stderr kept: '64M'."}),
+]
+DiskBytes = Annotated[
+    int | None,
+    BeforeValidator(
+        _limit(
+            parse_size,
+            minimum=1024**2,
+            what="{value} is less than 1 MiB; write a unit, such as '1G'",
+        )
+    ),
+    WithJsonSchema({**SIZE_SCHEMA, "description": "Bytes of the cell's /tmp: '1G', '512M' or bytes."}),
+]
+DiskFiles = Annotated[
+    int | None,
+    BeforeValidator(
+        _limit(_files, minimum=16, what="{value} is less than 16; write a number of files such as 100000")
+    ),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": 16, "maximum": 2**31 - 1}, *_UNLIMITED],
+            "description": "Files (inodes) of the cell's /tmp, itself included.",
+        }
+    ),
 ]
 PidsLimit = Annotated[
     int | None,
@@ -783,6 +817,13 @@ def _default_limit(name: str) -> Any:
     return Field(None, json_schema_extra={"default": shown})
 
 
+class DiskSection(_Section):
+    """The cell's own /tmp, a tmpfs the kernel keeps to these sizes."""
+
+    bytes: DiskBytes = None
+    files: DiskFiles = None
+
+
 class LimitsSection(_Section):
     """Each limit left out takes the default policy's value; null or 'unlimited' means none."""
 
@@ -792,6 +833,13 @@ class LimitsSection(_Section):
     timeout: TimeoutLimit = _default_limit("timeout")
     output: OutputLimit = _default_limit("output")
     denials: DenialsLimit = _default_limit("denials")
+    disk: Annotated[
+        DiskSection | None,
+        Field(
+            description="The cell's /tmp: {bytes: '1G', files: 100000}; enforced by the kernel (a "
+            "tmpfs of the cell's own) and recorded when reached. The workspace is not limited by it."
+        ),
+    ] = None
 
 
 class HostRuleSection(_Section):
