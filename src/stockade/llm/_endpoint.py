@@ -177,7 +177,11 @@ class LlmEndpoint:
 
     async def serve(self, sock: socket.socket, cell_id: str) -> None:
         """Serve ``cell_id``'s endpoint on ``sock`` (listening already); return once serving."""
-        server = AppServer(self.app(cell_id), sock)
+        # Its limits (connections, idle ones, the daemon's descriptor
+        # reserve) are the server's; its refusals go to the run's record.
+        server = AppServer(
+            self.app(cell_id), sock, record=self._hooks.record, run_id=self.run_id, cell=cell_id
+        )
         await server.start()
         self._servers.append(server)
 
