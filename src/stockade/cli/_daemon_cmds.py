@@ -279,8 +279,10 @@ def _persistence(state_dir: str, run_id: str) -> None:
     tool of the operator's would run), on stderr after the run."""
     from stockade.cell._persist import report_lines
     from stockade.cell._revert import RECORDS, reports
+    from stockade.cli._revert_cmd import run_family
 
-    for _where, report in reports(os.path.join(state_dir, RECORDS), run_id):
+    family = run_family(state_dir, run_id)
+    for _where, report in [r for ident in family for r in reports(os.path.join(state_dir, RECORDS), ident)]:
         lines = report_lines({**report, "revert": f"stockade revert {run_id}"})
         if lines:
             click.echo("stockade: " + "\n".join(lines), err=True)

@@ -25,14 +25,16 @@ EXIT_NOT_FOUND = 6
 )
 @click.option("--dry-run", is_flag=True, help="Show the report; change nothing.")
 def revert_cmd(run: str, state: str | None, dry_run: bool) -> int:
-    """Undo the persistence report of RUN (a run id r-…, or a cell id c-… of `stockade exec`)."""
+    """Undo the persistence report of RUN (a run id r-…, with the helpers it
+    spawned, or a cell id c-… of `stockade exec`)."""
     import os
 
     from stockade.cell._revert import RECORDS, records_dir, reports, revert
 
     directory = os.path.join(os.path.abspath(state), RECORDS) if state else records_dir()
+    family = run_family(os.path.dirname(directory), run)
     if dry_run:
-        found = reports(directory, run)
+        found = [item for ident in family for item in reports(directory, ident)]
         if not found:
             click.echo(_none(run, directory), err=True)
             return EXIT_NOT_FOUND
@@ -44,14 +46,43 @@ def revert_cmd(run: str, state: str | None, dry_run: bool) -> int:
                 if isinstance(row, dict):
                     click.echo(f"  - {row.get('change')} {row.get('kind')} {row.get('path')}")
         return 0
-    try:
-        lines = revert(directory, run)
-    except FileNotFoundError:
+    lines: list[str] = []
+    for ident in reversed(family):  # helpers first: they ended before their parent
+        try:
+            lines.extend(revert(directory, ident))
+        except FileNotFoundError:
+            continue
+    if not lines:
         click.echo(_none(run, directory), err=True)
         return EXIT_NOT_FOUND
     for line in lines:
         click.echo(line)
     return 1 if any(line.startswith("not reverted") for line in lines) else 0
+
+
+def run_family(state: str, run: str) -> list[str]:
+    """``run`` and the helpers it spawned, theirs too (``runs/<id>/run.json``'s
+    ``children``, when the daemon's state directory holds them), parents first."""
+    import json
+    import os
+
+    out: list[str] = []
+    todo = [run]
+    while todo and len(out) < 10000:
+        ident = todo.pop(0)
+        if ident in out:
+            continue
+        out.append(ident)
+        if os.path.basename(ident) != ident or not ident:
+            continue  # an id, never a path
+        try:
+            with open(os.path.join(state, "runs", ident, "run.json")) as f:
+                children = json.load(f).get("children")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(children, list):
+            todo.extend(str(c) for c in children)
+    return out
 
 
 def _none(run: str, directory: str) -> str:
