@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from stockade import _fds
 from stockade.broker._protocol import Connection, ErrorCode, ProtocolViolation, Request
 from stockade.daemon._intent_path import PreparedRead
 from stockade.daemon._requests import RequestError
@@ -123,6 +124,13 @@ class Peer(asyncio.Protocol):
         # A stream transport; uvloop's (``_server.new_loop``) does not derive from asyncio's class.
         self.transport = transport = cast(asyncio.Transport, base)
         if self.daemon.released:  # accepted as the daemon let go: it would never be closed
+            transport.close()
+            self._closing = True
+            return
+        if self.run is not None and _fds.low(_fileno(transport)):
+            # The last descriptors are the operator's and the daemon's: the
+            # control socket (run is None) still takes connections.
+            transport.write(self.conn.fail(0, "unavailable", _fds.LOW_MESSAGE))
             transport.close()
             self._closing = True
             return
@@ -357,6 +365,11 @@ def _code(code: str) -> ErrorCode:
     from stockade.broker._protocol import ERROR_CODES
 
     return code if code in ERROR_CODES else "internal"
+
+
+def _fileno(transport: asyncio.BaseTransport) -> int:
+    sock = transport.get_extra_info("socket")
+    return sock.fileno() if sock is not None else -1
 
 
 def _peer_cred(sock: socket.socket | None) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import h11
 
+from stockade import _fds
 from stockade.gateway._answers import MAX_HEADERS, Answers, Client, GatewayHooks
 from stockade.gateway._ca import RunCA
 from stockade.gateway._egress import Destination, Egress, EgressDecision, EgressRefused
@@ -167,7 +168,9 @@ class Proxy(Answers):
         self._connections.add(task)
         client = Client(cell, reader, writer)
         try:
-            if self._closed or len(self._connections) > self._max_connections:
+            sock = writer.get_extra_info("socket")
+            low = sock is not None and _fds.low(sock.fileno())  # the daemon's reserve (stockade._fds)
+            if self._closed or low or len(self._connections) > self._max_connections:
                 # Not a policy decision and not recorded: a bound on the daemon's sockets.
                 writer.write(_TOO_MANY)
                 return
