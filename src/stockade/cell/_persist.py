@@ -118,6 +118,8 @@ _NAMES: dict[str, Kind] = {
         "build",
     ),
     ".gitmodules": "git-meta",
+    # git's global config where HOME is this directory (as it is in a cell).
+    ".gitconfig": "git-config",
 }
 """Files by name, wherever they lie in a writable place."""
 
