@@ -409,3 +409,44 @@ def test_an_allowed_path_stays_under_its_prefix(pieces: list[str]) -> None:
 
 
 _PATH_EGRESS = egress("    - {host: git.example, paths: [/repos/]}\n")
+
+
+BOUND_RULES = """\
+    - "**.example.com:80"
+    - {host: 10.1.2.3, ports: [80], methods: [GET], paths: [/mirror/]}
+    - {host: 10.9.0.0/16, ports: [80], methods: [GET]}
+    - {host: 10.9.9.9, ports: [80]}
+"""
+
+
+@pytest.mark.parametrize(
+    ("address", "method", "path", "refused"),
+    [
+        ("10.1.2.3", "GET", "/mirror/x", False),
+        ("10.1.2.3", "POST", "/mirror/x", True),  # the issue's repro: methods bind through the name
+        ("10.1.2.3", "GET", "/admin/", True),
+        ("10.1.2.3", "GET", "/mirror/%2e%2e/admin", True),  # dot tricks count as at the address rule
+        ("10.9.1.1", "GET", "/anything", False),
+        ("10.9.1.1", "DELETE", "/anything", True),
+        ("10.9.9.9", "DELETE", "/anything", False),  # an unlimited rule also names it: it allows
+        ("93.184.216.34", "POST", "/admin/", False),  # no address rule names it: the name rule decides
+    ],
+)
+def test_address_rules_bind_a_request_a_name_rule_let_through(
+    address: str, method: str, path: str, refused: bool
+) -> None:
+    rules = egress(BOUND_RULES)
+    decided = rules.decide_address(
+        "mirror.example.com", ipaddress.ip_address(address), 80, method=method, path=path
+    )
+    assert (decided is not None) is refused
+    if decided is not None:
+        assert (
+            decided.verdict == "deny"
+            and decided.rule is not None
+            and decided.rule.startswith("network.allow[")
+        )
+        assert decided.reason.startswith(f"mirror.example.com resolves to {address}, and ")
+    # A CONNECT there must be opened exactly when every rule naming the address limits it.
+    limited = {"10.1.2.3": True, "10.9.1.1": True, "10.9.9.9": False, "93.184.216.34": False}[address]
+    assert rules.address_limits(ipaddress.ip_address(address), 80) is limited

@@ -212,6 +212,7 @@ class Egress:
         self.network = network
         self.resolver = resolver
         self.inspect_hosts = inspect_hosts
+        self._by_address: tuple[NetworkPolicy, list[tuple[int, HostRule]]] | None = None
 
     def decide(
         self, host: str, port: int, *, method: str | None = None, path: str | None = None
@@ -318,11 +319,16 @@ class Egress:
         return EgressDecision("deny", name, reason, False)
 
     def _address_rules(self, address: IPAddress, port: int) -> list[tuple[int, HostRule]]:
-        return [
-            (index, rule)
-            for index, rule in enumerate(self.network.allow)
-            if pattern_kind(rule.host) in ("ip", "cidr") and _matches(rule, str(address), port)
-        ]
+        # The policy's address rules, found once: this runs for every request.
+        if self._by_address is None or self._by_address[0] is not self.network:
+            rules = [
+                (index, rule)
+                for index, rule in enumerate(self.network.allow)
+                if pattern_kind(rule.host) in ("ip", "cidr")
+            ]
+            self._by_address = (self.network, rules)
+        shown = str(address)
+        return [(index, rule) for index, rule in self._by_address[1] if _matches(rule, shown, port)]
 
     def address_limits(self, address: IPAddress, port: int) -> bool:
         """Whether the address rules that name ``address`` limit methods or paths (then a
