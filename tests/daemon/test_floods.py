@@ -234,3 +234,27 @@ def test_the_store_reserve_refuses_agents_data_and_keeps_the_daemons_events(tmp_
     kinds = [e["kind"] for e in _stored(str(tmp_path / "state" / "events.db"), info["id"])]
     assert "tool.call" not in kinds and kinds.count("budget.exceeded") == 1
     assert "intent" in kinds and "run.end" in kinds, "the daemon's own events were not kept"
+
+
+def test_at_the_descriptor_reserve_cells_are_refused_and_the_operator_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stockade import _fds
+
+    granted = tmp_path / "granted"
+    read = {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+    tools = [{"id": "read", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}}]
+    starved = flood_policy(tmp_path, [read], name="starved", tools=tools)
+    later = flood_policy(tmp_path, [read], name="later", tools=tools)
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        monkeypatch.setattr(_fds, "low", lambda fd: True)  # as if the daemon's descriptors ran out
+        _info, lines = run_to_end(wire, events, starved)
+        refused = lines[0]["out"]["error"]
+        assert refused["code"] == "unavailable" and "descriptors of its limit" in refused["message"]
+        assert wire.call("status")["pid"] == os.getpid(), "the operator's socket was refused too"
+        assert Wire(dt.socket_path).call("status")["pid"] == os.getpid(), "a new operator connection failed"
+        monkeypatch.setattr(_fds, "low", lambda fd: False)
+        _info, lines = run_to_end(wire, events, later)
+        assert lines[0]["out"]["result"]["value"]["content"] == "the granted file\n"
