@@ -362,3 +362,13 @@ def test_a_compressed_request_body_holding_a_value_is_refused() -> None:
     scan = secrets.body_scan("evil.example")
     assert scan is not None
     assert b"".join(scan.feed(plain[i : i + 50]) for i in range(0, len(plain), 50)) + scan.flush() == plain
+
+
+def test_scrub_hides_the_start_of_a_value_a_cut_left() -> None:
+    secrets = load(SecretPolicy("LONG", env="LONG", hosts=("a.com",)))
+    value = ENV["LONG"]
+    cut = f"'http://a.com/?k={value}'"[:30] + "' is not a proxy request"
+    assert value[:10] in cut and value not in cut
+    scrubbed = secrets.scrub(cut)
+    assert value[:8] not in scrubbed and "[secret LONG, cut]" in scrubbed
+    assert secrets.scrub("sk-proj is a word here") == "sk-proj is a word here"  # shorter than 8: kept

@@ -35,6 +35,8 @@ from stockade.policy._match import host_rule_matches, normalize_host_pattern
 from stockade.policy._model import HostRule, SecretPolicy
 
 PLACEHOLDER_PREFIX = "stockade-secret-"
+CUT_START = 8
+"""Characters of a value's start that ``scrub`` hides even where the rest was cut off."""
 WATCH_LIMIT = 256 * 1024 * 1024
 """Bytes of a compressed answer the gateway decompresses to search it; past it the answer is cut off."""
 
@@ -299,10 +301,30 @@ class Secrets:
         if not self._secrets:
             return text
         text = self._forms.scrub(text, lambda i: f"[secret {self._secrets[i].name}]")
+        text = self._scrub_cut(text)
         if PLACEHOLDER_PREFIX in text.lower():
             for needle, label in self._placeholders:
                 if needle in text:
                     text = text.replace(needle, label)
+        return text
+
+    def _scrub_cut(self, text: str) -> str:
+        """``text`` without the start of a value that a cut left (a message that
+        quoted ``target[:200]`` before it reached ``scrub``): defence in depth, for
+        values of 12 characters or more, whose first ``CUT_START`` mark them."""
+        for secret in self._secrets:
+            value = secret.value
+            if len(value) < 12 or value[:CUT_START] not in text:
+                continue
+            out: list[str] = []
+            pos = 0
+            while (start := text.find(value[:CUT_START], pos)) != -1:
+                end = start + CUT_START
+                while end < len(text) and end - start < len(value) and text[end] == value[end - start]:
+                    end += 1
+                out += [text[pos:start], f"[secret {secret.name}, cut]"]
+                pos = end
+            text = "".join(out) + text[pos:]
         return text
 
     def body_scan(self, host: str) -> BodyScan | None:
