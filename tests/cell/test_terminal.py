@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import subprocess
 import sys
 import termios
 from pathlib import Path
 
-from stockade.cell import Cell
+from stockade.cell import Cell, CellResult
 from stockade.cell._terminal import window_size
 
 SCRIPT = (
@@ -105,3 +106,56 @@ def test_stockade_exec_leaves_the_terminal_as_it_was(tmp_path: Path) -> None:
     assert after == before
     kinds = [e["kind"] for e in json.loads(done.stdout)["events"]]
     assert "cell.terminal" in kinds
+
+
+def test_a_cell_that_never_reads_does_not_hold_the_run(tmp_path: Path) -> None:
+    """The operator types far more than a pty's queues hold (1 MiB) while the
+    cell never reads its input: the relay drops what does not fit instead of
+    blocking, so the run ends when the command does, and the operator's
+    terminal is as it was. The command waits for the test's go-file, made
+    once the megabyte has gone through the operator's terminal."""
+    import threading
+    import time
+
+    master, slave = _operator_terminal()
+    go = tmp_path / "go"
+    results: list[object] = []
+    try:
+        termios.tcsetattr(slave, termios.TCSANOW, _raw(termios.tcgetattr(slave)))
+        before = _state(slave)
+        cell = Cell(workspace=tmp_path)
+        wait = "import os\nwhile not os.path.exists('go'):\n    os.sched_yield()\nprint('done')"
+        runner = threading.Thread(
+            target=lambda: results.append(
+                cell.run(["/usr/bin/python3", "-c", wait], stdin=slave, timeout=30)
+            ),
+            daemon=True,  # a regression leaves it blocked: it must not hold up the test process
+        )
+        runner.start()
+        os.set_blocking(master, False)
+        typed, deadline = 0, time.monotonic() + 20
+        while typed < 1 << 20 and time.monotonic() < deadline:
+            try:
+                typed += os.write(master, b"y" * 4096)
+            except BlockingIOError:
+                select.select([], [master], [], 1.0)  # until the relay has taken some
+        go.write_text("")
+        runner.join(30)
+        assert not runner.is_alive(), "the run did not end: the relay blocked on the cell's full pty"
+        cell.close()
+        after = _state(slave)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert typed >= 1 << 20, f"only {typed} bytes went through the operator's terminal"
+    result = results[0]
+    assert isinstance(result, CellResult) and result.exit_code == 0 and result.stdout == b"done\n"
+    assert after == before
+
+
+def _raw(attrs: list[object]) -> list[object]:
+    """Non-canonical mode, so that the operator's side holds bytes without a newline."""
+    lflag = attrs[3]
+    assert isinstance(lflag, int)
+    attrs[3] = lflag & ~(termios.ICANON | termios.ECHO)
+    return attrs

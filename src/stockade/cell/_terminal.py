@@ -69,6 +69,9 @@ class TerminalRelay:
         except (OSError, termios.error):
             pass  # the pty's defaults, then: the operator's terminal is untouched either way
         self._start = self._state()
+        # Never block on the master: a cell that does not read its input
+        # would otherwise hold the relay (and so the end of the run) forever.
+        os.set_blocking(master, False)
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._previous_winch: Callable[[int, FrameType | None], object] | int | None = None
         self._winch_installed = False
@@ -138,6 +141,8 @@ class TerminalRelay:
                 written = os.write(self.master, view)
             except InterruptedError:
                 continue
+            except BlockingIOError:
+                return  # its input queue is full: the rest is dropped, as a terminal drops it
             except OSError:
                 return  # the cell's side is gone
             view = view[written:]
