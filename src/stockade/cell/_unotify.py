@@ -339,6 +339,9 @@ class Supervisor:
         w = CellWatch(cell_id, listener, identities, host_uid, netns, audit, on_event)
         with self._lock:
             self._watches[listener] = w
+        if netns >= 0:
+            with _supervisor_lock:
+                _by_netns[os.fstat(netns).st_ino] = cell_id
         self._epoll.register(listener, select.EPOLLIN)
         return w
 
@@ -346,6 +349,9 @@ class Supervisor:
         """Stop serving the cell; its events. Connects still waiting fail with ENOSYS."""
         with self._lock:
             self._watches.pop(w.listener, None)
+        if w.netns_fd >= 0:
+            with _supervisor_lock:
+                _by_netns.pop(os.fstat(w.netns_fd).st_ino, None)
         with w.lock:
             if not w.closed:
                 w.closed = True
@@ -701,6 +707,30 @@ def _failure_event(cell_id: str, exc: BaseException) -> Event:
 
 _supervisor: Supervisor | None = None
 _supervisor_lock = threading.Lock()
+_by_netns: dict[int, str] = {}
+"""Network namespace inode of each watched cell → its id."""
+SIOCGSKNS = 0x894C
+"""<linux/sockios.h>, Linux 4.9: a descriptor of a socket's network namespace."""
+
+
+def cell_of_peer(sock: socket.socket) -> str:
+    """The cell at the other end of ``sock``, a server's end of a unix connection
+    the supervisor made for a cell, or '' if it is none. A server that
+    identifies cells by SO_PEERCRED sees this process for those connections.
+    The server's end of a unix connection lives in the client's network
+    namespace (unix_stream_connect creates it there), which is the cell's."""
+    import fcntl
+
+    try:
+        ns = fcntl.ioctl(sock.fileno(), SIOCGSKNS)
+    except OSError:
+        return ""
+    try:
+        ino = os.fstat(ns).st_ino
+    finally:
+        os.close(ns)
+    with _supervisor_lock:
+        return _by_netns.get(ino, "")
 
 
 def supervisor() -> Supervisor:
@@ -712,4 +742,4 @@ def supervisor() -> Supervisor:
         return _supervisor
 
 
-__all__ = ["REFUSAL_ERRNO", "CellWatch", "Supervisor", "attach_guard", "supervisor"]
+__all__ = ["REFUSAL_ERRNO", "CellWatch", "Supervisor", "attach_guard", "cell_of_peer", "supervisor"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import os
 import socket
 import struct
 import sys
@@ -147,6 +148,12 @@ class Peer(asyncio.Protocol):
         pid, uid = _peer_cred(sock)
         if self.run is None:
             self.who = _user_name(uid)
+        elif pid == os.getpid() and sock is not None:
+            # Connected by the cell's connect supervisor (cell/_unotify), which
+            # knows for which cell.
+            from stockade.cell._unotify import cell_of_peer
+
+            self.cell = cell_of_peer(sock)
         elif pid > 0:
             self.cell = _cell_of(pid)
 
