@@ -112,7 +112,7 @@ while time.monotonic() < deadline:
     try:
         with open(f"/proc/{orphan}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: while it is being reaped
         state = "reaped"
         break
     os.sched_yield()

@@ -288,7 +288,7 @@ def test_seccomp_cannot_be_bypassed_through_another_abi(cell: Cell, abi: str) ->
         assert "killed" in events[0].summary
     else:
         assert (detail["arch"], detail["nr"], detail["action"]) == ("x86_64", 0x40000000 | 521, "errno")
-    assert assert_works(probe["control"]) == 0
+    assert assert_works(probe["control"]) == 1  # the cell's init
 
 
 # --------------------------------------------------------------------- terminals
@@ -634,8 +634,8 @@ def test_signal_scope_of_landlock(cell: Cell) -> None:
 
 
 def test_only_the_cells_processes_are_visible(cell: Cell, host_victim: subprocess.Popen[bytes]) -> None:
-    """The cell's /proc lists its own processes only: its pid 1 and the two
-    children it started, nothing of the host (a host pid is ENOENT there,
+    """The cell's /proc lists its own processes only: its init (pid 1), the
+    probe and the two children it started, nothing of the host (a host pid is ENOENT there,
     decided by the pid namespace, unrecorded)."""
     probe = run_probe(
         cell,
@@ -650,7 +650,7 @@ def test_only_the_cells_processes_are_visible(cell: Cell, host_victim: subproces
                 "    kids.append(p)\n"
                 "seen = sorted(int(n) for n in os.listdir('/proc') if n.isdigit())\n"
                 "os.close(w)\nfor p in kids:\n    os.waitpid(p, 0)\n"
-                "return [seen, sorted([1, *kids])]",
+                "return [seen, sorted([1, os.getpid(), *kids])]",
             ),
             Attempt("attempt", f"return open('/proc/{host_victim.pid}/status').read()"),
         ],
