@@ -112,3 +112,22 @@ def test_host_identifying_proc_files_are_empty_decoys(cell: Cell) -> None:
     out = probe.result.stdout.decode()
     assert host["/proc/sys/kernel/random/boot_id"].strip() not in out
     assert host["/proc/cmdline"].strip() not in out
+
+
+def test_the_cells_own_interface_attributes_are_not_writable(cell: Cell) -> None:
+    """In its own sysfs the cell's lo belongs to its user namespace's root,
+    which the agent is not: a write to its MTU is refused by file permissions
+    (EACCES) and on record as layer ``dac``; the value reads as before (the control)."""
+    probe = run_probe(
+        cell,
+        [
+            Attempt("before", "return open('/sys/class/net/lo/mtu').read()"),
+            Attempt("write", "fd = os.open('/sys/class/net/lo/mtu', os.O_WRONLY)\nos.write(fd, b'1280')"),
+            Attempt("after", "return open('/sys/class/net/lo/mtu').read()"),
+        ],
+    )
+    assert_refused(probe["write"], EACCES)
+    assert assert_works(probe["after"]) == assert_works(probe["before"])
+    assert [
+        e for e in probe.denials() if e.layer == "dac" and e.detail.get("path") == "/sys/class/net/lo/mtu"
+    ], probe.transcript()
