@@ -1084,6 +1084,17 @@ print(f"full {held} {ctypes.get_errno()}", flush=True)
 sys.stdin.read(1)
 """
 
+FANOTIFY_HOG = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+held = 0
+# fanotify_init(FAN_CLASS_NOTIF | FAN_REPORT_FID, O_RDONLY): unprivileged since Linux 5.13
+while libc.syscall(300, 0x200, os.O_RDONLY) >= 0:
+    held += 1
+print(f"full {held} {ctypes.get_errno()}", flush=True)
+sys.stdin.read(1)
+"""
+
 SIGNAL_HOG = r"""
 import os, signal, sys, threading
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN})
@@ -1125,22 +1136,34 @@ def _host_root_can_inotify() -> bool:
     return True
 
 
+def _host_root_can_fanotify() -> bool:
+    fd = _libc.syscall(_SYS_FANOTIFY_INIT, 0x200, os.O_RDONLY | os.O_CLOEXEC)
+    if fd < 0:
+        assert ctypes.get_errno() == errno.EMFILE
+        return False
+    os.close(fd)
+    return True
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
+_SYS_FANOTIFY_INIT = 300
+"""x86-64 (arch/x86/entry/syscalls/syscall_64.tbl)."""
 
 
 @pytest.mark.parametrize(
     ("hog", "check", "err"),
     [
         pytest.param(INOTIFY_HOG, _host_root_can_inotify, errno.EMFILE, id="inotify-instances"),
+        pytest.param(FANOTIFY_HOG, _host_root_can_fanotify, errno.EMFILE, id="fanotify-groups"),
         pytest.param(SIGNAL_HOG, _host_root_can_queue_a_signal, EAGAIN, id="queued-signals"),
     ],
 )
 def test_a_cell_cannot_use_up_host_roots_kernel_counters(
     hog: str, check: Callable[[], bool], err: int
 ) -> None:
-    """A cell takes inotify instances (128 per user here) or queues real-time
-    signals (RLIMIT_SIGPENDING, ~96,000) until the kernel refuses; while it
-    holds them all, host root still gets both. The kernel charges these to
+    """A cell takes inotify instances or fanotify groups (128 per user here)
+    or queues real-time signals (RLIMIT_SIGPENDING, ~96,000) until the kernel
+    refuses; while it holds them all, host root still gets one. The kernel charges these to
     the uid that created the cell's user namespace (kernel/ucount.c), which
     is a host uid of the cell's own (cell/_owners.py), not root.
 
@@ -1151,7 +1174,8 @@ def test_a_cell_cannot_use_up_host_roots_kernel_counters(
 
     ESCAPE (found by this test, fixed): with the namespace created by host
     root, 128 instances in one cell made host root's ``inotify_init`` fail,
-    and a cell's queued signals made root's ``rt_sigqueueinfo`` fail."""
+    128 groups its ``fanotify_init``, and a cell's queued signals its
+    ``rt_sigqueueinfo``."""
     seen: list[bool] = []
     gate = _Gate(b"full", lambda _seen: seen.append(check()))
     try:
