@@ -254,10 +254,12 @@ def probe(
     params: dict[str, Any] | None = None,
     *,
     workspace: str | os.PathLike[str] | None = None,
+    sockets: dict[str, str] | None = None,
 ) -> Probe:
-    """Run a probe in a fresh cell and wait for it."""
+    """Run a probe in a fresh cell and wait for it. ``sockets``: host sockets
+    shown in the cell, as the daemon shows the broker's."""
     params = {"neighbour_port": NEIGHBOUR_PORT, **(params or {})}
-    with Cell(policy, workspace=workspace) as cell:
+    with Cell(policy, workspace=workspace, sockets=sockets) as cell:
         result = cell.run(probe_argv(body, params), timeout=RUN_TIMEOUT)
     return _parse(result, result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace"))
 
