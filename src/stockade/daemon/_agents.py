@@ -221,7 +221,49 @@ class Agents:
             return "the helper's policy grants more than this run's: " + " ".join(
                 p if p.endswith(".") else p + "." for p in problems
             )
+        return self._carve_refusal(run, policy)
+
+    def _carve_refusal(self, run: Run, policy: Policy) -> str:
+        """Why the family of ``run`` has no room left for a helper under
+        ``policy``; empty when it has. A family's helpers, all of them alive at
+        once, hold at most the root run's limits between them (memory,
+        processes, CPU): 49 helpers that each got their parent's 2 GiB summed to
+        98 GiB on a 24 GiB host. The root's own cell keeps its limits (it is
+        not made smaller), so a family holds at most twice the root's."""
+        above = self.lineage(run)
+        root = above[-1] if above else run
+        alive = [r for r in self.descendants(root) if not r.done.is_set()]
+        for kind, unit in (("memory", " bytes"), ("pids", " processes"), ("cpu", " CPUs")):
+            bound = getattr(root.policy.limits, kind)
+            if bound is None:
+                continue
+            wanted = getattr(policy.limits, kind)
+            if wanted is None:
+                return (
+                    f"the helper's policy sets no limits.{kind}, and the helpers of run {root.id} share "
+                    f"its {_num(bound)}{unit}; give the helper a limits.{kind}"
+                )
+            held = sum(getattr(r.policy.limits, kind) or 0 for r in alive)
+            if held + wanted > bound:
+                return (
+                    f"the {len(alive)} helper(s) of run {root.id} alive hold {_num(held)}{unit} of "
+                    f"limits.{kind}, and this one's {_num(wanted)} would pass the {_num(bound)} they share "
+                    f"(the root's limits.{kind}); give the helper less or wait for one to end"
+                )
         return ""
+
+    def descendants(self, run: Run) -> list[Run]:
+        """Every run below ``run``: its helpers, theirs, … (depth first)."""
+        found: list[Run] = []
+        for helper in self.helpers(run):
+            found.append(helper)
+            found.extend(self.descendants(helper))
+        return found
+
+    def root(self, run: Run) -> Run:
+        """The run at the top of ``run``'s family (``run`` itself when it has no parent)."""
+        above = self.lineage(run)
+        return above[-1] if above else run
 
     def _hidden(self, run: Run) -> tuple[str, ...]:
         """The places every cell hides except below a grant naming a path inside them."""
@@ -360,6 +402,10 @@ class Agents:
         mailbox = self._mailboxes.pop(run.id, None)
         if mailbox is not None:
             mailbox.close()
+
+
+def _num(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _resolved(policy: Policy, workspace: str) -> tuple[Policy, str]:

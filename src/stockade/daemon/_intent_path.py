@@ -302,8 +302,14 @@ class IntentPath:
 
     async def _count_denial(self, run: Run) -> None:
         run.denials += 1
-        if run.tripwire.record("deny") and not run.halted:
-            await self.halt(run, f"{run.tripwire.denials} denials reached the limit of {run.tripwire.limit}")
+        if run.tripwire.record("deny"):
+            # A family shares one tripwire (a helper's is its parent's): its
+            # trip halts the run that tripped it and the root, with every helper.
+            reason = f"{run.tripwire.denials} denials reached the limit of {run.tripwire.limit}"
+            root = self.agents.root(run)
+            for target in [run] if root is run else [run, root]:
+                if not target.halted:
+                    await self.halt(target, reason)
 
     async def _ask(
         self, run: Run, intent: str, args: Mapping[str, object], *, unattended: bool | None = None

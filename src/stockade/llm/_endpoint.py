@@ -100,6 +100,14 @@ class _Call:
     stream: bool = False
 
 
+@dataclass(slots=True)
+class LlmUsage:
+    """Calls and tokens spent, against ``llm.max_requests`` and ``llm.max_tokens``."""
+
+    requests: int = 0
+    tokens: int = 0
+
+
 class LlmEndpoint:
     """The LLM endpoint of one run, served on one socket per cell.
 
@@ -146,8 +154,31 @@ class LlmEndpoint:
         self._upstream.scrub = self.scrub
         self._servers: list[AppServer] = []
         self._pending: set[asyncio.Task[None]] = set()
-        self.requests_used = 0
-        self.tokens_used = 0
+        self.usage = LlmUsage()
+        """What the budgets count; a helper's endpoint is given its family
+        root's (``share_usage``), so the family draws from one budget."""
+
+    @property
+    def requests_used(self) -> int:
+        return self.usage.requests
+
+    @requests_used.setter
+    def requests_used(self, value: int) -> None:
+        self.usage.requests = value
+
+    @property
+    def tokens_used(self) -> int:
+        return self.usage.tokens
+
+    @tokens_used.setter
+    def tokens_used(self, value: int) -> None:
+        self.usage.tokens = value
+
+    def share_usage(self, other: LlmEndpoint) -> None:
+        """Count this endpoint's calls and tokens with ``other``'s (a helper's
+        with its family root's): with ``llm.max_requests: 2`` a family of four
+        runs made 8 calls on the operator's key when each counted its own."""
+        self.usage = other.usage
 
     # ------------------------------------------------------------------ serving
 
