@@ -90,7 +90,9 @@ def test_a_closed_listener_fails_connects_closed() -> None:
 
         prog = Fprog(len(program) // 8, ctypes.addressof(buffer))
         fd = syscall(
-            SYS_SECCOMP, seccomp.SECCOMP_SET_MODE_FILTER, seccomp.SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            SYS_SECCOMP,
+            seccomp.SECCOMP_SET_MODE_FILTER,
+            seccomp.SECCOMP_FILTER_FLAG_NEW_LISTENER,
             ctypes.byref(prog),
         )
         os.close(fd)
