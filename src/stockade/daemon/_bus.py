@@ -485,6 +485,44 @@ def run_lost_event(run_id: str, reason: str) -> Event:
     )
 
 
+KERNEL_LAYERS = frozenset({"landlock", "seccomp", "mount", "dac"})
+"""The layers whose refusals the kernel reports through the audit log."""
+
+
+def kernel_gap_event(store: EventStore, run_id: str, cell: str, now: float) -> Event:
+    """What a restarted daemon knows of the kernel refusals of a run its
+    predecessor did not see end: those recorded are in the store (each was
+    recorded as the reader attributed it), and any the kernel reported after
+    the run's last recorded event and before the run's cells died with the
+    daemon (their death signal) could not be received: the kernel does not
+    replay what it multicast. ``cell.audit_lost``, reason ``daemon``."""
+    recovered = 0
+    last = None
+    for stored in store.query(run=run_id):
+        event = stored.event
+        last = event.time
+        if event.kind in ("cell.denied", "cell.audited") and event.layer in KERNEL_LAYERS:
+            recovered += 1
+    since = f"after {time.strftime('%H:%M:%S', time.gmtime(last))} UTC " if last is not None else ""
+    return Event(
+        kind="cell.audit_lost",
+        cell=cell,
+        layer="cell",
+        outcome="info",
+        run=run_id,
+        summary=f"the daemon ended during run {run_id}: {recovered} kernel refusals of its cells were "
+        f"recorded and are kept; any the kernel reported {since}until its cells died with the daemon "
+        "could not be received (the kernel does not replay them)",
+        detail={
+            "reason": "daemon",
+            "count": None,
+            "recovered": recovered,
+            "last_recorded": last,
+            "restarted": now,
+        },
+    )
+
+
 def run_halted_event(run: Run, reason: str) -> Event:
     return Event(
         kind="run.halted",
@@ -649,6 +687,7 @@ __all__ = [
     "dropped_event",
     "export_page",
     "intent_event",
+    "kernel_gap_event",
     "noted_store_error",
     "run_end_event",
     "run_halted_event",

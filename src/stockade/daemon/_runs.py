@@ -50,6 +50,7 @@ from stockade.daemon._bus import (
     EventBus,
     Recorder,
     approval_event,
+    kernel_gap_event,
     noted_store_error,
     run_end_event,
     run_halted_event,
@@ -248,6 +249,8 @@ class Runs(IntentPath):
         for meta in found:
             if meta.get("ended") is None:
                 meta.update(state="lost", ended=time.time(), error="the daemon ended before the run did")
+                cell = str((meta.get("cells") or [""])[-1])
+                events.append(kernel_gap_event(self.recorder.store, str(meta["id"]), cell, time.time()))
                 events.append(run_lost_event(str(meta["id"]), meta["error"]))
                 self._write_meta_dict(meta)
         found.sort(key=lambda m: float(m.get("created") or 0))
@@ -308,8 +311,7 @@ class Runs(IntentPath):
             created=time.time(),
             token=token,
             token_expiry=expiry,
-            # A helper counts toward its parent's tripwire: the family has one.
-            tripwire=parent.tripwire if parent is not None else Tripwire(limits.denials or DEFAULT_LIMIT),
+            tripwire=Tripwire(limits.denials or DEFAULT_LIMIT),
             rules=Rules(policy.tools),
             parent=parent.id if parent is not None else "",
             environ={k: environ[k] for k in policy.env.passthrough if k in environ},
@@ -328,9 +330,6 @@ class Runs(IntentPath):
                 environ=os.environ,
                 options=self.gateway_options,
             )
-            if parent is not None and parent.gateway is not None:
-                # And spends its parent's LLM budget (llm.max_requests, max_tokens).
-                run.gateway.llm.share_usage(parent.gateway.llm)
             cell = await asyncio.to_thread(
                 _make_cell, policy, opts["workspace"], environ, run_id, sock_path, token, watch, run.gateway
             )
