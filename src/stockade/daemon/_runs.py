@@ -311,7 +311,8 @@ class Runs(IntentPath):
             created=time.time(),
             token=token,
             token_expiry=expiry,
-            tripwire=Tripwire(limits.denials or DEFAULT_LIMIT),
+            # A helper counts toward its parent's tripwire: the family has one.
+            tripwire=parent.tripwire if parent is not None else Tripwire(limits.denials or DEFAULT_LIMIT),
             rules=Rules(policy.tools),
             parent=parent.id if parent is not None else "",
             environ={k: environ[k] for k in policy.env.passthrough if k in environ},
@@ -330,6 +331,9 @@ class Runs(IntentPath):
                 environ=os.environ,
                 options=self.gateway_options,
             )
+            if parent is not None and parent.gateway is not None:
+                # And spends its parent's LLM budget (llm.max_requests, max_tokens).
+                run.gateway.llm.share_usage(parent.gateway.llm)
             cell = await asyncio.to_thread(
                 _make_cell, policy, opts["workspace"], environ, run_id, sock_path, token, watch, run.gateway
             )
