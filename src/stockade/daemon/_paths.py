@@ -13,6 +13,7 @@ daemon.sock               the control socket (0600)
 runs/<id>/run.json        what the run is, and how it ended
 runs/<id>/transcript.log  the agent's stdout and stderr, capped
 runs/<id>/broker.sock     the run's broker socket, while it runs
+persistence/<cell>/       a cell's persistence report and pre-run bytes, for `stockade revert`
 daemon.lock               held by the daemon using this directory
 store-error.json          a store failure not yet recorded (it is, once the store writes)
 ```
