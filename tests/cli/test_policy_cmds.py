@@ -58,7 +58,7 @@ def test_validate_summarises_what_the_policy_grants(policy_file: Path) -> None:
     assert "  command      python3 agent.py\n" in out
     assert "  workspace    /srv/proj (read-write)\n" in out
     assert "/etc /opt/papers\n" in out
-    assert "  programs     /usr/bin/python3\n" in out
+    assert "  programs     /usr/bin/python3 (against mistakes, not a boundary: the ELF loader" in out
     assert "memory 1 GiB, processes 512, cpu 0.5 cores, timeout 1h30m, output 64 MiB" in out
     assert "  network      loopback and the gateway, ports 8000\n" in out
     assert "api.openai.com:443, *.arxiv.org:8443 through the gateway; everything else refused" in out

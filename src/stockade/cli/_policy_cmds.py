@@ -149,7 +149,13 @@ def summary(policy: Policy, *, fmt: str, file: str, show_env: bool = False) -> s
     if policy.source:
         protected += " and this file, when it is inside the workspace"
     row("protected", protected)
-    row("programs", _paths(policy.exec.allow) if policy.exec.allow else "any readable file")
+    row(
+        "programs",
+        f"{_paths(policy.exec.allow)} (against mistakes, not a boundary: the ELF loader and "
+        "programs run from memory get around it; docs/POLICY.md)"
+        if policy.exec.allow
+        else "any readable file",
+    )
     env = policy.env
     set_text = (
         " ".join(f"{k}={shlex.quote(v)}" for k, v in env.set)
