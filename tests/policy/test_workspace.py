@@ -151,3 +151,19 @@ def test_the_daemons_run_start_refuses_the_same_workspaces(tmp_path: Path) -> No
         project.mkdir()
         info = wire.call("run.start", {"policy_path": str(policy), "workspace": str(project), "detach": True})
         events.until(kind_is("run.end", info["id"]))
+
+
+def test_a_policy_made_in_python_gets_the_same_check(tmp_path: Path) -> None:
+    """A Policy built in code never went through the loader: Cell checks its
+    workspace too."""
+    import dataclasses
+
+    from stockade.policy import default_policy
+
+    for workspace in ("/", "/etc"):
+        policy = dataclasses.replace(default_policy(), workspace=workspace)
+        with pytest.raises(PolicyError, match="is a system directory"):
+            Cell(policy, environ={}, audit=None)
+    fine = dataclasses.replace(default_policy(), workspace=str(tmp_path))
+    with Cell(fine, environ={}, audit=None) as cell:
+        assert cell.workspace == str(tmp_path)

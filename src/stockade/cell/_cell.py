@@ -234,11 +234,12 @@ class Cell:
         _host.check(self.policy)
         self._environ = dict(os.environ if environ is None else environ)
         chosen = workspace if workspace is not None else self.policy.workspace
-        if workspace is not None:
-            # The policy loader's own check, for a workspace given here instead.
+        if chosen is not None:
+            # The policy loader's own check, for a workspace given here instead
+            # or a Policy made in Python (never loaded from a file).
             from stockade.policy._workspace import workspace_problem
 
-            given = os.path.abspath(os.fspath(workspace))
+            given = os.path.abspath(os.fspath(chosen))
             why = workspace_problem(given, environ=self._environ)
             if why is not None:
                 raise PolicyError(f"workspace {given!r} {why}")
