@@ -3,13 +3,16 @@
 Three kinds of request come in, each parsed by h11 and decided on its own host:
 
 - ``GET http://host/path`` (absolute form): decided on host, port, method and
-  path, connected to the address ``Egress.destination`` checked, forwarded
-  with hop-by-hop headers removed and secrets put in place of placeholders.
+  path, connected to the address ``Egress.destination`` checked (where an
+  address rule with methods or paths binds it too), forwarded with
+  hop-by-hop headers removed and secrets put in place of placeholders where
+  their policy lets them stand; a request carrying a secret's value is refused.
   Keep-alive: the next request on the connection is decided afresh.
 - ``CONNECT host:port`` that the rules need not look inside: the ClientHello's
   server name must be ``host``, then bytes are relayed (``_tunnel``).
 - ``CONNECT host:port`` that they must look inside (a rule with methods or
-  paths, a secret meant for the host): the proxy answers the TLS itself with a
+  paths, on the name or the address it resolves to; any secret in the run,
+  whose value must not leave unseen): the proxy answers the TLS itself with a
   leaf of the run's CA and handles each request inside as above, forwarding
   over TLS verified against the real roots.
 
@@ -88,10 +91,11 @@ _TOO_MANY = (
 class Proxy(Answers):
     """The egress proxy of one run, serving each of its cells on a pre-bound socket.
 
-    ``hide_echoed_secrets``: in answers from a host a secret is meant for, put
-    the placeholder back where the secret's value comes back (a server quoting
-    the token it got), asking that host for uncompressed answers so that they
-    can be read. The daemon turns it on (``Gateway``).
+    ``hide_echoed_secrets``: in every answer of a run with secrets, put the
+    placeholder back where a secret's value comes back in any of its forms (a
+    server quoting the token it got, data stored and read back), asking every
+    host for uncompressed answers and decoding gzip and deflate ones so that
+    they can be read. The daemon turns it on (``Gateway``).
     """
 
     def __init__(
