@@ -96,12 +96,13 @@ def fetch_decision(
     try:
         where = parse_url(str(args.get("url", "")), plain_http)
     except FetchError as exc:
-        return Decision("deny", None, exc.reason)
+        # A reason quotes the URL: never a secret's value or placeholder in it.
+        return Decision("deny", None, gateway.secrets.scrub(exc.reason))
     decided = gateway.egress.decide(
         where.host, where.port, method=str(args.get("method", "GET")), path=where.target.partition("?")[0]
     )
     if decided.verdict == "deny" or not rules.has_intent("http.fetch"):
-        return Decision(decided.verdict, decided.rule, decided.reason)
+        return Decision(decided.verdict, decided.rule, gateway.secrets.scrub(decided.reason))
     return rules.decide("http.fetch", args)
 
 
