@@ -763,7 +763,7 @@ def _start_event(cell_id: str, policy: Policy, command: tuple[str, ...], plan: C
         cell=cell_id,
         layer="cell",
         outcome="info",
-        summary=f"cell started for policy {policy.name!r}: {' '.join(command)[:200]}",
+        summary=f"cell started for policy {policy.name!r}: {_shortened(' '.join(command))}",
         detail={
             "policy": policy.name,
             "mode": policy.mode,
@@ -845,6 +845,13 @@ def _benign_crossing(event: Event, plan: CellPlan) -> bool:
     if any(path in pinned for path in paths):
         return False
     return all(any(inside(path, w) for w in writable) for path in paths)
+
+
+def _shortened(text: str, width: int = 200) -> str:
+    """``text`` cut at ``width`` with a mark (the whole argv is in the detail)."""
+    if len(text) <= width:
+        return text
+    return f"{text[:width]}… ({len(text) - width} more characters in detail.argv)"
 
 
 def _terminal_event(cell_id: str, changed: tuple[str, ...]) -> Event:
