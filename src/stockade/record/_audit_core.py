@@ -594,9 +594,13 @@ class AuditCorrelator:
         bucket = self._events.get(event.cell)
         if bucket is not None:
             if len(bucket) >= self._max_events and event.kind != KIND_LOST:
+                # Counted, not delivered either: live subscribers record what
+                # they get (the daemon), and a loop on a refused call in audit
+                # mode (nothing halts it) would fill the record. ``take`` says
+                # how many as one ``cap`` event.
                 self._overflow[event.cell] = self._overflow.get(event.cell, 0) + 1
-            else:
-                bucket.append(event)
+                return
+            bucket.append(event)
             out.append(event)
 
     def _expire(self, now: float, out: list[Event]) -> None:
