@@ -221,3 +221,21 @@ def test_a_flood_of_files_cannot_hide_a_file_near_the_top(tmp_path: Path) -> Non
     assert {c["path"]: c["change"] for c in report.detail["changes"]} == {str(ws / ".envrc"): "created"}
     assert report.detail["cut"] and "aaa" in report.detail["cut"][0]
     assert any("walk was cut" in line for line in report_lines(report.detail))
+
+
+def test_stockade_exec_prints_the_report(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    monkeypatch.setenv("STOCKADE_STATE", str(tmp_path / "state"))
+    assert (
+        main(["exec", "-q", "-w", str(ws), "--", "/bin/sh", "-c", "echo x > .npmrc; echo ok > notes.txt"])
+        == 0
+    )
+    err = capfd.readouterr().err
+    assert "persistence report: 1 file(s)" in err and f"created tool {ws}/.npmrc" in err, err
+    assert "stockade revert c-" in err
+    assert "notes.txt" not in err
+    assert main(["exec", "-q", "-w", str(ws), "--", "/bin/sh", "-c", "echo more > notes.txt"]) == 0
+    assert "persistence report" not in capfd.readouterr().err
