@@ -1,12 +1,19 @@
-"""``limits.disk``: the cell's own /tmp is a tmpfs the kernel keeps to the
-policy's bytes and files, and a run that filled it says so."""
+"""``limits.disk``: the cell's own /tmp is a tmpfs, and a fresh workspace an
+ext4 image, that the kernel keeps to the policy's bytes and files; a run
+that filled one says so."""
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import os
+from pathlib import Path
+
+import pytest
 
 from stockade.cell import Cell
+from stockade.cell._disk import IMAGES
+from stockade.errors import PolicyError
 from stockade.policy import DiskLimit, Policy, default_policy, loads_policy
 
 PY = "/usr/bin/python3"
@@ -49,7 +56,7 @@ def test_tmp_stops_at_its_byte_limit_and_the_run_says_so() -> None:
 
 
 def test_tmp_stops_at_its_file_limit_and_the_run_says_so() -> None:
-    with Cell(_limited(DiskLimit(files=200)), environ={}) as cell:
+    with Cell(_limited(DiskLimit(bytes=32 << 20, files=200)), environ={}) as cell:
         result = cell.run([PY, "-I", "-c", FILL, "files"], timeout=60)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.decode().split() == ["control", "4096", "refused", str(errno.ENOSPC)]
@@ -71,3 +78,62 @@ def test_limits_disk_in_a_policy_file() -> None:
     assert policy.limits.disk == DiskLimit(bytes=1 << 30, files=100_000)
     assert loads_policy("name: t\nlimits:\n  disk: {bytes: unlimited}\n").limits.disk is None
     assert loads_policy("name: t\n").limits.disk is None
+
+
+WORKSPACE_FILL = r"""
+import os, sys
+open("small", "w").write("x")  # the control
+print("control", open("small").read())
+try:
+    if sys.argv[1] == "bytes":
+        with open("big", "wb") as f:
+            while True:
+                f.write(b"x" * (1 << 20))
+    else:
+        n = 0
+        while True:
+            open(f"f{n}", "w").close()
+            n += 1
+except OSError as exc:
+    print("refused", exc.errno)
+"""
+
+
+def test_a_fresh_workspace_is_a_filesystem_of_that_size() -> None:
+    """A fresh workspace under ``limits.disk`` is an ext4 image of its own:
+    writing past its bytes fails with ENOSPC and the run says so; closing
+    the Cell unmounts it and deletes the image."""
+    with Cell(_limited(DiskLimit(bytes=32 << 20)), environ={}) as cell:
+        workspace = cell.workspace
+        assert os.path.ismount(workspace)
+        result = cell.run([PY, "-I", "-c", WORKSPACE_FILL, "bytes"], timeout=60)
+        size = os.path.getsize(os.path.join(workspace, "big"))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.decode().split() == ["control", "x", "refused", str(errno.ENOSPC)]
+    assert 16 << 20 < size <= 32 << 20
+    assert [e.summary for e in result.events if e.kind == "cell.limit"] == [
+        f"disk limit of the workspace reached: {32 << 20} bytes, writes refused (ENOSPC)"
+    ]
+    assert not os.path.exists(workspace)
+    assert not any(name.startswith(os.path.basename(workspace)) for name in os.listdir(IMAGES))
+
+
+def test_a_fresh_workspace_stops_at_its_file_limit() -> None:
+    with Cell(_limited(DiskLimit(bytes=32 << 20, files=500)), environ={}) as cell:
+        result = cell.run([PY, "-I", "-c", WORKSPACE_FILL, "files"], timeout=60)
+        made = len(os.listdir(cell.workspace))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.decode().split()[-2:] == ["refused", str(errno.ENOSPC)]
+    assert 400 < made <= 512  # inodes come in whole block groups' worth
+    assert "file limit of the workspace reached: 500 files, creation refused (ENOSPC)" in [
+        e.summary for e in result.events if e.kind == "cell.limit"
+    ]
+
+
+def test_an_existing_workspace_cannot_be_limited(tmp_path: Path) -> None:
+    """A directory the caller gives has no filesystem of its own to limit:
+    refused, never run without the limit."""
+    with pytest.raises(PolicyError, match=r"limits\.disk cannot be enforced on the existing workspace"):
+        Cell(_limited(DiskLimit(bytes=32 << 20)), workspace=tmp_path, environ={})
+    with pytest.raises(PolicyError, match=r"needs limits\.disk\.bytes too"):
+        Cell(_limited(DiskLimit(files=500)), environ={})

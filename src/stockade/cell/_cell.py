@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from stockade.cell import _host
 from stockade.cell._cgroup import CellCgroup
-from stockade.cell._disk import TmpWatch
+from stockade.cell._disk import LimitedWorkspace, TmpWatch
 from stockade.cell._launch import LaunchSpec, launch
 from stockade.cell._owners import lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
@@ -246,6 +246,22 @@ class Cell:
         self._fresh = chosen is None
         self.keep_workspace = (not self._fresh) if keep_workspace is None else keep_workspace
         self.workspace = str(chosen) if chosen is not None else _fresh_workspace()
+        self._limited: LimitedWorkspace | None = None
+        """A fresh workspace's own filesystem, for ``limits.disk``."""
+        disk = self.policy.limits.disk
+        if disk is not None:
+            if not self._fresh:
+                raise PolicyError(
+                    f"limits.disk cannot be enforced on the existing workspace {self.workspace!r} "
+                    "(the kernel limits a filesystem, and this is a directory of yours); leave the "
+                    "workspace out to get a fresh one of that size, or remove limits.disk"
+                )
+            try:
+                st = os.stat(self.workspace)
+                self._limited = LimitedWorkspace(self.workspace, disk, (st.st_uid, st.st_gid))
+            except BaseException:
+                os.rmdir(self.workspace)
+                raise
         self._audit_choice = audit
         self.run_id = run_id
         self._sockets = tuple(sorted((sockets or {}).items()))
@@ -437,6 +453,8 @@ class Cell:
             limits_hit.append("output")
             events.append(_limit_event(cell_id, "cell", f"output past {limits.output} bytes dropped"))
         disk_full = tmp_watch.reached() if tmp_watch is not None else []
+        if self._limited is not None:
+            disk_full.extend(self._limited.reached())
         if disk_full:
             limits_hit.append("disk")
             events.extend(_limit_event(cell_id, "cell", sentence) for sentence in disk_full)
@@ -558,6 +576,9 @@ class Cell:
         """Let go of the prepared layers, and remove a fresh workspace unless
         asked to keep it. Idempotent."""
         self._prepared = None  # closes the host descriptors its rules hold
+        if self._limited is not None and not self.keep_workspace:
+            self._limited.remove()  # a kept one stays mounted (docs/CELL.md, Limits)
+            self._limited = None
         if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
             import shutil  # only here: it is not on the path of a run
 

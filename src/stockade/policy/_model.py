@@ -56,8 +56,9 @@ class EnvPolicy:
 @dataclass(frozen=True)
 class DiskLimit:
     """``limits.disk``: the size of the cell's own ``/tmp`` (a tmpfs of its
-    own, so the kernel enforces it); ``None`` means no limit of that kind. A
-    workspace is not limited by it (docs/POLICY.md)."""
+    own) and of a fresh workspace (an ext4 image of its own), so the kernel
+    enforces it; ``None`` means no limit of that kind. A workspace the caller
+    gives cannot be limited: such a policy is refused (docs/POLICY.md)."""
 
     bytes: int | None = None
     """Bytes of data, rounded up to whole pages."""
@@ -83,7 +84,7 @@ class Limits:
     """The tripwire: after this many denials of the broker in one run, the run
     halts (its cells stop, every later intent is refused and recorded)."""
     disk: DiskLimit | None = None
-    """The cell's ``/tmp``: bytes and files (``DiskLimit``); None for no limit."""
+    """The cell's ``/tmp`` and a fresh workspace, each: bytes and files (``DiskLimit``); None for no limit."""
 
 
 @dataclass(frozen=True)

@@ -643,7 +643,7 @@ DiskBytes = Annotated[
             what="{value} is less than 1 MiB; write a unit, such as '1G'",
         )
     ),
-    WithJsonSchema({**SIZE_SCHEMA, "description": "Bytes of the cell's /tmp: '1G', '512M' or bytes."}),
+    WithJsonSchema({**SIZE_SCHEMA, "description": "Bytes of /tmp and of a fresh workspace: '1G', or bytes."}),
 ]
 DiskFiles = Annotated[
     int | None,
@@ -653,7 +653,7 @@ DiskFiles = Annotated[
     WithJsonSchema(
         {
             "anyOf": [{"type": "integer", "minimum": 16, "maximum": 2**31 - 1}, *_UNLIMITED],
-            "description": "Files (inodes) of the cell's /tmp, itself included.",
+            "description": "Files (inodes) of /tmp and of a fresh workspace, each.",
         }
     ),
 ]
@@ -818,7 +818,7 @@ def _default_limit(name: str) -> Any:
 
 
 class DiskSection(_Section):
-    """The cell's own /tmp, a tmpfs the kernel keeps to these sizes."""
+    """The cell's own /tmp and a fresh workspace: filesystems the kernel keeps to these sizes."""
 
     bytes: DiskBytes = None
     files: DiskFiles = None
@@ -836,8 +836,9 @@ class LimitsSection(_Section):
     disk: Annotated[
         DiskSection | None,
         Field(
-            description="The cell's /tmp: {bytes: '1G', files: 100000}; enforced by the kernel (a "
-            "tmpfs of the cell's own) and recorded when reached. The workspace is not limited by it."
+            description="The cell's /tmp and a fresh workspace, each: {bytes: '1G', files: 100000}; "
+            "enforced by the kernel (a tmpfs, an ext4 image of their own) and recorded when reached. "
+            "A given workspace cannot be limited: the policy is refused."
         ),
     ] = None
 
