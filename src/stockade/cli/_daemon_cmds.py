@@ -282,10 +282,15 @@ def _persistence(state_dir: str, run_id: str) -> None:
     from stockade.cli._revert_cmd import run_family
 
     family = run_family(state_dir, run_id)
+    shown = False
     for _where, report in [r for ident in family for r in reports(os.path.join(state_dir, RECORDS), ident)]:
         lines = report_lines({**report, "revert": f"stockade revert {run_id}"})
         if lines:
             click.echo("stockade: " + "\n".join(lines), err=True)
+            shown = True
+    if not shown:
+        # A run always ends with its report; an empty one is a line.
+        click.echo("stockade: persistence report: nothing that your tools run or load was left", err=True)
 
 
 def _write(fd: int, text: str) -> None:
