@@ -68,7 +68,10 @@ FLOOD_AGENT = textwrap.dedent(
         op = step["op"]
         if op == "intent":
             s = connect()
-            s.sendall(intent(n, step["intent"], step["args"]))
+            try:
+                s.sendall(intent(n, step["intent"], step["args"]))
+            except BrokenPipeError:
+                pass  # refused on connecting: the refusal is already here to read
             out = read_frame(s)
             s.close()
         elif op == "asks":  # many questions at once, one connection each, all held open
@@ -91,6 +94,24 @@ FLOOD_AGENT = textwrap.dedent(
                 if key == "ok":
                     out["last_seq"] = got["result"]["seq"]
             s.close()
+        elif op == "llm":  # many connections to the cell's LLM endpoint, held open
+            from urllib.parse import urlsplit
+            where = urlsplit(os.environ["OPENAI_BASE_URL"])
+            held = [socket.create_connection((where.hostname, where.port)) for _ in range(step["n"])]
+            ask = ("GET /v1/models HTTP/1.1\\r\\nhost: x\\r\\nauthorization: Bearer "
+                   + os.environ["OPENAI_API_KEY"] + "\\r\\n\\r\\n").encode()
+            out = {}
+            for name, s in (("first", held[0]), ("last", held[-1])):
+                try:
+                    s.sendall(ask)
+                    out[name] = s.recv(64).decode(errors="replace").split("\\r\\n")[0] or "closed"
+                except OSError as e:
+                    out[name] = "closed"
+            plan.append({"op": "close", "socks": held})
+        elif op == "close":
+            for s in step.pop("socks"):
+                s.close()
+            out = "closed"
         elif op == "block":  # until the test writes to the fifo (test_server.release)
             import select as sel
             fd = os.open(step["fifo"], os.O_RDONLY | os.O_NONBLOCK)  # a reader now, before saying so
@@ -258,3 +279,35 @@ def test_at_the_descriptor_reserve_cells_are_refused_and_the_operator_is_not(
         monkeypatch.setattr(_fds, "low", lambda fd: False)
         _info, lines = run_to_end(wire, events, later)
         assert lines[0]["out"]["result"]["value"]["content"] == "the granted file\n"
+
+
+def test_a_connection_flood_on_the_llm_endpoint_is_refused_while_others_are_served(tmp_path: Path) -> None:
+    from stockade.llm._serve import MAX_CONNECTIONS
+
+    fifo = workspace(tmp_path, "ws-llm") / "hold"
+    os.mkfifo(fifo, 0o666)
+    flood = [{"op": "llm", "n": MAX_CONNECTIONS + 6}, {"op": "block", "fifo": str(fifo)}]
+    flooder = flood_policy(tmp_path, flood, name="llm")
+    granted = tmp_path / "granted"
+    read = {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+    tools = [{"id": "read", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}}]
+    other = flood_policy(tmp_path, [read], name="neighbour", tools=tools)
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        held = wire.call("run.start", {"policy_path": str(flooder), "detach": True})
+        seen = wait_output(dt.socket_path, held["id"], '"blocking"')  # the flood is held open
+        got = json.loads(seen.splitlines()[0])["out"]
+        assert got["first"].startswith("HTTP/1.1 "), got  # answered (502: this test has no upstream)
+        assert got["last"] == "closed", "a connection past the cap was served"
+        refused = events.until(kind_is("connection.refused", held["id"]))[-1]["event"]
+        assert refused["detail"]["count"] == 1 and refused["layer"] == "llm"
+        # While the flood is held: the operator and another run are served.
+        assert wire.call("status")["pid"] == os.getpid()
+        _info, lines = run_to_end(wire, events, other)
+        assert lines[0]["out"]["result"]["value"]["content"] == "the granted file\n"
+        release(fifo)
+        events.until(kind_is("run.end", held["id"]))
+    stored = _stored(str(tmp_path / "state" / "events.db"), held["id"])
+    counts = [e["detail"]["count"] for e in stored if e["kind"] == "connection.refused"]
+    assert counts == [1, 5], "the refusals after the first were not counted into the record"
