@@ -6,8 +6,9 @@ traffic counters. What sysfs shows of the host beyond that (disks and their
 I/O counters, from which one agent could watch another's work; filesystem
 write counters; firmware and machine identity) is behind decoys that
 Landlock refuses and records. The host-wide /proc files that identify the
-host or count its disk and network activity are empty decoys (not recorded:
-see docs/CELL.md)."""
+host or count its disk and network activity are a root-only decoy file of
+the host, refused by file permissions and recorded by an audit rule on its
+inode (record/_audit_mount.decoy_rule)."""
 
 from __future__ import annotations
 
@@ -96,7 +97,11 @@ def test_disk_counters_in_sys_are_decoys_that_record_the_attempt(cell: Cell) -> 
 HOST_PROC = ("/proc/cmdline", "/proc/sys/kernel/random/boot_id", "/proc/diskstats", "/proc/interrupts")
 
 
-def test_host_identifying_proc_files_are_empty_decoys(cell: Cell) -> None:
+def test_host_identifying_proc_files_are_decoys_that_record_the_attempt(cell: Cell) -> None:
+    """Each is the host's root-only decoy file: the read is refused by file
+    permissions (EACCES) and on record as layer ``dac`` under the path the
+    agent asked for; nothing of the host's value reaches the cell; the cell's
+    own /proc still reads (the control)."""
     host = {path: Path(path).read_text() for path in HOST_PROC}
     assert all(host.values()), "inconclusive: a host file is empty"
     probe = run_probe(
@@ -107,7 +112,10 @@ def test_host_identifying_proc_files_are_empty_decoys(cell: Cell) -> None:
         ],
     )
     for i, path in enumerate(HOST_PROC):
-        assert assert_works(probe[f"read-{i}"]) == "", f"{path} shows the host's"
+        assert_refused(probe[f"read-{i}"], EACCES)
+        assert [e for e in probe.denials() if e.layer == "dac" and e.detail.get("path") == path], (
+            f"no record of the read of {path}:\n{probe.transcript()}"
+        )
     assert assert_works(probe["control"]) is True
     out = probe.result.stdout.decode()
     assert host["/proc/sys/kernel/random/boot_id"].strip() not in out

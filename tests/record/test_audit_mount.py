@@ -3,6 +3,7 @@ the correlator's events, from records this kernel (6.18) sent (sans-I/O)."""
 
 from __future__ import annotations
 
+import os
 import struct
 
 from stockade.record._audit_core import AUDIT_EOE, AUDIT_SYSCALL, AuditCorrelator
@@ -162,3 +163,21 @@ def test_a_refusal_by_file_permissions_is_of_the_dac_layer() -> None:
     )
     assert event.layer == "dac" and event.detail["errno"] == "EACCES"  # type: ignore[attr-defined]
     assert event.summary.endswith("refused: file permissions (EACCES)")  # type: ignore[attr-defined]
+
+
+def test_the_decoy_rule_takes_every_refused_open_of_one_file() -> None:
+    """/proc's decoys: any open (reads too) refused with EACCES of the one
+    decoy inode on its device, by a cell, keyed as the others."""
+    from stockade.record._audit_mount import decoy_rule
+
+    dev = os.makedev(259, 3)
+    rule = decoy_rule(123456, dev)
+    assert struct.unpack_from("=III", rule) == (0x04, 2, 7)
+    fields = struct.unpack_from("=7I", rule, 12 + 64 * 4)
+    values = struct.unpack_from("=7I", rule, 12 + 64 * 4 + 64 * 4)
+    ops = struct.unpack_from("=7I", rule, 12 + 64 * 4 * 3)
+    assert fields == (11, 103, 9, 102, 100, 101, 210)  # arch, exit, loginuid, inode, devmajor, devminor, key
+    assert values[1:6] == ((-13) & 0xFFFFFFFF, CELL_LOGINUID, 123456, 259, 3)
+    assert set(ops) == {0x40000000} and rule.endswith(RULE_KEY.encode())
+    mask = struct.unpack_from("=64I", rule, 12)
+    assert sum(bin(m).count("1") for m in mask) == 3  # open, openat, openat2: no write flag asked

@@ -293,8 +293,14 @@ def plan_cell(
             hidden.append(op.dst)
             entries.append((op.dst, op))
     proc_decoys = [p for p in _PROC_HIDDEN if _exists(p)]
+    proc_decoy = _proc_decoy()
     for path in proc_decoys:
-        entries.append((path, MountOp("decoy_file", path)))
+        if proc_decoy is not None:
+            # The host's empty, root-only file: the cell's open is refused by
+            # file permissions, and recorded (record/_audit_mount.decoy_rule).
+            entries.append((path, MountOp("bind", path, src=proc_decoy, writable=False)))
+        else:
+            entries.append((path, MountOp("decoy_file", path)))
     if any(_is_under("/etc", r) for r in read_dirs):
         entries.append(("/etc/passwd", MountOp("file", "/etc/passwd", data=_passwd(workspace))))
         entries.append(("/etc/group", MountOp("file", "/etc/group", data=_group())))
@@ -373,8 +379,11 @@ _PROC_HIDDEN = (
 )
 """Host-wide files of a cell's procfs that identify the host or count other
 cells' work (disk I/O; interrupts and softirqs count the host's network
-traffic), shown as empty files. Not recorded: Landlock rules cannot punch a
-hole in /proc, whose pid directories are not known when the cell is planned."""
+traffic). Landlock cannot refuse them (a hole in /proc would need its pid
+directories, unknown when the cell is planned): each is a bind of the host's
+``PROC_DECOY`` (record/_audit_mount), root's and mode 0000, which file
+permissions refuse and an audit rule on its inode records; where that file
+is missing (no audit reader), an empty file, unrecorded."""
 
 
 _SYS_DECOYS_SECONDS = 30.0
@@ -401,6 +410,21 @@ def _sys_decoys() -> tuple[MountOp, ...]:
         )
         _sys_cache = (now, ops)
     return _sys_cache[1]
+
+
+def _proc_decoy() -> str | None:
+    """``PROC_DECOY`` when it is there as the audit reader made it (empty,
+    root's, mode 0000), else None (the /proc decoys are then plain empty
+    files, unrecorded)."""
+    from stockade.record._audit_mount import PROC_DECOY
+
+    try:
+        st = os.lstat(PROC_DECOY)
+    except OSError:
+        return None
+    if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_size and not st.st_mode & 0o7777:
+        return PROC_DECOY
+    return None
 
 
 def _sys_hidden() -> list[str]:

@@ -48,7 +48,13 @@ from typing import TYPE_CHECKING, Final
 from stockade._netns import initial, inside_path
 from stockade.errors import HostError
 from stockade.record._audit_core import AUDIT_SYSCALL, AUDIT_USER_AVC, AuditCorrelator
-from stockade.record._audit_mount import AUDIT_ADD_RULE, KEY_FIELD, rule_payloads
+from stockade.record._audit_mount import (
+    AUDIT_ADD_RULE,
+    KEY_FIELD,
+    decoy_rule,
+    ensure_proc_decoy,
+    rule_payloads,
+)
 from stockade.record._event import Event
 
 if TYPE_CHECKING:
@@ -331,7 +337,11 @@ class AuditReader:
         """Why the rules that record refusals of read-only mounts could not be
         added (``_audit_mount``); None when they are in place. They stay when
         the reader closes, as auditing stays on: another reader may need them."""
-        for payload in rule_payloads():
+        payloads = list(rule_payloads())
+        decoy = ensure_proc_decoy()
+        if decoy is not None:  # the host files of a cell's /proc (PROC_DECOY)
+            payloads.append(decoy_rule(decoy.st_ino, decoy.st_dev))
+        for payload in payloads:
             reply = self._request(AUDIT_ADD_RULE, payload, timeout, reply=False)
             if reply.error and reply.error != errno.EEXIST and self.mount_rules_error is None:
                 self.mount_rules_error = os.strerror(reply.error)

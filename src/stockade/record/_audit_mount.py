@@ -124,7 +124,12 @@ _WRITING_CALLS: Final = (
 asking whether a read-only file is writable (``test -w``) is no attempt."""
 
 
-def _rule(errno_value: int, syscalls: tuple[str, ...], flags_arg: int | None = None) -> bytes:
+def _rule(
+    errno_value: int,
+    syscalls: tuple[str, ...],
+    flags_arg: int | None = None,
+    extra: tuple[tuple[int, int], ...] = (),
+) -> bytes:
     """One ``struct audit_rule_data`` for the exit filter (see the module
     docstring); ``flags_arg``: the argument holding open(2) flags, which must
     have one of ``_WRITE_FLAGS`` set."""
@@ -143,6 +148,9 @@ def _rule(errno_value: int, syscalls: tuple[str, ...], flags_arg: int | None = N
     if flags_arg is not None:
         pairs.append((_AUDIT_ARG0 + flags_arg, _WRITE_FLAGS))
         ops.append(_AUDIT_BIT_MASK)
+    for field_id, value in extra:  # equalities (decoy_rule's inode and device)
+        pairs.append((field_id, value & 0xFFFFFFFF))
+        ops.append(_AUDIT_EQUAL)
     pairs.append((_AUDIT_FILTERKEY, len(key)))
     ops.append(_AUDIT_EQUAL)
     pad = [0] * (_AUDIT_MAX_FIELDS - len(pairs))
@@ -167,6 +175,49 @@ def _rule(errno_value: int, syscalls: tuple[str, ...], flags_arg: int | None = N
 
 _CHANGING_CALLS: Final = tuple(c for c in _WRITING_CALLS if c not in ("open", "openat", "openat2"))
 """The writing calls whose every use changes something (an open may only read)."""
+
+
+PROC_DECOY: Final = "/var/lib/stockade/.proc-decoy"
+"""An empty host file, root's, mode 0000, that a cell sees in place of host
+files of its /proc (``/proc/cmdline``, the boot id…: cell/_plan.py). The
+cell's uid cannot open it (EACCES by file permissions), and the rule of
+``decoy_rule`` records every such open, naming the path the cell asked
+for: Landlock cannot, since /proc is granted whole."""
+
+_AUDIT_DEVMAJOR: Final = 100
+_AUDIT_DEVMINOR: Final = 101
+_AUDIT_INODE: Final = 102
+
+
+def decoy_rule(inode: int, dev: int) -> bytes:
+    """The ``AUDIT_ADD_RULE`` payload that records a cell's refused opens of
+    the file ``inode`` on device ``dev`` (``PROC_DECOY``), reads included::
+
+        -a always,exit -F arch=b64 -S open,openat,openat2 -F exit=-EACCES \\
+            -F inode=N -F devmajor=M -F devminor=m -F auid=1398033220 -k stockade-vfs
+    """
+    extra = ((_AUDIT_INODE, inode), (_AUDIT_DEVMAJOR, os.major(dev)), (_AUDIT_DEVMINOR, os.minor(dev)))
+    return _rule(EACCES, ("open", "openat", "openat2"), extra=extra)
+
+
+def ensure_proc_decoy(path: str = PROC_DECOY) -> os.stat_result | None:
+    """Make ``path`` (empty, root's, mode 0000) if it is missing; its stat, or
+    None when it cannot be had as that (not root, or something else stands
+    there: it is then not used)."""
+    import stat as stat_module
+
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o711, exist_ok=True)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0))
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat_module.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_size or st.st_mode & 0o7777:
+        return None
+    return st
 
 
 def rule_payloads() -> tuple[bytes, ...]:
@@ -282,8 +333,11 @@ __all__ = [
     "AUDIT_PATH",
     "CELL_LOGINUID",
     "KEY_FIELD",
+    "PROC_DECOY",
     "RULE_KEY",
     "MountRefusal",
+    "decoy_rule",
+    "ensure_proc_decoy",
     "int_field",
     "mount_event_detail",
     "refusal_layer",
