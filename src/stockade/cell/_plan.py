@@ -128,11 +128,12 @@ _SOCKET_SCAN_MAX = 20000
 def _host_sockets(roots: list[str]) -> list[str]:
     """Unix sockets of the host lying in the policy's own grants.
 
-    Landlock (up to ABI 7) has no right for connecting to a pathname socket and
-    a read-only grant does not stop a connect, so a socket a host service left
-    in a granted tree would be a way out. Each one found is hidden behind a
-    decoy. The search is bounded (``_SOCKET_SCAN_MAX`` entries); a socket
-    created after the cell starts is not covered (docs/CELL.md says so).
+    Each one found is hidden behind a decoy, so that an attempt on it meets a
+    name and leaves a record like any decoy's. The decoy is not what keeps the
+    cell off the socket: the connect supervisor (``_unotify``) refuses every
+    host socket, found or not (the search is bounded, ``_SOCKET_SCAN_MAX``
+    entries, never covers the workspace, and cannot see a socket made after
+    the cell started).
     """
     found: list[str] = []
     budget = _SOCKET_SCAN_MAX
