@@ -546,10 +546,11 @@ class Cell:
             "roots": list(before.roots),
             "cut": list(dict.fromkeys([*before.cut, *after.cut])),
         }
-        if changes:
+        cut = list(dict.fromkeys([*before.cut, *after.cut]))
+        if changes or cut:
             try:
                 detail["kept"] = save(
-                    self.records, cell=cell_id, run=self.run_id, changes=changes, before=before
+                    self.records, cell=cell_id, run=self.run_id, changes=changes, before=before, cut=cut
                 )
                 detail["revert"] = f"stockade revert {self.run_id or cell_id}"
             except OSError as exc:
@@ -563,6 +564,8 @@ class Cell:
             )
         else:
             summary = "nothing that tools run or load was created or changed"
+        if cut:
+            summary += f" (the walk was cut: {cut[0]})"
         return Event(
             kind="cell.persistence",
             cell=cell_id,
@@ -797,6 +800,9 @@ def _start_event(cell_id: str, policy: Policy, command: tuple[str, ...], plan: C
                 "cpu": limits.cpu,
                 "timeout": limits.timeout,
                 "output": limits.output,
+                "disk": None
+                if limits.disk is None
+                else {"bytes": limits.disk.bytes, "files": limits.disk.files},
             },
             "hidden": list(plan.hidden),
         },
