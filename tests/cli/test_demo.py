@@ -188,6 +188,7 @@ def test_the_runs_files(json_run: tuple[int, dict[str, Any], Path]) -> None:
     text = (out / "record.txt").read_text().splitlines()
     assert len(text) == len(stored) > 0
     assert [int(line.split()[0]) for line in text] == [s["seq"] for s in stored]
+    assert (out / "record.head").read_text() == f"{stored[-1]['seq']}:{stored[-1]['hash']}\n"
     start = next(s["event"] for s in stored if s["event"]["kind"] == "run.start")
     assert start["run"] == report["setup"]["run"]
     transcript = [

@@ -51,7 +51,15 @@ def records_dir(environ: Mapping[str, str] | None = None) -> str:
     return os.path.join(base, RECORDS)
 
 
-def save(directory: str, *, cell: str, run: str, changes: list[Change], before: Snapshot) -> str:
+def save(
+    directory: str,
+    *,
+    cell: str,
+    run: str,
+    changes: list[Change],
+    before: Snapshot,
+    cut: list[str] | None = None,
+) -> str:
     """Write the report of ``cell`` and the pre-run bytes revert needs; its directory."""
     where = os.path.join(directory, cell)
     blobs = os.path.join(where, "blobs")
@@ -84,7 +92,14 @@ def save(directory: str, *, cell: str, run: str, changes: list[Change], before: 
             row["index"] = index
             row["index_blob"] = keep(data) if data is not None else None
         rows.append(row)
-    report = {"cell": cell, "run": run, "time": time.time(), "roots": list(before.roots), "changes": rows}
+    report = {
+        "cell": cell,
+        "run": run,
+        "time": time.time(),
+        "roots": list(before.roots),
+        "changes": rows,
+        "cut": list(cut or ()),
+    }
     tmp = os.path.join(where, "report.json.tmp")
     with open(tmp, "w") as f:
         json.dump(report, f, indent=1)
@@ -134,6 +149,8 @@ def revert(directory: str, ident: str) -> list[str]:
         for row in reversed(rows if isinstance(rows, list) else []):
             if isinstance(row, dict):
                 steps.append(_revert_one(where, row, restored))
+        if not steps:
+            steps.append(f"{report.get('cell')}: nothing to revert (its walk was cut: see its report)")
         with open(done_path, "w") as f:
             json.dump({"time": time.time(), "steps": steps}, f, indent=1)
         lines.extend(steps)

@@ -520,6 +520,11 @@ def _write_files(
     with open(files["record_json"], "w", encoding="utf-8") as f:
         json.dump(stored, f, indent=1)
         f.write("\n")
+    if stored:
+        # The head of the record at the run's last event: `stockade verify
+        # --expect SEQ:HASH` checks later that the store still holds it.
+        files["record_head"] = os.path.join(out, "record.head")
+        Path(files["record_head"]).write_text(f"{stored[-1]['seq']}:{stored[-1]['hash']}\n", encoding="utf-8")
     with open(files["record_text"], "w", encoding="utf-8") as f:
         for s in stored:
             e = s["event"]
