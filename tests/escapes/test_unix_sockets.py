@@ -302,3 +302,31 @@ def test_the_view_shows_the_offered_socket_as_a_socket(host_dir: str) -> None:
     p.check_clean()
     assert p["mode"].ok and p["mode"].value is True, p.transcript()
     assert stat.S_ISSOCK(os.stat(offered_host).st_mode)
+
+
+def test_audit_mode_records_the_connect_and_lets_it_through(host_dir: str) -> None:
+    """``mode: audit``: the supervisor records what it would refuse
+    (``cell.audited``) and makes the connect; the host socket is reached, which
+    is what audit mode means (docs/CELL.md). The control is the enforce-mode
+    tests above, where the same connect is refused."""
+    path = os.path.join(host_dir, "service.sock")
+    with _listen(path) as listener:
+        p = probe(
+            dataclasses.replace(net_policy(), mode="audit"),
+            _BODY + 'attempt("connect", lambda: unix_connect(P["path"]))\n' + _CONTROLS,
+            {"path": path},
+            workspace=host_dir,
+        )
+        listener.settimeout(5)  # bounded: a refused connect would leave nothing to accept
+        conn, _ = listener.accept()  # it did connect: the backlog holds it
+        conn.close()
+    assert p["connect"].ok, p.transcript()
+    audited = [
+        e
+        for e in p.events
+        if e.kind == "cell.audited"
+        and e.detail.get("action") == "user_notif"
+        and e.detail.get("path") == path
+    ]
+    assert len(audited) == 1 and audited[0].outcome == "audited", p.transcript()
+    assert_controls(p)
