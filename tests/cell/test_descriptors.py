@@ -40,9 +40,16 @@ def crowded() -> Iterator[Path]:
 
 
 def _reading(path: Path) -> Policy:
+    """Reads ``path``; its socket is also denied by name, so that it is hidden
+    whatever the order in which the planner's bounded socket search (20,000
+    entries) meets the entries."""
     policy = default_policy("test")
+    fs = policy.filesystem
     return dataclasses.replace(
-        policy, filesystem=dataclasses.replace(policy.filesystem, read=(*policy.filesystem.read, str(path)))
+        policy,
+        filesystem=dataclasses.replace(
+            fs, read=(*fs.read, str(path)), deny=(*fs.deny, str(path / "service.sock"))
+        ),
     )
 
 
