@@ -34,8 +34,6 @@ import ast
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import pytest
-
 import stockade
 
 SRC = Path(stockade.__file__).resolve().parent
@@ -186,11 +184,6 @@ def _describe(component: list[str], edges: Mapping[str, set[str]]) -> str:
     return "  circle of {}: {}\n{}".format(len(component), ", ".join(component), "\n".join(inside))
 
 
-@pytest.mark.xfail(
-    reason="the daemon's two circles (runs/intent path/agents/network/bus/tools, peer/server)"
-    " are being broken; strict, so this marker goes when they are",
-    strict=True,
-)
 def test_the_package_imports_form_no_circle() -> None:
     graph = Graph(SRC)
     found = cycles(graph.edges)

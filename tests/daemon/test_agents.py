@@ -11,7 +11,7 @@ import json
 import os
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import pytest
 
@@ -35,9 +35,6 @@ from tests.daemon.test_server import (
     wait_output,
     workspace,
 )
-
-if TYPE_CHECKING:
-    from stockade.daemon._runs import Runs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cells under the daemon need root on this host")
 
@@ -252,7 +249,7 @@ def test_a_halted_parent_stops_its_helper(tmp_path: Path) -> None:
 
 
 def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents, dict[str, Run]]:
-    """Runs by name (id ``r-<name>``) in a stand-in for ``Runs``, with the parent links given."""
+    """Runs by name (id ``r-<name>``) and the ``Agents`` that sees them, with the parent links given."""
     from stockade.broker._rules import Rules
     from stockade.broker._tripwire import Tripwire
 
@@ -279,8 +276,18 @@ def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents
     for child, parent in (parents or {}).items():
         made[child].parent = made[parent].id
         made[parent].children.append(made[child].id)
-    runs = types.SimpleNamespace(runs={r.id: r for r in made.values()}, state_dir="/var/lib/stockade")
-    return Agents(cast("Runs", runs)), made
+
+    async def never(*args: object, **kwargs: object) -> Any:
+        raise AssertionError("these tests start and stop no run")
+
+    agents = Agents(
+        runs={r.id: r for r in made.values()},
+        recorder=cast("Any", None),
+        state_dir="/var/lib/stockade",
+        start=never,
+        stop=never,
+    )
+    return agents, made
 
 
 ALLOW = Decision("allow", "s", "allowed")
@@ -381,7 +388,7 @@ def test_send_records_then_delivers_and_refuses_a_full_or_ended_mailbox() -> Non
     async def record_soon(events: list[Event]) -> None:
         recorded.extend(events)
 
-    cast("Any", agents)._runs.recorder = types.SimpleNamespace(record_soon=record_soon)
+    cast("Any", agents)._recorder = types.SimpleNamespace(record_soon=record_soon)
 
     async def scenario() -> None:
         long = "x" * 5000

@@ -199,24 +199,22 @@ def test_the_tripwire_halts_the_run_and_later_intents_are_refused_and_recorded(t
         assert all("halted" in e["detail"]["reason"] for e in recorded[3:])
         assert final["exit_code"] == 137
         # Every later intent is refused and recorded (the socket is gone with the
-        # cell, so ask the broker directly, as a late connection would).
-        run = dt.daemon.runs.runs[info["id"]]  # type: ignore[union-attr]
+        # cell, so go through the door a late connection's intent would take).
+        runs = dt.daemon.runs
+        assert runs is not None
+        run = runs.runs[info["id"]]
         before = len(recorded)
         import asyncio
 
-        from stockade.daemon._runs import RequestError
+        from stockade.daemon._intent_path import PreparedRead
+        from stockade.daemon._requests import RequestError
 
         async def late() -> str:
+            params = {"token": run.token, "intent": "fs.read", "args": {"path": "/x"}}
             try:
-                await dt.daemon.runs.intent(
-                    run,
-                    {
-                        "token": run.token,
-                        "intent": "fs.read",  # type: ignore[union-attr]
-                        "args": {"path": "/x"},
-                    },
-                    cell="",
-                )
+                served = runs.intents.serve_intent(run, params, cell="")
+                assert not isinstance(served, PreparedRead)  # a halted run's read is not done
+                await served
             except RequestError as exc:
                 return exc.code
             return "answered"

@@ -158,13 +158,13 @@ def _spy_intents(live: Live) -> list[dict[str, Any]]:
     runs = live.dt.daemon.runs
     assert runs is not None
     seen: list[dict[str, Any]] = []
-    real = runs.serve_intent
+    real = runs.intents.serve_intent
 
     def spy(run: Any, params: Any, *, cell: str) -> Any:
         seen.append(dict(params))
         return real(run, params, cell=cell)
 
-    runs.serve_intent = spy  # type: ignore[method-assign]
+    runs.intents.serve_intent = spy  # type: ignore[method-assign]
     return seen
 
 

@@ -29,7 +29,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stockade.broker._intents import RecvArgs, SendArgs, SpawnArgs, failure
 from stockade.broker._rules import Decision
@@ -39,7 +39,8 @@ from stockade.policy._subset import check_subset
 from stockade.record import Event
 
 if TYPE_CHECKING:
-    from stockade.daemon._runs import Run, Runs
+    from stockade.daemon._bus import Recorder
+    from stockade.daemon._run import Run
 
 AGENT_INTENTS = frozenset({"agent.spawn", "agent.send", "agent.recv"})
 """The intents this module decides (after the rules) and executes."""
@@ -121,11 +122,45 @@ class Mailbox:
                 waiter.cancel()
 
 
+class StartRun(Protocol):
+    """Starts a run (``Runs.start``): here, a helper of ``parent`` under ``policy``."""
+
+    async def __call__(
+        self, params: Mapping[str, Any], *, parent: Run | None = ..., policy: Policy | None = ...
+    ) -> Run: ...
+
+
+class StopRun(Protocol):
+    """Stops a run and every run below it (``Runs.stop``)."""
+
+    async def __call__(self, run: Run, *, grace: float, by: str) -> None: ...
+
+
 class Agents:
     """The agent intents of every run of one daemon: mailboxes, families, spawning."""
 
-    def __init__(self, runs: Runs) -> None:
+    def __init__(
+        self,
+        *,
+        runs: Mapping[str, Run],
+        recorder: Recorder,
+        state_dir: str,
+        start: StartRun,
+        stop: StopRun,
+    ) -> None:
+        """
+        Args:
+            runs: the daemon's runs by id (``Runs.runs``), read, never changed here.
+            recorder: where a message's ``agent.message`` event is stored.
+            state_dir: the daemon's state directory, hidden from every helper.
+            start: starts a helper (``Runs.start``).
+            stop: stops a helper whose parent stopped while it started (``Runs.stop``).
+        """
         self._runs = runs
+        self._recorder = recorder
+        self._state_dir = state_dir
+        self._start = start
+        self._stop = stop
         self._mailboxes: dict[str, Mailbox] = {}
 
     # ------------------------------------------------------------------ deciding
@@ -269,7 +304,7 @@ class Agents:
         """The places every cell hides except below a grant naming a path inside them."""
         from stockade.cell._plan import _DEFAULT_HIDDEN
 
-        places = [*_DEFAULT_HIDDEN, self._runs.state_dir]
+        places = [*_DEFAULT_HIDDEN, self._state_dir]
         for home in (os.environ.get("HOME"), run.environ.get("HOME")):
             if home and home != "/":
                 places.append(home)
@@ -282,7 +317,7 @@ class Agents:
         above: list[Run] = []
         current = run
         while current.parent and len(above) <= MAX_DEPTH:
-            parent = self._runs.runs.get(current.parent)
+            parent = self._runs.get(current.parent)
             if parent is None:
                 break
             above.append(parent)
@@ -291,12 +326,12 @@ class Agents:
 
     def helpers(self, run: Run) -> list[Run]:
         """The runs ``run`` spawned, in order."""
-        return [self._runs.runs[c] for c in run.children if c in self._runs.runs]
+        return [self._runs[c] for c in run.children if c in self._runs]
 
     def family(self, run: Run) -> list[Run]:
         """The runs ``run`` may message: its parent, its siblings, its helpers."""
         members: list[Run] = []
-        parent = self._runs.runs.get(run.parent) if run.parent else None
+        parent = self._runs.get(run.parent) if run.parent else None
         if parent is not None:
             members.append(parent)
             members.extend(r for r in self.helpers(parent) if r.id != run.id)
@@ -352,11 +387,11 @@ class Agents:
             "unattended": run.unattended,
         }
         try:
-            helper = await self._runs.start(params, parent=run, policy=policy)
+            helper = await self._start(params, parent=run, policy=policy)
         except RequestError as exc:
             return failure("failed", f"the helper could not start: {exc}")
         if run.state != "running":  # stopped or halted while the helper started
-            await self._runs.stop(helper, grace=0.0, by=f"its parent {run.id} is {run.state}")
+            await self._stop(helper, grace=0.0, by=f"its parent {run.id} is {run.state}")
             return failure("refused", f"run {run.id} is {run.state}, so its helper was stopped")
         return {"run": helper.id, "name": helper.name}
 
@@ -379,7 +414,7 @@ class Agents:
             )
         now = time.time()
         try:
-            await self._runs.recorder.record_soon([message_event(run, target, cell, args.message, size)])
+            await self._recorder.record_soon([message_event(run, target, cell, args.message, size)])
         except StoreError as exc:
             raise RequestError("unavailable", f"the event store cannot record the message: {exc}") from exc
         mailbox.put(Message(run.id, run.name, args.message, now, size))

@@ -1,17 +1,22 @@
-"""The broker's intent path and its approvals, as ``Runs`` serves them.
+"""The broker's intent path and its approvals.
 
-Kept apart from ``_runs`` (runs, their cells and threads, stopping) so that
-each stays readable: this is what happens to one intent from a run's broker
-socket, in the order of docs/BROKER.md (token, halted run, arguments, rules,
-an operator's approval, execution), every decision recorded before the agent
-reads it. ``IntentPath`` is a part of ``Runs``: it uses the run registry, the
-recorder and the loop that ``Runs`` holds.
+What happens to one intent from a run's broker socket, in the order of
+docs/BROKER.md (token, halted run, arguments, rules, an operator's approval,
+execution), every decision recorded before the agent reads it. Every intent
+enters by one door, ``IntentPath.serve_intent`` (called by ``_peer.Peer``).
+
+``IntentPath`` is a component: its constructor names what it works with (the
+loop, the recorder, the tokens, the approvals, the agents, the pool of
+``exec`` threads, and ``halt``, the callback that halts a run whose tripwire
+tripped). ``Runs`` (``_runs``) makes it and calls in to close a run's
+approvals and to count a denial; it imports nothing of ``_runs``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hmac
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -36,23 +41,47 @@ if TYPE_CHECKING:
 
 
 class IntentPath:
-    """Intents and approvals: a part of ``Runs`` (see the module's docstring)."""
+    """Intents and approvals of every run of one daemon (see the module's docstring)."""
 
-    loop: asyncio.AbstractEventLoop
-    recorder: Recorder
-    tokens: Tokens
-    approvals: Approvals
-    approval_timeout: float
-    agents: Agents
-    _waiting: dict[str, asyncio.Future[Approval]]
-    _expiry: asyncio.TimerHandle | None
-    _workbench_pool: concurrent.futures.ThreadPoolExecutor
-    halt: Callable[[Run, str], Awaitable[None]]
-    """``Runs.halt``: the tripwire's last denial halts the run."""
+    def __init__(
+        self,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        recorder: Recorder,
+        tokens: Tokens,
+        approvals: Approvals,
+        approval_timeout: float,
+        agents: Agents,
+        workbench_pool: concurrent.futures.ThreadPoolExecutor,
+        halt: Callable[[Run, str], Awaitable[None]],
+    ) -> None:
+        """
+        Args:
+            workbench_pool: the threads ``exec`` intents run in (their owner shuts it down).
+            halt: halts a run (``Runs.halt``): called when a denial trips its tripwire.
+        """
+        self.loop = loop
+        self.recorder = recorder
+        self.tokens = tokens
+        self.approvals = approvals
+        self.approval_timeout = approval_timeout
+        self.agents = agents
+        self.halt = halt
+        self._workbench_pool = workbench_pool
+        self._waiting: dict[str, asyncio.Future[Approval]] = {}
+        self._expiry: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ approvals
 
-    async def _close_approvals(self, run: Run, reason: str) -> None:
+    def deny_waiting(self, reason: str) -> None:
+        """Deny every approval an intent waits for (the store failed: nothing may go on)."""
+        for approval_id, waiter in list(self._waiting.items()):
+            if not waiter.done():
+                with contextlib.suppress(ApprovalError):
+                    waiter.set_result(self.approvals.decide(approval_id, "deny", by="daemon", reason=reason))
+
+    async def close_approvals(self, run: Run, reason: str) -> None:
+        """``run`` ended or was halted: its open approvals close, their intents go on (denied)."""
         for approval in self.approvals.drop_run(run.id, reason):
             waiter = self._waiting.get(approval.id)
             if waiter is not None and not waiter.done():
@@ -157,22 +186,9 @@ class IntentPath:
         await self._record_or_refuse(prepared.events)
         if prepared.refused:
             run.intents += 1
-            await self._count_denial(run)
+            await self.count_denial(run)
             return prepared.answer
         return self.finish_read(run, prepared, [])
-
-    async def intent(self, run: Run, params: Mapping[str, Any], *, cell: str) -> dict[str, Any]:
-        """One intent from ``run``'s broker socket; the answer's ``result``.
-
-        Raises:
-            RequestError: ``denied`` (the run is halted), ``unauthorized`` (the
-                token), ``bad_params`` (the intent's arguments), ``unavailable``
-                (the store cannot write).
-        """
-        served = self.serve_intent(run, params, cell=cell)
-        if isinstance(served, PreparedRead):
-            return await self.settle_read(run, served)
-        return await served
 
     def serve_intent(
         self, run: Run, params: Mapping[str, Any], *, cell: str
@@ -199,9 +215,9 @@ class IntentPath:
                 "unavailable",
                 f"the event store cannot write, so no intent is served: {self.recorder.failure}",
             )
-        check = _check_token(self.tokens, run, params.get("token"))
+        check = self.check_token(run, params.get("token"))
         if check != TokenCheck.OK:
-            return self._refuse_token(run, cell, intent, args, check)
+            return self.refuse_token(run, cell, intent, args, check)
         if run.halted or run.done.is_set():
             return self._refuse_halted(run, cell, intent, args)
         try:
@@ -226,9 +242,18 @@ class IntentPath:
             return self._read_now(run, cell, intent, args, parsed, decision, tool_call)
         return self._decided(run, cell, intent, args, decision, tool_call)
 
-    async def _refuse_token(
+    def check_token(self, run: Run, token: object) -> TokenCheck:
+        """Whether ``token`` is ``run``'s and live (``_check_token``)."""
+        return _check_token(self.tokens, run, token)
+
+    async def refuse_token(
         self, run: Run, cell: str, intent: str, args: Mapping[str, object], check: TokenCheck
     ) -> dict[str, Any]:
+        """Record a bad token's request as a denial (counted), then refuse it.
+
+        Raises:
+            RequestError: ``unauthorized``, always.
+        """
         reason = f"unauthorized: the capability token is {_TOKEN_WORDS.get(check, check.value)}"
         await self._record_intent(run, cell, intent, args, Decision("deny", None, reason))
         raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
@@ -260,7 +285,7 @@ class IntentPath:
                 "allow" if approval.state == "approved" else "deny", decision.rule, _approval_reason(approval)
             )
             if decision.verdict == "deny":
-                await self._count_denial(run)
+                await self.count_denial(run)
                 return {**_answer(decision), "approval": approval.id}
         answer = await self._execute(run, cell, intent, args, decision, tool_call=tool_call)
         return {**answer, "approval": approval.id} if approval is not None else answer
@@ -285,7 +310,7 @@ class IntentPath:
         if not again:
             run.intents += 1
         if decision.verdict == "deny" and count:
-            await self._count_denial(run)
+            await self.count_denial(run)
 
     async def _record_or_refuse(self, events: list[Event]) -> None:
         """Store an intent's events durably.
@@ -300,7 +325,8 @@ class IntentPath:
                 "unavailable", f"the event store cannot write, so the intent is refused: {exc}"
             ) from exc
 
-    async def _count_denial(self, run: Run) -> None:
+    async def count_denial(self, run: Run) -> None:
+        """One more denial of ``run`` toward its tripwire; the one that trips it halts the run."""
         run.denials += 1
         if run.tripwire.record("deny"):
             # A family shares one tripwire (a helper's is its parent's): its

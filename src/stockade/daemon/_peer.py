@@ -217,12 +217,15 @@ class Peer(asyncio.Protocol):
         broker's fast path, ``IntentPath.serve_intent``), done now and answered
         from the recorder's callback once its event is durable, two passes of
         the loop where a task takes four; any other in a task. False (nothing
-        done) for a request that is not an intent."""
+        done) for a request that is not an intent. The one door of intents:
+        ``PeerHost.broker`` serves the rest of a broker socket's requests."""
         runs, run = self.daemon.runs, self.run
-        if req.method != "intent" or runs is None or run is None:
+        if req.method != "intent" or run is None:
             return False
+        assert runs is not None  # a broker socket is opened by the runs, once they exist
+        intents = runs.intents
         try:
-            prepared = runs.serve_intent(run, req.params, cell=self.cell)
+            prepared = intents.serve_intent(run, req.params, cell=self.cell)
         except Exception as exc:  # refused before anything was recorded
             self.answer(req, exc)
             return True
@@ -230,17 +233,17 @@ class Peer(asyncio.Protocol):
             asyncio.get_running_loop().create_task(self._serve(req, prepared))
             return True
         if prepared.refused:  # counted toward the tripwire before the answer: a task
-            asyncio.get_running_loop().create_task(self._serve(req, runs.settle_read(run, prepared)))
+            asyncio.get_running_loop().create_task(self._serve(req, intents.settle_read(run, prepared)))
             return True
 
         def then(recorded: list[StoredEvent] | BaseException) -> None:
             try:
-                outcome: dict[str, Any] | Exception = runs.finish_read(run, prepared, recorded)
+                outcome: dict[str, Any] | Exception = intents.finish_read(run, prepared, recorded)
             except Exception as exc:
                 outcome = exc
             self.answer(req, outcome)
 
-        runs.recorder.record_then(prepared.events, then)
+        intents.recorder.record_then(prepared.events, then)
         return True
 
     def _set_reading(self) -> None:

@@ -8,7 +8,9 @@ socket the server listens on (shown in the cell at
 tripwire, and a transcript of the agent's stdout and stderr. Everything a run
 does is an event, recorded before anyone is answered.
 
-Each intent on a run's broker socket goes through ``Runs.intent``:
+Each intent on a run's broker socket goes through ``Runs.intents``, the
+run's intent path (``_intent_path.IntentPath``), by its one door,
+``serve_intent``:
 
 1. a halted run refuses it (``denied``), recorded;
 2. the token must be this run's and live (``unauthorized``), recorded as a denial;
@@ -38,7 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from stockade.broker._approvals import Approval, ApprovalError, Approvals
+from stockade.broker._approvals import ApprovalError, Approvals
 from stockade.broker._intents import IntentExecutor
 from stockade.broker._rules import Rules
 from stockade.broker._tokens import Tokens
@@ -147,8 +149,9 @@ class _CellWatch:
 # --------------------------------------------------------------------------- all runs
 
 
-class Runs(IntentPath):
-    """Every run of one daemon, and the broker logic each intent goes through."""
+class Runs:
+    """Every run of one daemon: starting, the cells' threads, stopping, halting.
+    The runs' intents are served by ``intents``, the intent path it makes."""
 
     def __init__(
         self,
@@ -176,15 +179,25 @@ class Runs(IntentPath):
         self._audit = audit
         self.runs: dict[str, Run] = {}
         self.past: dict[str, dict[str, Any]] = {}
-        self._waiting: dict[str, asyncio.Future[Approval]] = {}
-        self._expiry: asyncio.TimerHandle | None = None
         self._workbench_pool = concurrent.futures.ThreadPoolExecutor(
             64, thread_name_prefix="stockade-workbench"
         )
         self.on_output_dropped: Callable[[str], None] = lambda run_id: None
         self.refusing: str = ""
         """Set when new runs are refused (the store failed): the reason."""
-        self.agents = Agents(self)
+        self.agents = Agents(
+            runs=self.runs, recorder=recorder, state_dir=state, start=self.start, stop=self.stop
+        )
+        self.intents = IntentPath(
+            loop=loop,
+            recorder=recorder,
+            tokens=self.tokens,
+            approvals=self.approvals,
+            approval_timeout=approval_timeout,
+            agents=self.agents,
+            workbench_pool=self._workbench_pool,
+            halt=self.halt,
+        )
         self._cascades: set[asyncio.Task[None]] = set()
         """Stops of helpers whose parent was halted or ended (kept: a task needs a reference)."""
 
@@ -320,7 +333,7 @@ class Runs(IntentPath):
         cell: Cell | None = None
         try:
             watch = _CellWatch(self._audit() if self._audit is not None else _shared_audit(), run)
-            run.hooks = RunHooks(run, self.recorder, self._count_denial)
+            run.hooks = RunHooks(run, self.recorder, self.intents.count_denial)
             # The daemon's own environment holds the secrets and the LLM key,
             # never the run's caller's: a run cannot choose what it is given.
             run.gateway = await asyncio.to_thread(
@@ -450,7 +463,7 @@ class Runs(IntentPath):
             # cause is recorded after it.
             if isinstance(result, BaseException):
                 return  # the store failed: on_failure has halted every run
-            task = self.loop.create_task(self._count_denial(run))
+            task = self.loop.create_task(self.intents.count_denial(run))
             self._cascades.add(task)
             task.add_done_callback(self._cascades.discard)
 
@@ -473,7 +486,7 @@ class Runs(IntentPath):
             run.close_broker = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(_paths.broker_socket_path(self.state_dir, run.id))
-        await self._close_approvals(run, "the run ended")
+        await self.intents.close_approvals(run, "the run ended")
         if run.gateway is not None:
             await run.gateway.close()
         run.ended = time.time()
@@ -590,7 +603,7 @@ class Runs(IntentPath):
         halted = run_halted_event(run, reason)
         with contextlib.suppress(StoreError):
             await self.recorder.record_soon([halted])
-        await self._close_approvals(run, f"the run was halted: {reason}")
+        await self.intents.close_approvals(run, f"the run was halted: {reason}")
 
     def store_failed(self, exc: StoreError) -> None:
         """The store cannot write: refuse new runs, halt the running ones (their
@@ -608,12 +621,7 @@ class Runs(IntentPath):
                 run.halted = f"the event store cannot write: {exc}"
                 run.state = "halted"
                 run.signal_cells(signal.SIGKILL)
-        for approval_id, waiter in list(self._waiting.items()):
-            if not waiter.done():
-                with contextlib.suppress(ApprovalError):
-                    waiter.set_result(
-                        self.approvals.decide(approval_id, "deny", by="daemon", reason=str(exc))
-                    )
+        self.intents.deny_waiting(str(exc))
 
     async def _retry_store(self) -> None:
         """Before a run starts while the store is failed: try it again, recording

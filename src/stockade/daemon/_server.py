@@ -350,7 +350,7 @@ class Daemon:
             by = p.get("by") or peer.who
             if not isinstance(reason, str) or not isinstance(by, str) or len(by) > 64 or len(reason) > 4096:
                 raise RequestError("bad_params", "'reason' and 'by' must be short strings")
-            return runs.decide(p.get("id"), p.get("decision"), by=by, reason=reason).to_dict()
+            return runs.intents.decide(p.get("id"), p.get("decision"), by=by, reason=reason).to_dict()
         raise RequestError(
             "unknown_method",
             f"no method {method!r} on the control socket; the methods are status, run.start, run.list, "
@@ -359,18 +359,22 @@ class Daemon:
         )
 
     async def broker(self, peer: Peer, req: Request) -> dict[str, Any]:
+        """Serve one request of a broker socket that is not an intent: intents
+        have one door, ``IntentPath.serve_intent``, which the peer calls itself.
+
+        Raises:
+            RequestError: what the agent is told instead.
+        """
         assert self.runs is not None and peer.run is not None
         if req.method == "tool.record":
             return await record_tool_call(
-                self.runs, peer.run, req.params, cell=peer.cell, budgets=self.record_budgets
+                self.runs.intents, peer.run, req.params, cell=peer.cell, budgets=self.record_budgets
             )
-        if req.method != "intent":
-            raise RequestError(
-                "unknown_method",
-                f"no method {req.method!r} on the broker socket; "
-                "send 'intent' or 'tool.record' (docs/PROTOCOL.md)",
-            )
-        return await self.runs.intent(peer.run, req.params, cell=peer.cell)
+        raise RequestError(
+            "unknown_method",
+            f"no method {req.method!r} on the broker socket; "
+            "send 'intent' or 'tool.record' (docs/PROTOCOL.md)",
+        )
 
     async def _status(self) -> dict[str, Any]:
         runs, recorder = self.runs, self.recorder

@@ -24,9 +24,9 @@ which is kept for the daemon's own events. A call past a budget is refused
 ``budget.exceeded`` event, the later ones only counted (``status`` shows the
 counts), so that a flood of refusals does not flood the record either.
 
-Nothing here touches a socket: the server calls ``record_tool_call``; ``Runs.intent``
-may call ``check_tool_call_id`` (as ``_tools.check_tool_call_id``: the modules
-import each other).
+Nothing here touches a socket: the server calls ``record_tool_call`` with the
+intent path, which it knows only as ``ToolRecordHost`` (so this module does
+not import ``_intent_path``, which imports it for ``check_tool_call_id``).
 """
 
 from __future__ import annotations
@@ -38,21 +38,18 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stockade.broker._intents import _json_type, _short, redact
-from stockade.broker._rules import Decision
 from stockade.broker._tokens import TokenCheck
-
-# The module, not its names: ``_intent_path`` imports this one
-# (``check_tool_call_id``) in turn, and either may be imported first.
-from stockade.daemon import _intent_path
 from stockade.daemon._requests import RequestError
 from stockade.errors import StoreError
 from stockade.record import Event
 
 if TYPE_CHECKING:
-    from stockade.daemon._runs import Run, Runs
+    from stockade.daemon._agents import Agents
+    from stockade.daemon._bus import Recorder
+    from stockade.daemon._run import Run
 
 TOOL_CALL_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")
 """A tool call's id: the SDK's (``tc-`` and 16 hex digits) or a model's own
@@ -138,7 +135,7 @@ class RecordBudgets:
 def check_tool_call_id(value: object) -> str | None:
     """An intent's optional ``tool_call`` param, checked: the id, or ``None`` when absent.
 
-    For ``Runs.intent``, to put the id in the ``intent`` event.
+    For ``IntentPath.serve_intent``, to put the id in the ``intent`` event.
 
     Raises:
         RequestError: ``bad_params``, naming the value and the form an id takes.
@@ -154,8 +151,28 @@ def check_tool_call_id(value: object) -> str | None:
     return value
 
 
+class ToolRecordHost(Protocol):
+    """What ``tool.record`` needs of the intent path (``_intent_path.IntentPath``)."""
+
+    @property
+    def recorder(self) -> Recorder: ...
+
+    @property
+    def agents(self) -> Agents: ...
+
+    def check_token(self, run: Run, token: object) -> TokenCheck:
+        """Whether ``token`` is ``run``'s and live."""
+        ...
+
+    async def refuse_token(
+        self, run: Run, cell: str, intent: str, args: Mapping[str, object], check: TokenCheck
+    ) -> dict[str, Any]:
+        """Record the request as a denial (counted toward the tripwire), then raise ``unauthorized``."""
+        ...
+
+
 async def record_tool_call(
-    runs: Runs, run: Run, params: Mapping[str, Any], *, cell: str, budgets: RecordBudgets
+    path: ToolRecordHost, run: Run, params: Mapping[str, Any], *, cell: str, budgets: RecordBudgets
 ) -> dict[str, Any]:
     """``tool.record`` on ``run``'s broker socket: store one ``tool.call`` event.
 
@@ -173,32 +190,30 @@ async def record_tool_call(
             (the token), ``bad_params`` (a missing, unknown or malformed param),
             ``denied`` (past a budget, or the store is within its reserve).
     """
-    if runs.recorder.failure is not None:
+    if path.recorder.failure is not None:
         raise RequestError(
             "unavailable",
-            f"the event store cannot write, so no tool call is recorded: {runs.recorder.failure}",
+            f"the event store cannot write, so no tool call is recorded: {path.recorder.failure}",
         )
-    check = _intent_path._check_token(runs.tokens, run, params.get("token"))
+    check = path.check_token(run, params.get("token"))
     if check != TokenCheck.OK:
-        reason = f"unauthorized: the capability token is {_intent_path._TOKEN_WORDS.get(check, check.value)}"
         name = params.get("name")
         note = {"name": name if isinstance(name, str) else None}
-        await runs._record_intent(run, cell, "tool.record", redact(note), Decision("deny", None, reason))
-        raise RequestError("unauthorized", f"{reason}; use the token in $STOCKADE_TOKEN")
+        await path.refuse_token(run, cell, "tool.record", redact(note), check)  # raises unauthorized
     fields = parse_params(params)
     event = tool_call_event(run, cell, fields)
-    above = runs.agents.lineage(run)
+    above = path.agents.lineage(run)
     family = above[-1].id if above else run.id
     size = len(json.dumps(fields["args"], ensure_ascii=False)) + len(fields["error"])
-    why = runs.recorder.store.room_for_agents() or budgets.charge(family, size)
+    why = path.recorder.store.room_for_agents() or budgets.charge(family, size)
     if why is not None:
         if budgets.refuse(family):
             refusal = budget_event(run, cell, why, family)
             with contextlib.suppress(StoreError):  # the refusal stands whether or not it is stored
-                await runs.recorder.record_soon([refusal])
+                await path.recorder.record_soon([refusal])
         raise RequestError("denied", f"tool.record refused: {why}")
     try:
-        stored = await runs.recorder.record_soon([event])
+        stored = await path.recorder.record_soon([event])
     except StoreError as exc:
         raise RequestError(
             "unavailable", f"the event store cannot write, so the tool call is not recorded: {exc}"
