@@ -235,6 +235,7 @@ def _encodings(value: bytes) -> dict[str, bytes]:
         "url-twice": b"".join(b"%%25%02X" % b for b in value),
         "json": json.dumps({"k": value.decode()}).encode().replace(b"-", b"\\u002d"),
         "html": b"".join(b"&#x%x;" % b for b in value),
+        "quoted-printable": b"".join(b"=%02X" % b for b in value),
     }
 
 
