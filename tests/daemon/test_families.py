@@ -5,18 +5,14 @@ family's budget."""
 
 from __future__ import annotations
 
-import types
-from typing import TYPE_CHECKING, cast
+from typing import Any, cast
 
 from stockade.broker._rules import Decision, Rules
 from stockade.broker._tripwire import Tripwire
 from stockade.daemon._agents import Agents
-from stockade.daemon._runs import Run
+from stockade.daemon._run import Run
 from stockade.llm._endpoint import LlmEndpoint
 from stockade.policy import LlmPolicy, loads_policy
-
-if TYPE_CHECKING:
-    from stockade.daemon._runs import Runs
 
 ALLOW = Decision("allow", "s", "allowed")
 ROOT = (
@@ -52,8 +48,18 @@ def _family(*helpers: str) -> tuple[Agents, Run, list[Run]]:
     for kid in kids:
         kid.parent = root.id
         root.children.append(kid.id)
-    runs = types.SimpleNamespace(runs={r.id: r for r in [root, *kids]}, state_dir="/var/lib/stockade")
-    return Agents(cast("Runs", runs)), root, kids
+
+    async def never(*args: object, **kwargs: object) -> Any:
+        raise AssertionError("these tests start and stop no run")
+
+    agents = Agents(
+        runs={r.id: r for r in [root, *kids]},
+        recorder=cast("Any", None),
+        state_dir="/var/lib/stockade",
+        start=never,
+        stop=never,
+    )
+    return agents, root, kids
 
 
 def test_helpers_alive_at_once_hold_at_most_the_roots_memory() -> None:
