@@ -624,9 +624,9 @@ def test_abstract_unix_socket_of_the_host_is_unreachable() -> None:
     socket sees nothing.
 
     No event: abstract names live in a network namespace, and the cell's has no
-    such name, so the kernel finds no peer to refuse; Landlock's scope check
-    (which records) runs only once a peer is found. That the scope is also in
-    force is shown by the next test, where the peer is found."""
+    such name, so the connect supervisor finds nothing of that name in it and
+    answers ECONNREFUSED, as the kernel would. A name bound in the cell's own
+    namespace by another uid is refused and recorded (the next test)."""
     name = f"stockade-canary-{secrets.token_hex(6)}"
     with socket.socket(socket.AF_UNIX) as host:
         host.bind(b"\0" + name.encode())
