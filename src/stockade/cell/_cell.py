@@ -400,14 +400,14 @@ class Cell:
                     pass
                 if audit is not None:
                     audit.unwatch(cell_id)
+            if unsubscribe is not None:
+                unsubscribe()
             cgroup.destroy()
             release_owner(owner)
             if tmp_watch is not None:
                 tmp_watch.close()
             raise
         finally:
-            if unsubscribe is not None:
-                unsubscribe()
             if watch is not None:
                 connect_events = supervisor().unwatch(watch)
             notify_ours.close()
@@ -432,6 +432,10 @@ class Cell:
             # Those delivered live come back here too: the same events, once.
             events.extend(live.settle(e) for e in audit.collect(cell_id) if not _not_an_attempt(e, plan))
             audit.unwatch(cell_id)
+        if unsubscribe is not None:
+            # Only now: what collect's barrier brought in went to on_event too
+            # (the daemon's tripwire counts it), not only to the result.
+            unsubscribe()
         events.extend(live.settle(e) for e in connect_events)
         limits_hit: list[str] = []
         if timed_out:
