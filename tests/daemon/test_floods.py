@@ -274,11 +274,20 @@ def test_at_the_descriptor_reserve_cells_are_refused_and_the_operator_is_not(
         _info, lines = run_to_end(wire, events, starved)
         refused = lines[0]["out"]["error"]
         assert refused["code"] == "unavailable" and "descriptors of its limit" in refused["message"]
-        assert wire.call("status")["pid"] == os.getpid(), "the operator's socket was refused too"
+        status = wire.call("status")
+        assert status["pid"] == os.getpid(), "the operator's socket was refused too"
+        assert list(status["connections_refused"].values()) == [1]
         assert Wire(dt.socket_path).call("status")["pid"] == os.getpid(), "a new operator connection failed"
         monkeypatch.setattr(_fds, "low", lambda fd: False)
         _info, lines = run_to_end(wire, events, later)
         assert lines[0]["out"]["result"]["value"]["content"] == "the granted file\n"
+    (starved_id,) = status["connections_refused"]
+    refusals = [
+        e
+        for e in _stored(str(tmp_path / "state" / "events.db"), starved_id)
+        if e["kind"] == "connection.refused"
+    ]
+    assert [(e["layer"], e["detail"]["count"]) for e in refusals] == [("broker", 1)]
 
 
 def test_a_connection_flood_on_the_llm_endpoint_is_refused_while_others_are_served(tmp_path: Path) -> None:

@@ -75,6 +75,11 @@ class PeerHost(Protocol):
         """Count a new connection in; False when its run has all it may have."""
         ...
 
+    def refused(self, run: Run, reason: str) -> None:
+        """A connection to ``run``'s broker socket was refused for ``reason``
+        (recorded once per run, then counted)."""
+        ...
+
     def forget(self, peer: Peer) -> None:
         """The connection is gone: drop its subscriptions and its runs."""
         ...
@@ -134,15 +139,15 @@ class Peer(asyncio.Protocol):
             transport.write(self.conn.fail(0, "unavailable", _fds.LOW_MESSAGE))
             transport.close()
             self._closing = True
+            self.daemon.refused(self.run, _fds.LOW_MESSAGE)
             return
         if not self.daemon.register(self):
-            transport.write(
-                self.conn.fail(
-                    0, "unavailable", f"this run has {MAX_BROKER_CONNECTIONS} connections open; close one"
-                )
-            )
+            why = f"this run has {MAX_BROKER_CONNECTIONS} connections open; close one"
+            transport.write(self.conn.fail(0, "unavailable", why))
             transport.close()
             self._closing = True
+            if self.run is not None:
+                self.daemon.refused(self.run, why)
             return
         sock = transport.get_extra_info("socket")
         pid, uid = _peer_cred(sock)

@@ -96,6 +96,8 @@ class Daemon:
         self.store_quota = store_quota
         self.store_reserve = store_reserve
         self.record_budgets = record_budgets or RecordBudgets()
+        self.connections_refused: dict[str, int] = {}
+        """Refused broker connections by run (``refused``)."""
         self.gateway = gateway
         self.socket_path = socket_path or _paths.socket_path(None, state=self.state)
         self.approval_timeout = approval_timeout
@@ -410,6 +412,7 @@ class Daemon:
             "runs": {"running": len(live), "total": len(runs.runs)},
             "approvals_pending": len(runs.approvals.pending()),
             "connections": len(self._peers),
+            "connections_refused": dict(self.connections_refused),
             "subscribers": self.bus.subscribers,
             "subscribers_dropped": self.bus.dropped,
             "store": store,
@@ -454,6 +457,26 @@ class Daemon:
             return False
         self._peers.add(peer)
         return True
+
+    def refused(self, run: Run, reason: str) -> None:
+        """A refused broker connection of ``run``: the first is a
+        ``connection.refused`` event (layer ``broker``), the later ones are
+        counted (``status``: ``connections_refused``), so that a flood of
+        connections does not become a flood of events."""
+        count = self.connections_refused.get(run.id, 0) + 1
+        self.connections_refused[run.id] = count
+        if count > 1 or self.recorder is None or self.recorder.failure is not None:
+            return
+        event = Event(
+            kind="connection.refused",
+            cell="",
+            layer="broker",
+            outcome="denied",
+            run=run.id,
+            summary=f"the broker socket of run {run.id} refused a connection: {reason}",
+            detail={"listener": "broker", "reason": reason, "count": 1},
+        )
+        self.recorder.record_then([event], lambda _stored: None)
 
     def forget(self, peer: Peer) -> None:
         self._peers.discard(peer)
