@@ -31,6 +31,7 @@ How an import becomes an edge:
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -178,6 +179,12 @@ def cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+@functools.cache
+def _src_graph() -> Graph:
+    """The graph of src/stockade, parsed once for the tests that read it."""
+    return Graph(SRC)
+
+
 def _describe(component: list[str], edges: Mapping[str, set[str]]) -> str:
     members = set(component)
     inside = [f"    {a} -> {b}" for a in component for b in sorted(edges[a]) if b in members]
@@ -185,7 +192,7 @@ def _describe(component: list[str], edges: Mapping[str, set[str]]) -> str:
 
 
 def test_the_package_imports_form_no_circle() -> None:
-    graph = Graph(SRC)
+    graph = _src_graph()
     found = cycles(graph.edges)
     assert not found, "import circles in src/stockade (every import counts):\n" + "\n".join(
         _describe(c, graph.edges) for c in found
@@ -194,7 +201,7 @@ def test_the_package_imports_form_no_circle() -> None:
 
 def test_the_graph_sees_the_imports_it_must_see() -> None:
     # A control: a parser that saw nothing would find no circle either.
-    graph = Graph(SRC)
+    graph = _src_graph()
     assert len(graph.files) > 100
     assert sum(len(e) for e in graph.edges.values()) > 300
     assert "stockade.daemon._peer" in graph.edges["stockade.daemon._server"]
@@ -202,6 +209,24 @@ def test_the_graph_sees_the_imports_it_must_see() -> None:
     defined_in = graph._defining("stockade.record", "Event")
     assert defined_in.startswith("stockade.record._"), defined_in
     assert defined_in in graph.edges["stockade.daemon._bus"]
+
+
+def _daemon_imports(graph: Graph, module: str) -> set[str]:
+    return {m for m in graph.edges[f"stockade.daemon.{module}"] if m.startswith("stockade.daemon.")}
+
+
+def test_the_daemon_is_layered_as_docs_daemon_says() -> None:
+    # docs/DAEMON.md, "How it is built": the run is passive data at the
+    # bottom; the intent path is below the runs that make it; a peer knows the
+    # daemon only as a protocol; tool.record knows the intent path only so.
+    graph = _src_graph()
+    assert _daemon_imports(graph, "_run") == set()
+    assert _daemon_imports(graph, "_requests") == set()
+    assert "stockade.daemon._runs" not in _daemon_imports(graph, "_intent_path")
+    assert "stockade.daemon._runs" not in _daemon_imports(graph, "_agents")
+    assert "stockade.daemon._server" not in _daemon_imports(graph, "_peer")
+    assert "stockade.daemon._intent_path" not in _daemon_imports(graph, "_tools")
+    assert "stockade.daemon._intent_path" in _daemon_imports(graph, "_runs")
 
 
 def _write(root: Path, files: Mapping[str, str]) -> None:
