@@ -141,6 +141,7 @@ def test_requirements_follow_the_policy() -> None:
         "landlock.audit",
         "seccomp",
         "seccomp.log",
+        "unix.guard",
         "audit",
         "cgroup",
     ]
@@ -216,7 +217,13 @@ LACKING: list[tuple[str, dict[str, object], set[str]]] = [
             "seccomp": Fact(False, "t", "CONFIG_SECCOMP_FILTER"),
             "seccomp_actions": Fact((), "t"),
         },
-        {"seccomp", "seccomp.log"},
+        {"seccomp", "seccomp.log", "unix.guard"},
+    ),
+    ("linux 6.6", {"kernel": Fact("6.6.0-1-amd64", "t")}, {"unix.guard"}),
+    (
+        "no user notification",
+        {"seccomp_actions": Fact(("kill_process", "errno", "log", "allow"), "t")},
+        {"unix.guard"},
     ),
     (
         "errno refusals not logged",

@@ -691,6 +691,11 @@ def requirements(policy: Policy) -> list[Requirement]:
             else "refused syscalls reach the record",
         ),
         Requirement(
+            "unix.guard",
+            "seccomp user notification (Linux 5.0) and cgroup/connect_unix BPF programs (Linux 6.7)",
+            "no host unix socket is reachable from a cell (the connect supervisor, docs/CELL.md)",
+        ),
+        Requirement(
             "audit",
             "the kernel audit log over NETLINK_AUDIT (CAP_AUDIT_READ)",
             "the kernel's denials become events",
@@ -803,6 +808,17 @@ def _finding(req: Requirement, facts: HostFacts, mode: str) -> Finding:
         )
     if f == "seccomp.log":
         return _seccomp_log_finding(req, facts, mode)
+    if f == "unix.guard":
+        notif = "user_notif" in facts.seccomp_actions.value
+        new_enough = _kernel_version(facts.kernel.value) >= (6, 7)
+        ok = notif and new_enough
+        have = ", ".join(
+            [
+                "user notification" if notif else "no seccomp user notification",
+                f"Linux {facts.kernel.value}",
+            ]
+        )
+        return Finding(req, ok, have, None if ok else "run on Linux 6.7 or later, as root")
     if f == "audit":
         a = facts.audit
         enabled = facts.audit_enabled
