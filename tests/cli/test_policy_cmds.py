@@ -173,7 +173,6 @@ def test_validate_agentos_bad_manifest() -> None:
         ("name: a\nlimits: {memory: null}\n", "there is no memory limit"),
         ("name: a\nlimits: {pids: unlimited}\n", "there is no process limit"),
         ("name: a\nfilesystem: {read: [/home/me]}\n", "'/home/me' holds a home directory"),
-        ("name: a\nworkspace: /root\n", "'/root' holds a home directory"),
         ("name: a\nfilesystem: {base: none, read: [/]}\n", "filesystem.read '/' shows the whole host"),
         ("name: a\nallowed_paths: []\nworking_dir: /opt/x\n", "workdir '/opt/x' is outside every"),
         ("name: a\nallowed_paths: [/tmp]\n", "'/tmp' in the cell is its own private /tmp"),
@@ -205,3 +204,11 @@ def test_through_the_console_script(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err.startswith(f"stockade: {bad}:2:7: mode 'x' is not one of")
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out)["title"] == "stockade policy"
+
+
+def test_validate_refuses_the_operators_home_as_workspace() -> None:
+    # Once a warning; now the one workspace check refuses it at every door
+    # (policy/_workspace.py), validate included.
+    result = run("validate", "-", stdin="name: a\nworkspace: /root\n")
+    assert result.exit_code == 3
+    assert "workspace '/root' holds the operator's home" in result.stderr
