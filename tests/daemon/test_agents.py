@@ -256,11 +256,17 @@ def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents
     policy = loads_policy(
         "name: p\nworkspace: /work/ws\ntools: [{id: s, intent: agent.spawn, verdict: allow}]\n"
     )
+    # Helpers carve their limits from their root's (the family's limits are
+    # the root's), so a helper here asks for a sixteenth of the defaults.
+    helper = loads_policy(
+        "name: p\nworkspace: /work/ws\nlimits: {memory: 64M, pids: 16}\n"
+        "tools: [{id: s, intent: agent.spawn, verdict: allow}]\n"
+    )
     made = {
         name: Run(
             id=f"r-{name}",
             name=name.rstrip("0123456789"),
-            policy=policy,
+            policy=helper if name in (parents or {}) else policy,
             argv=(),
             workspace="/work/ws",
             detach=True,
@@ -291,7 +297,7 @@ def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents
 
 
 ALLOW = Decision("allow", "s", "allowed")
-HELPER = "name: h\ncommand: [true]\nfilesystem: {read: [/usr/lib]}\n"
+HELPER = "name: h\ncommand: [true]\nfilesystem: {read: [/usr/lib]}\nlimits: {memory: 64M, pids: 16}\n"
 
 
 def test_family_is_parent_siblings_and_helpers_never_strangers() -> None:
