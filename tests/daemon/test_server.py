@@ -536,8 +536,10 @@ def test_run_start_list_logs_stop_and_export(tmp_path: Path) -> None:
         assert stopped["state"] == "ended" and stopped["exit_code"] == 143 and stopped["stopped_by"]
         assert follow.push()["event"]["kind"] == "run.ended"
         kinds = [e["event"]["kind"] for e in events.until(kind_is("run.end", run_id))]
-        # The cell's own events are recorded when it ends, then the run's end.
-        assert kinds[-3:] == ["cell.start", "cell.end", "run.end"]
+        # cell.start is recorded live, at launch (once, not again at the end); the
+        # cell's persistence report and its end when it ends, then the run's end.
+        assert kinds[-3:] == ["cell.persistence", "cell.end", "run.end"]
+        assert kinds.count("cell.start") == 1, kinds
         exported = stored_events(wire, run_id)
         assert exported[0]["event"]["kind"] == "run.start"
         assert [e["seq"] for e in exported] == sorted(e["seq"] for e in exported)
