@@ -86,6 +86,9 @@ class ScaleCell:
         self.started_at = 0.0
         self.ready_at = 0.0
         self.init_pid: int | None = None
+        self.command_pids: set[int] = set()
+        """The init's children when the cell was found: the command runs as
+        pid 2 under the cell's init and its refusals name it."""
         self.launcher_pid: int | None = None
         self.cgroup_dirs: list[str] = []
         self.thread = threading.Thread(target=self._run, name=f"scale-{index}", daemon=True)
@@ -314,6 +317,9 @@ def _find_pids(cells: list[ScaleCell], problems: list[str]) -> list[int]:
             with open(f"/proc/{c.init_pid}/stat") as f:
                 c.launcher_pid = int(f.read().rsplit(")", 1)[1].split()[1])
             c.cgroup_dirs = cgroup_dirs_of(c.init_pid)
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/proc/{c.init_pid}/task/{c.init_pid}/children") as f:
+                c.command_pids = {int(pid) for pid in f.read().split()}
         pids.append(c.init_pid)
         if c.launcher_pid is not None:
             pids.append(c.launcher_pid)
@@ -346,7 +352,11 @@ def _check_all_alive(wave: Wave, pidfds: dict[int, int]) -> None:
 
 
 def _exited(pidfd: int) -> bool:
-    return bool(select.select([pidfd], [], [], 0)[0])
+    # poll, not select: with a hundred cells this process holds descriptors
+    # past select's FD_SETSIZE (1024).
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _check_gone(pidfds: dict[int, int], problems: list[str]) -> None:
@@ -354,7 +364,10 @@ def _check_gone(pidfds: dict[int, int], problems: list[str]) -> None:
     deadline = time.monotonic() + 10
     waiting = dict(pidfds)
     while waiting and time.monotonic() < deadline:
-        ready, _, _ = select.select(list(waiting.values()), [], [], deadline - time.monotonic())
+        poller = select.poll()
+        for fd in waiting.values():
+            poller.register(fd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(max(0, int((deadline - time.monotonic()) * 1000)))}
         for pid in [p for p, fd in waiting.items() if fd in ready]:
             del waiting[pid]
     if waiting:
@@ -387,9 +400,10 @@ def _check_records(wave: Wave) -> None:
             # The pid comes from the SYSCALL record grouped with the denial; under
             # load the reader may finish the group without it (pid None): the
             # cell id and the path still attribute it. A wrong pid is a problem.
-            if c.init_pid is not None and e.detail.get("pid") not in (None, c.init_pid):
+            if c.init_pid is not None and e.detail.get("pid") not in (None, c.init_pid, *c.command_pids):
                 misattributed.append(
-                    f"cell {c.index}: its denial names pid {e.detail.get('pid')}, its pid 1 is {c.init_pid}"
+                    f"cell {c.index}: its denial names pid {e.detail.get('pid')}, its pid 1 is "
+                    f"{c.init_pid} and its command {sorted(c.command_pids)}"
                 )
         foreign = [e for e in r.events if e.cell != r.cell_id] + [
             e for e in denials if e.detail.get("path") in secrets - {c.secret}
