@@ -317,9 +317,9 @@ def _find_pids(cells: list[ScaleCell], problems: list[str]) -> list[int]:
             with open(f"/proc/{c.init_pid}/stat") as f:
                 c.launcher_pid = int(f.read().rsplit(")", 1)[1].split()[1])
             c.cgroup_dirs = cgroup_dirs_of(c.init_pid)
-        with contextlib.suppress(OSError, ValueError):
-            with open(f"/proc/{c.init_pid}/task/{c.init_pid}/children") as f:
-                c.command_pids = {int(pid) for pid in f.read().split()}
+        children = f"/proc/{c.init_pid}/task/{c.init_pid}/children"
+        with contextlib.suppress(OSError, ValueError), open(children) as f:
+            c.command_pids = {int(pid) for pid in f.read().split()}
         pids.append(c.init_pid)
         if c.launcher_pid is not None:
             pids.append(c.launcher_pid)
