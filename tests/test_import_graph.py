@@ -229,6 +229,23 @@ def test_the_daemon_is_layered_as_docs_daemon_says() -> None:
     assert "stockade.daemon._intent_path" in _daemon_imports(graph, "_runs")
 
 
+def test_the_record_is_below_the_cell() -> None:
+    # HOUSE_STYLE's direction, policy <- cell, broker, gateway, record <-
+    # daemon: the record (events, store, chain, exports) imports no layer
+    # above it; the kernel audit reader, which knows cells, is the cell's.
+    graph = _src_graph()
+    record = [m for m in graph.edges if m.startswith("stockade.record")]
+    assert "stockade.record._store" in record  # the walk found the package
+    upward = {
+        (m, to)
+        for m in record
+        for to in graph.edges[m]
+        if to.startswith(("stockade.cell", "stockade.daemon", "stockade.broker", "stockade.gateway"))
+    }
+    assert upward == set()
+    assert "stockade.record._event" in graph.edges["stockade.cell._audit"]
+
+
 def _write(root: Path, files: Mapping[str, str]) -> None:
     for name, text in files.items():
         path = root / name

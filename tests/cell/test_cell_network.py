@@ -169,7 +169,7 @@ def test_kernel_refusals_are_heard_by_a_reader_made_inside_a_namespace(tmp_path:
     """The kernel sends audit records to the host's network namespace only: a
     reader made by a thread inside another (a daemon started from a test's or the
     demo's namespace) must still open its socket in the host's."""
-    from stockade.record._audit import AuditReader
+    from stockade.cell._audit import AuditReader
     from tests._netns import TestNetns
 
     made: list[AuditReader] = []

@@ -561,7 +561,7 @@ def run_in_private_netns(policy: Policy, argv: list[str]) -> tuple[CellResult, l
 
     Returns the cell's result and the interfaces the child's namespace had.
     """
-    from stockade.record._audit import AuditReader
+    from stockade.cell._audit import AuditReader
 
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()

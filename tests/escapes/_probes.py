@@ -279,7 +279,7 @@ MOUNT_RECORDED = {
 }
 """What the read-only mount layer (and file permissions: EACCES, EPERM,
 layer ``dac``) refuses that the kernel audit rules of
-``stockade.record._audit_mount`` record (an EXDEV only into a protected or
+``stockade.cell._audit_mount`` record (an EXDEV only into a protected or
 pinned directory, or a place the cell may not write: see ``Cell``)."""
 
 

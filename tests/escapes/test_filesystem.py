@@ -4,7 +4,7 @@ Each test asserts (a) the attempt failed, with the errno the refusing layer
 gives, (b) the record says what was tried (layer, path, blockers), and (c) the
 legitimate neighbour still works. A read-only mount, a discretionary
 permission check and the VFS refusing a cross-mount link log nothing by
-themselves; stockade's audit rules (record/_audit_mount.py) record them as
+themselves; stockade's audit rules (cell/_audit_mount.py) record them as
 layers ``mount`` and ``dac``. Where nothing records (a path absent from the
 view), the docstring says so and the test asserts the strongest evidence there
 is instead: the host is unchanged and nothing secret came out. Gaps that stockade itself could close
@@ -210,7 +210,7 @@ def test_write_under_a_read_only_grant(host_dir: Path, op: str) -> None:
     that is not a system directory is a read-only mount (Landlock has no right
     for chmod, utimes or xattrs, so nothing else could refuse those on the
     agent's own files): every change, chmod included, fails with EROFS in the
-    VFS and is on record as layer ``mount`` (``record/_audit_mount``). The
+    VFS and is on record as layer ``mount`` (``cell/_audit_mount``). The
     file is unchanged on the host in every case."""
     grant = host_dir / "ro"
     grant.mkdir(mode=0o777)
@@ -244,7 +244,7 @@ def test_write_under_a_read_only_system_path(cell: Cell, op: str) -> None:
     is unmapped in the cell's user namespace, so the file is "other" to the
     agent (EACCES). chmod: no Landlock right, refused as not the owner
     (EPERM). Those three are on record as layer ``dac`` (the audit rules of
-    ``record/_audit_mount``). /etc/hosts is unchanged."""
+    ``cell/_audit_mount``). /etc/hosts is unchanged."""
     target = "/etc/hosts"
     before = snapshot(Path(target))
     probe = run_probe(
@@ -663,7 +663,7 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str) -> None:
     before any security hook, so Landlock records nothing), EBUSY for
     unlink/rename (it is a mount point) or EXDEV for a rename into a pinned
     directory (another mount). Each refusal is on record through the audit
-    rules of ``record/_audit_mount`` (an EXDEV because it goes into a
+    rules of ``cell/_audit_mount`` (an EXDEV because it goes into a
     protected or pinned directory). Evidence: the host
     file is unchanged (or still absent) after the run. The file next to it
     stays writable (the control)."""
@@ -692,7 +692,7 @@ def test_protected_file_in_the_workspace(host_dir: Path, rel: str) -> None:
     assert assert_works(probe["control"]) is True
     assert snapshot(target) == before
     assert (ws / ".git" / "HEAD").read_text().endswith("#")
-    # Each attempt is on record (the kernel audit rules of record/_audit_mount).
+    # Each attempt is on record (the kernel audit rules of cell/_audit_mount).
     assert_mount_refusal(probe, probe["write"], target, target.parent)
     assert_mount_refusal(probe, probe["delete"], target, target.parent)
     assert not [e for e in probe.denials("mount") if "control" in e.summary or "HEAD" in str(e.detail)]
@@ -753,7 +753,7 @@ def test_rename_of_a_protected_parent(host_dir: Path, parent: str, present: bool
     writable one in its place) fails with EBUSY: every directory between the
     workspace and a protected path is a mount point, and so is every git
     directory, even one holding no hooks yet ("absent"). The VFS refuses before
-    Landlock; the audit rules of ``record/_audit_mount`` record the EBUSY and
+    Landlock; the audit rules of ``cell/_audit_mount`` record the EBUSY and
     the EROFS. Evidence: no hook was planted on the host, and both refusals
     are on record. An ordinary directory renames fine (the control). Where
     ``.git/hooks`` does not exist, making it and a hook in it is not refused
@@ -1066,7 +1066,7 @@ def test_proc_sys_kernel_core_pattern(cell: Cell) -> None:
     EROFS before any security hook (and, without that mount, the discretionary
     check would refuse: root's file, root unmapped). The EROFS is on record
     (an event of layer ``mount``, from the audit rules of
-    ``record/_audit_mount``). Evidence: the host's value is unchanged. Reading
+    ``cell/_audit_mount``). Evidence: the host's value is unchanged. Reading
     it works."""
     before = Path("/proc/sys/kernel/core_pattern").read_bytes()
     probe = run_probe(

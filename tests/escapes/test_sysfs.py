@@ -8,7 +8,7 @@ write counters; firmware and machine identity) is behind decoys that
 Landlock refuses and records. The host-wide /proc files that identify the
 host or count its disk and network activity are a root-only decoy file of
 the host, refused by file permissions and recorded by an audit rule on its
-inode (record/_audit_mount.decoy_rule)."""
+inode (cell/_audit_mount.decoy_rule)."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def host_audit_reader() -> Iterator[None]:
     old one back afterwards.
     """
     from stockade.cell import _cell
-    from stockade.record._audit import AuditReader
+    from stockade.cell._audit import AuditReader
 
     reader = AuditReader()
     reader.start()

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from stockade.cell import _host
+from stockade.cell._audit_core import unrecorded_event
+from stockade.cell._audit_mount import CELL_LOGINUID
 from stockade.cell._cgroup import CellCgroup
 from stockade.cell._disk import LimitedWorkspace, TmpWatch
 from stockade.cell._launch import LaunchSpec, launch
@@ -27,11 +29,9 @@ from stockade.cell._unotify import CellWatch, attach_guard, supervisor
 from stockade.errors import CellError, PolicyError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
-from stockade.record._audit_core import unrecorded_event
-from stockade.record._audit_mount import CELL_LOGINUID
 
 if TYPE_CHECKING:
-    from stockade.record._audit import AuditReader
+    from stockade.cell._audit import AuditReader
 
 WORKSPACES_ROOT = "/var/lib/stockade/workspaces"
 """Where fresh workspaces are made. Every cell sees this directory as a decoy,
@@ -165,7 +165,7 @@ def shared_audit_reader() -> AuditReader:
     if _shared_audit is None:
         import sys
 
-        from stockade.record._audit import AuditReader
+        from stockade.cell._audit import AuditReader
 
         # The reader thread parses every audit record of the host; with the
         # default 5 ms GIL switch interval a busy reader would stall a launch
@@ -838,7 +838,7 @@ def _not_an_attempt(event: Event, plan: CellPlan) -> bool:
 def _benign_crossing(event: Event, plan: CellPlan) -> bool:
     """A rename or link across mounts (EXDEV) into a place the cell may write:
     what an ordinary ``mv`` from /tmp to the workspace meets before it copies
-    instead, not an attempt on anything. Kept (record/_audit_mount.py): one
+    instead, not an attempt on anything. Kept (cell/_audit_mount.py): one
     into a read-only mount inside those places (a protected directory), into
     a directory pinned because it holds a protected path (``.git``), or into
     a place the cell may not write (either directory: the kernel logs both

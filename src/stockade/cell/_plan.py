@@ -298,7 +298,7 @@ def plan_cell(
     for path in proc_decoys:
         if proc_decoy is not None:
             # The host's empty, root-only file: the cell's open is refused by
-            # file permissions, and recorded (record/_audit_mount.decoy_rule).
+            # file permissions, and recorded (cell/_audit_mount.decoy_rule).
             entries.append((path, MountOp("bind", path, src=proc_decoy, writable=False)))
         else:
             entries.append((path, MountOp("decoy_file", path)))
@@ -382,7 +382,7 @@ _PROC_HIDDEN = (
 cells' work (disk I/O; interrupts and softirqs count the host's network
 traffic). Landlock cannot refuse them (a hole in /proc would need its pid
 directories, unknown when the cell is planned): each is a bind of the host's
-``PROC_DECOY`` (record/_audit_mount), root's and mode 0000, which file
+``PROC_DECOY`` (cell/_audit_mount), root's and mode 0000, which file
 permissions refuse and an audit rule on its inode records; where that file
 is missing (no audit reader), an empty file, unrecorded."""
 
@@ -417,7 +417,7 @@ def _proc_decoy() -> str | None:
     """``PROC_DECOY`` when it is there as the audit reader made it (empty,
     root's, mode 0000), else None (the /proc decoys are then plain empty
     files, unrecorded)."""
-    from stockade.record._audit_mount import PROC_DECOY
+    from stockade.cell._audit_mount import PROC_DECOY
 
     try:
         st = os.lstat(PROC_DECOY)
@@ -468,7 +468,7 @@ def _read_only_mount(path: str) -> bool:
     cell's uid owns, file permissions do not stop those either: any file of a
     grant may be the cell's (a user's own data, whatever its directory's
     owner), so a read grant is a read-only mount, on which they fail with
-    EROFS (recorded through the audit rules of record/_audit_mount, as every
+    EROFS (recorded through the audit rules of cell/_audit_mount, as every
     write there is). The exception is a system directory owned by root
     (``/usr``, ``/etc``: ``SYSTEM_READ`` and what lies in it), whose files
     are root's and so refuse the cell by file permissions; it stays a plain
@@ -794,7 +794,7 @@ def _read_only_inside_writable(read_dirs: list[str], write_dirs: list[str], work
     Landlock rights add up down a tree, so no Landlock rule can make part of a
     writable tree read-only; these are made read-only mounts instead (the
     mount layer refuses writes there with EROFS, recorded through the audit
-    rules of record/_audit_mount). An AgentOS manifest granting ``/`` with the
+    rules of cell/_audit_mount). An AgentOS manifest granting ``/`` with the
     system directories read-only is the common case.
     """
     nested: list[str] = []

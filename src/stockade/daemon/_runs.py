@@ -71,9 +71,9 @@ from stockade.record._chain import StoredEvent
 from stockade.sdk import IN_CELL_DIR, MODULE_PATH
 
 if TYPE_CHECKING:
+    from stockade.cell._audit import AuditReader
     from stockade.cell._cell import Cell, CellResult
     from stockade.gateway import Gateway, GatewayOptions
-    from stockade.record._audit import AuditReader
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 """A name given to ``run.start`` (a scenario's ``pipeline/summarise-2``)."""

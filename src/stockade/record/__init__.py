@@ -1,10 +1,10 @@
-"""The record: events from every layer, their store and hash chain, exports,
-and the kernel audit reader.
+"""The record: events from every layer, their store and hash chain, and
+exports. (The kernel audit reader, which turns the kernel's refusals into
+events, is the cell layer's: ``stockade.cell._audit``.)
 
 Only the event model is imported eagerly. The rest is imported when first
-used: the audit reader pulls in threading and sockets, the store sqlite3, the
-chain hashlib and json, the exports datetime; ``stockade exec`` needs none of
-them to start a cell."""
+used: the store pulls in sqlite3, the chain hashlib and json, the exports
+datetime; ``stockade exec`` needs none of them to start a cell."""
 
 from __future__ import annotations
 
@@ -14,15 +14,12 @@ from typing import TYPE_CHECKING, Any
 from stockade.record._event import EVENT_VERSION, Event, Layer, Outcome
 
 if TYPE_CHECKING:
-    from stockade.record._audit import AuditReader, AuditStats
     from stockade.record._chain import GENESIS, StoredEvent, VerifyResult, canonical_json, chain_hash
     from stockade.record._export import ExportFormat, export, export_to_file, parse_since
     from stockade.record._head import Head, parse_head, read_head
     from stockade.record._store import EventStore, SqliteStore, open_store
 
 _LAZY = {
-    "AuditReader": "_audit",
-    "AuditStats": "_audit",
     "GENESIS": "_chain",
     "StoredEvent": "_chain",
     "VerifyResult": "_chain",
@@ -51,8 +48,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "EVENT_VERSION",
     "GENESIS",
-    "AuditReader",
-    "AuditStats",
     "Event",
     "EventStore",
     "ExportFormat",

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from stockade.cell._audit import AuditReader
 from stockade.errors import HostError
 from stockade.record import Event
-from stockade.record._audit import AuditReader
 from tests.record._kernel_helpers import CellSpec, landlock_abi, start_cell
 
 
@@ -404,7 +404,7 @@ def test_unprivileged_reader_is_a_host_error() -> None:
     code = """
 import os
 from stockade.errors import HostError
-from stockade.record._audit import AuditReader
+from stockade.cell._audit import AuditReader
 os.setgroups([]); os.setgid(65534); os.setuid(65534)  # no capabilities left
 try:
     AuditReader()
@@ -421,7 +421,7 @@ except HostError as exc:
 _FALLBACK_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-from stockade.record._audit import AuditReader
+from stockade.cell._audit import AuditReader
 from tests.record._kernel_helpers import CellSpec, start_cell
 with AuditReader() as reader:
     cell = start_cell(CellSpec(script="import ctypes\\nctypes.CDLL(None).ptrace(0, 0, 0, 0)"))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stockade.record._audit_core import (
+from stockade.cell._audit_core import (
     AuditCorrelator,
     decode_value,
     parse_fields,
@@ -16,7 +16,7 @@ from stockade.record._audit_core import (
 )
 
 # Raw records as the kernel sent them here (netlink payloads), from
-# /tmp experiments reproduced by tests/record/test_audit.py.
+# /tmp experiments reproduced by tests/cell/test_audit.py.
 SECCOMP_ERRNO = (
     'audit(1795958133.892:7): auid=0 uid=0 gid=0 ses=3 pid=4024 comm="python" '
     'exe="/usr/bin/python3.11" sig=0 arch=c000003e syscall=101 compat=0 '

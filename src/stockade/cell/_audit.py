@@ -46,15 +46,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from stockade._netns import initial, inside_path
-from stockade.errors import HostError
-from stockade.record._audit_core import AUDIT_SYSCALL, AUDIT_USER_AVC, AuditCorrelator
-from stockade.record._audit_mount import (
+from stockade.cell._audit_core import AUDIT_SYSCALL, AUDIT_USER_AVC, AuditCorrelator
+from stockade.cell._audit_mount import (
     AUDIT_ADD_RULE,
     KEY_FIELD,
     decoy_rule,
     ensure_proc_decoy,
     rule_payloads,
 )
+from stockade.errors import HostError
 from stockade.record._event import Event
 
 if TYPE_CHECKING:

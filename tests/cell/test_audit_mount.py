@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import struct
 
-from stockade.record._audit_core import AUDIT_EOE, AUDIT_SYSCALL, AuditCorrelator
-from stockade.record._audit_mount import AUDIT_CWD, AUDIT_PATH, CELL_LOGINUID, RULE_KEY, rule_payloads
+from stockade.cell._audit_core import AUDIT_EOE, AUDIT_SYSCALL, AuditCorrelator
+from stockade.cell._audit_mount import AUDIT_CWD, AUDIT_PATH, CELL_LOGINUID, RULE_KEY, rule_payloads
 
 SERIAL = 14724090
 SYSCALL = (
@@ -168,7 +168,7 @@ def test_a_refusal_by_file_permissions_is_of_the_dac_layer() -> None:
 def test_the_decoy_rule_takes_every_refused_open_of_one_file() -> None:
     """/proc's decoys: any open (reads too) refused with EACCES of the one
     decoy inode on its device, by a cell, keyed as the others."""
-    from stockade.record._audit_mount import decoy_rule
+    from stockade.cell._audit_mount import decoy_rule
 
     dev = os.makedev(259, 3)
     rule = decoy_rule(123456, dev)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stockade.record._audit_core import KIND_LOST, AuditCorrelator
+from stockade.cell._audit_core import KIND_LOST, AuditCorrelator
 from stockade.record._event import Event
 
 

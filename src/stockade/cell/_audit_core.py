@@ -2,7 +2,7 @@
 
 This module never touches a socket. :class:`AuditCorrelator` is fed the text of
 each netlink audit message (``feed``) and answers with the events it could
-attribute to a watched cell; ``stockade.record._audit`` owns the socket and the
+attribute to a watched cell; ``stockade.cell._audit`` owns the socket and the
 thread. Splitting them this way lets the parsing and attribution rules be tested
 from recorded kernel lines, table-driven, without a kernel.
 
@@ -32,8 +32,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES, X32_SYSCALL_BIT
-from stockade.record._audit_mount import (
+from stockade.cell._audit_mount import (
     AUDIT_CWD,
     AUDIT_PATH,
     KEY_FIELD,
@@ -41,7 +40,8 @@ from stockade.record._audit_mount import (
     mount_event_detail,
     refusal_layer,
 )
-from stockade.record._audit_mount import int_field as _int
+from stockade.cell._audit_mount import int_field as _int
+from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES, X32_SYSCALL_BIT
 from stockade.record._event import Event, Outcome
 
 # Message types, from <linux/audit.h>.
