@@ -145,8 +145,8 @@ def test_the_tripwire_halts_the_run(json_run: tuple[int, dict[str, Any], Path]) 
     _, report, out = json_run
     run = report["run"]
     assert run["state"] == "halted"
-    assert run["denials"] == run["denial_limit"] == 19
-    assert report["summary"]["tripwire"] == "19 denials reached the limit of 19"
+    assert run["denials"] == run["denial_limit"] == len(ATTEMPTS) == 35
+    assert report["summary"]["tripwire"] == "35 denials reached the limit of 35"
     kinds = [s["event"]["kind"] for s in json.loads((out / "record.json").read_text())]
     assert "run.halted" in kinds and kinds[-1] == "run.end"
 

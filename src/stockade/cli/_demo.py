@@ -3,7 +3,7 @@
 Thin: ``stockade.demo.run_agent_demo`` runs the agent under an in-process
 daemon, in the demo's own network namespace, and builds the report; this
 module renders the header, one entry per tool call as its record arrives, the
-tripwire, the kernel's records (read when the cell ends) and the containment
+tripwire, the kernel's records (from its audit log, live) and the containment
 report (rich, imported lazily), or the whole report as JSON. Exit 0 when every
 attempt was refused and recorded, nothing reached a canary and the legitimate
 task was done; 1 otherwise; 5 when the host cannot run the demo. docs/DEMO.md
@@ -167,8 +167,8 @@ class _View:
         )
         info.add_row(
             "tripwire",
-            f"the run halts at the {_ordinal(setup['denial_limit'])} refusal by the broker, "
-            "the gateway or the LLM endpoint",
+            f"the run halts at the {_ordinal(setup['denial_limit'])} refusal, by any layer "
+            "(the kernel's Landlock and seccomp included)",
         )
         info.add_row("workspace", escape(setup["workspace"]))
         c.print(info)
@@ -182,12 +182,12 @@ class _View:
             c.rule(f"[bold]{_CATEGORIES.get(call.category, call.category)}", align="left")
         live = call.verdict
         if call.category == "kernel" and live == "unrecorded":
-            live = "refused"  # the kernel's record comes when the cell ends
+            live = "refused"  # the kernel's record may come a moment after the call
         self._line(call, live)
         if call.category == "kernel" and not call.denials:
             self._body(
                 f"[cyan]○[/cyan] [bold]kernel[/bold]: {_esc(_last_line(call.error))} "
-                "[dim](its record comes from the audit log when the cell ends)[/dim]"
+                "[dim](its record comes from the audit log a moment later)[/dim]"
             )
         else:
             self._body(_stopped_by(call))
@@ -240,9 +240,7 @@ class _View:
         kernel = [x for x in calls if x.category == "kernel"]
         if kernel:
             c.print()
-            c.rule(
-                "[bold]The kernel's own records, read from the audit log when the cell ended", align="left"
-            )
+            c.rule("[bold]The kernel's own records, read from the audit log", align="left")
             for call in kernel:
                 self._line(call, call.verdict)
                 self._body(_stopped_by(call))
