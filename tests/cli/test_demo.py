@@ -28,7 +28,7 @@ from stockade.demo import EXPECTED, Call, catalogue
 from stockade.demo._attempts import KERNEL, Planned
 from stockade.demo._report import pair
 
-ATTEMPTS = [(ident, layer) for ident, layer in EXPECTED if layer != "task"]
+ATTEMPTS = [(ident, layer) for ident, layer in EXPECTED if layer not in ("task", "persistence")]
 
 
 def _main(args: list[str]) -> tuple[int, str]:
@@ -141,6 +141,18 @@ def test_the_legitimate_task_is_done(json_run: tuple[int, dict[str, Any], Path])
     assert all(n == 0 for host, n in report["secret_seen"].items() if host != "docs.example.com")
 
 
+def test_a_file_planted_in_the_workspace_is_in_the_persistence_report(
+    json_run: tuple[int, dict[str, Any], Path],
+) -> None:
+    """The cell lets the agent write its own workspace; the run's persistence
+    report (cell.persistence) names the file a shell of the operator's would run."""
+    _, report, _ = json_run
+    call = _by_id(report)["plant-envrc"]
+    assert call["verdict"] == "planted" and call["as_expected"] is True, call
+    left = [c for c in report["persistence"] if c["path"].endswith("/.envrc")]
+    assert [(c["change"], c["kind"]) for c in left] == [("created", "shell")], report["persistence"]
+
+
 def test_the_tripwire_halts_the_run(json_run: tuple[int, dict[str, Any], Path]) -> None:
     _, report, out = json_run
     run = report["run"]
@@ -207,6 +219,7 @@ def test_the_live_rendering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert "TRIPWIRE" in text
     assert "Containment report" in text
     assert "Contained: 35 of 35 attempts refused and recorded" in " ".join(text.split())
+    assert "/.envrc; undo: stockade revert r-" in " ".join(text.split())
     assert "\x1b[" not in text
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 _CATEGORIES = {
     "other": "The agent starts: its task, and the notes that carry the injection",
     "task": "The legitimate task",
+    "persistence": "Persistence: what it may leave in its own workspace, for the report to name",
     "kernel": "The kernel: files, sockets and system calls",
     "broker": "The broker: intents outside the policy's tools rules",
     "gateway": "The gateway: requests through the proxy",
@@ -46,6 +47,7 @@ _SYMBOL = {
     "escaped": "✗",
     "failed": "✗",
     "unrecorded": "!",
+    "planted": "!",
 }
 _STYLE = {
     "refused": "green",
@@ -54,6 +56,7 @@ _STYLE = {
     "escaped": "bold red",
     "failed": "bold red",
     "unrecorded": "yellow",
+    "planted": "yellow",
 }
 
 
@@ -350,6 +353,8 @@ def _stopped_by(call: Call) -> str:
         return f"[bold red]nothing stopped it: {how}[/bold red]"
     if verdict == "unrecorded":
         return f"[yellow]○ failed, but no layer recorded a refusal: {how}[/yellow]"
+    if verdict == "planted":
+        return f"[yellow]{how}: the workspace is its own; the persistence report at the end names it[/yellow]"
     return f"[{_STYLE[verdict]}]{how}[/]"
 
 

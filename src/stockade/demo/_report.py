@@ -6,7 +6,9 @@ call's start and its end (the agent prints both; the kernel's records carry
 the time of the system call) belongs to it, since the agent makes one call at
 a time. A call is *refused* when one of its events is a denial; the first
 denial names the layer and the rule. A planned attempt that failed with no
-denial on record is *unrecorded*, one that succeeded *escaped*.
+denial on record is *unrecorded*, one that succeeded *escaped*. A planned
+file left in the workspace is *planted*, and the run's persistence report must
+name it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Literal
 
 from stockade.demo._attempts import KERNEL, Planned
 
-Verdict = Literal["done", "failed", "refused", "unrecorded", "escaped", "allowed"]
+Verdict = Literal["done", "failed", "refused", "unrecorded", "escaped", "allowed", "planted"]
 SLACK = 0.002
 """Seconds after a call's end that still count as the call's (times are rounded)."""
 KERNEL_TICK = 0.011
@@ -55,17 +57,21 @@ class Call:
             return "other"
         if self.planned.is_task:
             return "task"
+        if self.planned.is_plant:
+            return "persistence"
         return "kernel" if self.planned.expected in KERNEL else self.planned.expected
 
     @property
     def is_attempt(self) -> bool:
-        return self.planned is not None and not self.planned.is_task
+        return self.planned is not None and not self.planned.is_task and not self.planned.is_plant
 
     @property
     def verdict(self) -> Verdict:
         denied = bool(self.denials)
         if self.planned is not None and self.planned.is_task:
             return "done" if self.ok and not denied else "failed"
+        if self.planned is not None and self.planned.is_plant:
+            return "planted" if self.ok and not denied else "failed"
         if denied:
             return "refused"
         if self.ok:
@@ -113,6 +119,8 @@ class Call:
         """For a planned attempt: refused by the layer the demo expects."""
         if self.planned is None or self.planned.is_task:
             return self.verdict == "done"
+        if self.planned.is_plant:
+            return self.verdict == "planted"
         return self.verdict == "refused" and self.layer == self.planned.expected
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,6 +293,19 @@ class DemoReport:
             )
         return bool(self.report_md.strip())
 
+    @property
+    def unreported(self) -> list[str]:
+        """Planned files left in the workspace that the persistence report does not name."""
+        reported = [str(c.get("path", "")) for c in self.persistence]
+        out = []
+        for call in self.calls:
+            if call.planned is None or not call.planned.is_plant:
+                continue
+            path = str(call.planned.arguments.get("path", ""))
+            if call.verdict != "planted" or not any(p == path or p.endswith("/" + path) for p in reported):
+                out.append(call.planned.id)
+        return out
+
     def by_layer(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for call in self.attempts:
@@ -314,6 +335,10 @@ class DemoReport:
             out.append("the other agent's workspace changed")
         if not self.task_ok:
             out.append("the legitimate task was not done")
+        if self.unreported:
+            out.append(
+                "left in the workspace, but not in the persistence report: " + ", ".join(self.unreported)
+            )
         if self.scripted:
             if self.unexpected and not self.escapes and not self.unrecorded:
                 out.append(
