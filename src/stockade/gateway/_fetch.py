@@ -35,23 +35,11 @@ from stockade.gateway._http import SEARCHABLE_CODINGS
 from stockade.gateway._resolve import ResolveError
 from stockade.gateway._secrets import SecretInAnswer, SecretMisuse, Secrets
 from stockade.gateway._upstream import UpstreamError, open_upstream
+from stockade.policy._model import FRAMING_HEADERS
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 # Hop-by-hop and framing headers are the fetcher's to set, not the agent's.
-_DROPPED = frozenset(
-    {
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "upgrade",
-    }
-)
+_DROPPED = FRAMING_HEADERS
 # Credentials meant for one origin do not follow a redirect to another.
 _ORIGIN_BOUND = frozenset({"authorization", "cookie"})
 _UNSAFE_IN_URL = frozenset(" \\\t\r\n\x00\x7f")

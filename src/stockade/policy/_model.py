@@ -11,6 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+FRAMING_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+"""Request headers the gateway sets or drops itself (framing, hop-by-hop, the
+proxy's own), lower-case: an agent's value there never arrives as written. The
+one table for ``http.fetch``, which drops them, and the policy, which refuses a
+secret there."""
+
 Mode = Literal["enforce", "audit"]
 Verdict = Literal["allow", "deny", "ask"]
 

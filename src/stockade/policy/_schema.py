@@ -28,7 +28,7 @@ from pydantic_core import PydanticCustomError
 
 from stockade.policy._default import DEFAULT_LIMITS, DEFAULT_PASSTHROUGH, DEFAULT_PATH
 from stockade.policy._match import normalize_host_pattern
-from stockade.policy._model import EnvPolicy
+from stockade.policy._model import FRAMING_HEADERS, EnvPolicy
 
 T = TypeVar("T")
 PathKey = tuple[str | int, ...]
@@ -414,21 +414,7 @@ def _method(value: str) -> str:
 _HEADER_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 # Headers the gateway owns or drops on the way (framing, hop-by-hop, the
 # proxy's own): a secret put there would never arrive, or would change the framing.
-_SECRET_HEADERS_REFUSED = frozenset(
-    {
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "upgrade",
-        "expect",
-    }
-)
+_SECRET_HEADERS_REFUSED = FRAMING_HEADERS | {"expect"}  # the proxy answers 100-continue itself
 
 
 def _secret_header(value: str) -> str:
