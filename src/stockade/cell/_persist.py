@@ -31,6 +31,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Literal
 
+from stockade.policy._default import SHELL_FILES
+
 Kind = Literal[
     "git-dir",
     "gitfile",
@@ -71,23 +73,7 @@ SKIP_DIRS = frozenset(
 tool of the operator's runs by name (docs/CELL.md lists what is not covered)."""
 
 _NAMES: dict[str, Kind] = {
-    **dict.fromkeys(
-        (
-            ".bashrc",
-            ".bash_profile",
-            ".bash_login",
-            ".bash_logout",
-            ".profile",
-            ".zshrc",
-            ".zshenv",
-            ".zprofile",
-            ".zlogin",
-            ".zlogout",
-            ".envrc",
-            ".inputrc",
-        ),
-        "shell",
-    ),
+    **dict.fromkeys(SHELL_FILES, "shell"),
     **dict.fromkeys((".exrc", ".nvimrc", ".nvim.lua", ".lvimrc"), "editor"),
     **dict.fromkeys((".mcp.json",), "agent"),
     **dict.fromkeys(

@@ -29,12 +29,7 @@ SECRETS_DENY = (
 )
 """Secrets under /etc hidden even though /etc is readable."""
 
-PROTECT = (
-    ".git/hooks",
-    ".git/config",
-    ".git/config.worktree",
-    ".git/commondir",
-    ".git/info",
+SHELL_FILES = (
     ".bashrc",
     ".bash_profile",
     ".bash_login",
@@ -44,7 +39,21 @@ PROTECT = (
     ".zshenv",
     ".zprofile",
     ".zlogin",
+    ".zlogout",
     ".envrc",
+    ".inputrc",
+)
+"""The files a shell (or direnv, or readline) of the operator's reads when it
+starts or ends in a directory: protected by default and, wherever they lie,
+named by the persistence report (cell/_persist.py)."""
+
+PROTECT = (
+    ".git/hooks",
+    ".git/config",
+    ".git/config.worktree",
+    ".git/commondir",
+    ".git/info",
+    *SHELL_FILES,
     ".mcp.json",
     ".vscode/tasks.json",
     ".vscode/settings.json",
