@@ -28,6 +28,7 @@ import fnmatch
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -310,11 +311,10 @@ def snapshot(roots: tuple[str, ...], *, protected: tuple[str, ...] = (), keep: b
     return snap
 
 
-def _walk(snap: Snapshot, root: str, top: str, budget: list[int], kept: list[int], done: set[str]) -> None:
-    # Breadth first: where an agent floods a tree to spend the bound, what
-    # lies near the top (the rc files, .git, .vscode) has been seen already,
-    # and the report says where the walk stopped.
-    todo = collections.deque([top])
+def _budgeted(snap: Snapshot, todo: collections.deque[str], budget: list[int]) -> Iterator[os.DirEntry[str]]:
+    """The entries of each directory in ``todo``, breadth first (the caller
+    appends the directories to descend into), each spending one of ``budget``;
+    where it runs out, the walk stops and the snapshot says where."""
     while todo:
         directory = todo.popleft()
         try:
@@ -326,32 +326,42 @@ def _walk(snap: Snapshot, root: str, top: str, budget: list[int], kept: list[int
             budget[0] -= 1
             if budget[0] < 0:
                 snap.cut.append(f"walk stopped at {WALK_ENTRIES_MAX} entries in {directory}")
+                todo.clear()
                 return
-            path = entry.path
-            if path in done and path != top:
-                continue  # another root (a write grant inside the workspace)
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            name = entry.name
-            is_dir = stat.S_ISDIR(st.st_mode)
-            if name == ".git":
-                if is_dir:
-                    _git_dir(snap, root, path, budget, kept)
-                else:
-                    _note(snap, root, path, "gitfile", st, kept)
-                continue
-            kind = _DIRS.get(name)
-            if kind is not None and is_dir:
-                _note(snap, root, path, kind, st, kept)
-                _all_files(snap, root, path, kind, budget, kept)
-                continue
-            kind = _NAMES.get(name)
-            if kind is not None and not is_dir:
-                _note(snap, root, path, kind, st, kept)
-            if is_dir and name not in SKIP_DIRS:
-                todo.append(path)
+            yield entry
+
+
+def _walk(snap: Snapshot, root: str, top: str, budget: list[int], kept: list[int], done: set[str]) -> None:
+    # Breadth first: where an agent floods a tree to spend the bound, what
+    # lies near the top (the rc files, .git, .vscode) has been seen already,
+    # and the report says where the walk stopped.
+    todo = collections.deque([top])
+    for entry in _budgeted(snap, todo, budget):
+        path = entry.path
+        if path in done and path != top:
+            continue  # another root (a write grant inside the workspace)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        name = entry.name
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if name == ".git":
+            if is_dir:
+                _git_dir(snap, root, path, budget, kept)
+            else:
+                _note(snap, root, path, "gitfile", st, kept)
+            continue
+        kind = _DIRS.get(name)
+        if kind is not None and is_dir:
+            _note(snap, root, path, kind, st, kept)
+            _all_files(snap, root, path, kind, budget, kept)
+            continue
+        kind = _NAMES.get(name)
+        if kind is not None and not is_dir:
+            _note(snap, root, path, kind, st, kept)
+        if is_dir and name not in SKIP_DIRS:
+            todo.append(path)
 
 
 def _git_dir(snap: Snapshot, root: str, gitdir: str, budget: list[int], kept: list[int]) -> None:
@@ -379,49 +389,29 @@ def _git_dir(snap: Snapshot, root: str, gitdir: str, budget: list[int], kept: li
     _index(snap, os.path.join(gitdir, "index"))
     for sub in ("modules", "worktrees"):
         base = os.path.join(gitdir, sub)
-        todo = [base]
-        while todo:
-            directory = todo.pop()
-            try:
-                with os.scandir(directory) as it:
-                    entries = sorted(it, key=lambda e: e.name)
-            except OSError:
+        todo = collections.deque([base])
+        for entry in _budgeted(snap, todo, budget):
+            if not entry.is_dir(follow_symlinks=False):
                 continue
-            for entry in entries:
-                budget[0] -= 1
-                if budget[0] < 0:
-                    snap.cut.append(f"walk stopped at {WALK_ENTRIES_MAX} entries in {directory}")
-                    return
-                if not entry.is_dir(follow_symlinks=False):
-                    continue
-                if os.path.isfile(os.path.join(entry.path, "HEAD")):
-                    _git_dir(snap, root, entry.path, budget, kept)
-                else:
-                    todo.append(entry.path)  # a submodule's name may hold slashes
+            if os.path.isfile(os.path.join(entry.path, "HEAD")):
+                _git_dir(snap, root, entry.path, budget, kept)
+            else:
+                todo.append(entry.path)  # a submodule's name may hold slashes
+        if budget[0] < 0:
+            return  # the walk's bound is spent: the snapshot says where
 
 
 def _all_files(snap: Snapshot, root: str, top: str, kind: Kind, budget: list[int], kept: list[int]) -> None:
-    todo = [top]
-    while todo:
-        directory = todo.pop()
+    todo = collections.deque([top])
+    for entry in _budgeted(snap, todo, budget):
         try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        for entry in entries:
-            budget[0] -= 1
-            if budget[0] < 0:
-                snap.cut.append(f"walk stopped at {WALK_ENTRIES_MAX} entries in {directory}")
-                return
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                todo.append(entry.path)
-            else:
-                _note(snap, root, entry.path, kind, st, kept)
+        if stat.S_ISDIR(st.st_mode):
+            todo.append(entry.path)
+        else:
+            _note(snap, root, entry.path, kind, st, kept)
 
 
 def _note(snap: Snapshot, root: str, path: str, kind: Kind, st: os.stat_result, kept: list[int]) -> None:
