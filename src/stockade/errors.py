@@ -96,7 +96,6 @@ class DaemonError(StockadeError):
 _REMOTE_EXIT: dict[str, int] = {
     "bad_params": ExitCode.USAGE,
     "not_found": ExitCode.NOT_FOUND,
-    "conflict": ExitCode.FAILED,
     "denied": ExitCode.DENIED,
 }
 
@@ -108,8 +107,8 @@ class RemoteError(StockadeError):
     ``conflict``, ``bad_params``, ``unauthorized``, ``denied``, ``unavailable``,
     ``internal``…), ``method`` the request's method, and the message the
     daemon's own sentence. ``exit_code`` follows the code: 2 for ``bad_params``,
-    6 for ``not_found``, 1 for ``conflict``, 126 for ``denied``, 5 (a daemon
-    error) for the rest.
+    6 for ``not_found``, 126 for ``denied``, 5 (a daemon error) for the
+    rest.
     """
 
     def __init__(self, message: str, *, code: str, method: str) -> None:

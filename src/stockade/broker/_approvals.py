@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from stockade.errors import StockadeError
+from stockade.errors import ApprovalError
 
 MAX_PENDING = 1000
 """Pending approvals at most, over all runs; past it ``ask`` denies at once
@@ -38,19 +38,6 @@ ARGS_PREVIEW = 65_536
 """Characters of each string argument an approval keeps for the operator to read."""
 
 State = Literal["pending", "approved", "denied"]
-
-
-class ApprovalError(StockadeError):
-    """A decision the approvals cannot take: ``code`` is ``not_found`` or ``conflict``
-    (the wire protocol's error codes of the same names)."""
-
-    exit_code = 6
-
-    def __init__(self, message: str, *, code: Literal["not_found", "conflict"]) -> None:
-        self.code = code
-        if code == "conflict":
-            self.exit_code = 1
-        super().__init__(message)
 
 
 @dataclass(frozen=True, slots=True)

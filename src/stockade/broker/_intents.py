@@ -42,7 +42,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from stockade.broker._fs import MAX_WRITE, FileAccess, FsFailure
 from stockade.broker._rules import normalize_path
-from stockade.errors import StockadeError
+from stockade.errors import IntentError, StockadeError
 from stockade.policy._model import NetworkPolicy, Policy
 
 if TYPE_CHECKING:
@@ -78,28 +78,6 @@ SECRET_KEYS = frozenset({"token", "secret", "password", "api_key"})
 REDACTED = "[redacted]"
 _REDACT_DEPTH = 16
 _REDACT_ITEMS = 1000
-
-
-class IntentError(StockadeError):
-    """The agent's intent was malformed: unknown, or with bad arguments.
-
-    ``code`` is the wire error code the daemon answers with (``bad_params``
-    for arguments, ``bad_request`` for an unknown or not-yet-supported
-    intent); ``field`` names the offending argument when there is one.
-    """
-
-    exit_code = 2
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: Literal["bad_params", "bad_request"] = "bad_params",
-        field: str | None = None,
-    ) -> None:
-        self.code = code
-        self.field = field
-        super().__init__(message)
 
 
 # ------------------------------------------------------------------ arguments

@@ -34,31 +34,12 @@ from stockade.broker._protocol import (
     encode,
     parse_reply,
 )
-from stockade.errors import DaemonError, ProtocolError, StockadeError
+from stockade.errors import DaemonError, ProtocolError, RemoteError
 
 _READ: Final = 1 << 16
 
-_EXIT_CODES: Final = {"bad_params": 2, "not_found": 6, "denied": 126}
 # The daemon could not read the request: it may close the stream after saying so.
 _UNREAD: Final = frozenset(("bad_frame", "too_large", "bad_json", "bad_request"))
-
-
-class RemoteError(StockadeError):
-    """The daemon read the request and refused it.
-
-    ``code`` is the protocol's error code (docs/PROTOCOL.md: ``not_found``,
-    ``conflict``, ``bad_params``, ``unauthorized``, ``denied``, ``unavailable``,
-    ``internal``…), ``method`` the request's method, and the message the
-    daemon's own sentence. ``exit_code`` follows the code: 2 for ``bad_params``,
-    6 for ``not_found``, 126 for ``denied``, 5 (a daemon error) for the rest.
-    """
-
-    def __init__(self, message: str, *, code: str, method: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.method = method
-        self.exit_code = _EXIT_CODES.get(code, 5)
 
 
 def _not_running(path: str) -> str:

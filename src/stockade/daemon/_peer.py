@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from stockade import _fds
 from stockade.broker._protocol import Connection, ErrorCode, ProtocolViolation, Request
 from stockade.daemon._intent_path import PreparedRead
-from stockade.daemon._requests import RequestError
-from stockade.errors import ProtocolError, StockadeError, StoreError
+from stockade.errors import ProtocolError, StockadeError, wire_error
 
 if TYPE_CHECKING:
     from stockade.daemon._run import Run
@@ -283,12 +282,10 @@ class Peer(asyncio.Protocol):
             if isinstance(outcome, Exception):
                 raise outcome
             frame = self.conn.respond(req.id, outcome)
-        except RequestError as exc:
-            frame = self.conn.fail(req.id, _code(exc.code), str(exc))
-        except StoreError as exc:
-            frame = self.conn.fail(req.id, "unavailable", f"the event store cannot write: {exc}")
         except StockadeError as exc:
-            frame = self.conn.fail(req.id, "internal", str(exc))
+            # stockade.errors.wire_error is the one place an error becomes a wire code.
+            code, message = wire_error(exc)
+            frame = self.conn.fail(req.id, _code(code), message)
         except Exception as exc:  # a bug: say so, keep serving
             print(f"stockade: internal error serving {req.method}: {exc!r}", file=sys.stderr)
             frame = self.conn.fail(req.id, "internal", f"the daemon failed serving {req.method}: {exc!r}")

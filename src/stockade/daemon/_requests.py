@@ -1,19 +1,9 @@
-"""The error a daemon's request ends with (its own module: the parts of the
-daemon that raise it import one another)."""
+"""The error a daemon's request ends with; it lives in ``stockade.errors`` (the
+one exception tree) and is named here too, for the daemon's modules that import
+it from here."""
 
 from __future__ import annotations
 
-from stockade.errors import StockadeError
-
-
-class RequestError(StockadeError):
-    """A request the daemon refuses; ``code`` is the wire protocol's error code."""
-
-    exit_code = 5
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(message)
-
+from stockade.errors import RequestError
 
 __all__ = ["RequestError"]

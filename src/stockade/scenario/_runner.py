@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stockade.daemon._client import Client, RemoteError
-from stockade.errors import DaemonError, StockadeError
+from stockade.errors import DaemonError, ScenarioBusy, ScenarioError, ScenarioNotFound, StockadeError
 from stockade.policy._schema import check_name, show
 from stockade.scenario._model import Agent, Scenario, run_variables
 
@@ -49,22 +49,6 @@ EXIT_FAILED = 1
 """An agent failed (after its restarts), or could not start."""
 EXIT_STOPPED = 130
 """The scenario was stopped (``stockade scenario stop``, Ctrl-C)."""
-
-
-class ScenarioError(StockadeError):
-    """A scenario could not be run as asked (a daemon or host error, exit 5)."""
-
-    exit_code = 5
-
-
-class ScenarioBusy(ScenarioError):
-    """A scenario of that name is already running."""
-
-
-class ScenarioNotFound(StockadeError):
-    """No scenario of that name has run under this state directory."""
-
-    exit_code = 6
 
 
 # --------------------------------------------------------------------------- scheduling, no I/O
