@@ -1,0 +1,352 @@
+"""The ``stockade`` sandbox environment of Inspect AI.
+
+``sandbox="stockade"`` (the default policy), ``("stockade", "policy.yaml")``
+(a stockade policy), ``("stockade", "compose.yaml")`` (a Docker compose file:
+its one service's image, working directory, environment and limits, see
+``_compose``) or ``SandboxEnvironmentSpec("stockade", StockadeSandboxConfig(…))``.
+Each sample gets one workbench session (``_workbench``): one cell for the
+whole sample, so files, ``/tmp`` and background processes last from
+``sample_init`` to ``sample_cleanup``, and nothing of it outlives the sample.
+At the end its events land in stockade's store (``_record.land``) and its
+containment report goes into the sample's metadata under ``"stockade"``, so
+that an eval log says what the agent reached for and what stopped it.
+
+The contract is inspect_ai 0.3.285's ``SandboxEnvironment``; Inspect's own
+conformance suite (``inspect_ai.util._sandbox.self_check``) runs against this
+in tests/harness/test_inspect_conformance.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, Union, overload
+
+import anyio
+import anyio.to_thread
+from inspect_ai.util import (
+    ExecResult,
+    OutputLimitExceededError,
+    SandboxConnection,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    SandboxUnavailableError,
+    concurrency,
+    sandboxenv,
+)
+from pydantic import BaseModel
+
+from stockade.daemon import _paths
+from stockade.harness import _compose
+from stockade.harness._record import SampleRecord, containment_report, land
+from stockade.harness._workbench import Workbench, open_workbench
+from stockade.policy import Policy, default_policy, load_policy
+
+T = TypeVar("T")
+
+_THREADS = anyio.CapacityLimiter(256)
+"""Threads that wait on cells. anyio's default limiter (40) would make the
+41st concurrent exec of an eval wait for a thread, not for the machine;
+Inspect's own ``subprocesses`` concurrency is the throttle (``concurrency``)."""
+
+
+class StockadeSandboxConfig(BaseModel, frozen=True):
+    """The ``stockade`` sandbox's own configuration (all optional)."""
+
+    policy: str | None = None
+    """A stockade policy file (docs/POLICY.md); the default policy when None."""
+    image: str | None = None
+    """An image of stockade's store (``stockade image ls``) as the cell's ``/``."""
+    compose: str | None = None
+    """A compose file whose service supplies image, workdir, environment, limits."""
+    state: str | None = None
+    """The state directory whose store gets the record (``$STOCKADE_STATE`` or the default)."""
+
+
+def resolve_policy(config: SandboxEnvironmentConfigType | None) -> tuple[Policy, str | None]:
+    """The policy a config stands for, and the state directory for the record.
+
+    Raises:
+        PolicyError: the policy or compose file is wrong (the message names the key).
+    """
+    from inspect_ai.util._sandbox.compose import ComposeConfig
+
+    if config is None:
+        return default_policy("inspect"), None
+    if isinstance(config, str):
+        path = os.path.abspath(config)
+        if _compose.is_compose(path):
+            doc = _compose.read_compose(path)
+            service = _compose.compose_service(doc, source=path)
+            return _compose.policy_for_service(default_policy("inspect"), service), None
+        return load_policy(path), None
+    if isinstance(config, ComposeConfig):
+        doc = config.model_dump(exclude_none=True, by_alias=True)
+        service = _compose.compose_service(doc, source="the compose config")
+        return _compose.policy_for_service(default_policy("inspect"), service), None
+    if isinstance(config, StockadeSandboxConfig):
+        if config.policy and config.compose:
+            from stockade.errors import PolicyError
+
+            raise PolicyError("the stockade sandbox config names both a policy and a compose file; keep one")
+        if config.compose:
+            policy, _ = resolve_policy(config.compose)
+        else:
+            policy = load_policy(config.policy) if config.policy else default_policy("inspect")
+        if config.image:
+            policy = dataclasses.replace(policy, image=config.image)
+        return policy, config.state
+    from stockade.errors import PolicyError
+
+    raise PolicyError(
+        f"the stockade sandbox got a config of type {type(config).__name__}; give a policy file, "
+        "a compose file or a StockadeSandboxConfig"
+    )
+
+
+@sandboxenv(name="stockade")
+class StockadeSandboxEnvironment(SandboxEnvironment):
+    """One sample's workbench session, contained by stockade."""
+
+    def __init__(self, workbench: Workbench, record: SampleRecord, cwd: str, state: str | None) -> None:
+        super().__init__()
+        self._workbench = workbench
+        self.record = record
+        self._cwd = cwd
+        self._state = state
+        self._closed = False
+        self.report: dict[str, Any] | None = None
+        """The containment report, once the sample has been cleaned up."""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def config_files(cls) -> list[str]:
+        return ["compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml"]
+
+    @classmethod
+    def is_docker_compatible(cls) -> bool:
+        return True
+
+    @classmethod
+    def default_concurrency(cls) -> int | None:
+        # A cell costs a few MiB and milliseconds; what bounds an eval is the
+        # machine's cores (each busy sample keeps one near full).
+        return 2 * (len(os.sched_getaffinity(0)) or 1)
+
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        return StockadeSandboxConfig(**config)
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        # Fail once, before any sample, on a wrong policy or a host that lacks
+        # a layer the policy needs, rather than in every sample.
+        from stockade.cell import _host
+
+        policy, _ = resolve_policy(config)
+        _host.check(policy)
+
+    @classmethod
+    async def sample_init(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
+    ) -> dict[str, SandboxEnvironment]:
+        policy, state = resolve_policy(config)
+        sample_id = str(metadata.get("sample_id", "")) if metadata else ""
+        record = SampleRecord(_paths.new_run_id(), harness="inspect", task=task_name, sample=sample_id)
+        record.harness_event(
+            "harness.sample.start",
+            f"inspect task {task_name}: a sample starts in a stockade session",
+            policy=policy.name,
+            image=policy.image,
+        )
+        workbench = await _in_thread(
+            lambda: open_workbench(policy, run_id=record.run_id, on_event=record.add)
+        )
+        env = cls(workbench, record, "/", state)
+        try:
+            pwd = await _in_thread(lambda: workbench.exec(["/bin/pwd"], timeout=30))
+            env._cwd = pwd.stdout.decode("utf-8", "replace").strip() or "/"
+        except BaseException:
+            await env._close(interrupted=True)
+            raise
+        return {"default": env}
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        for environment in environments.values():
+            if isinstance(environment, StockadeSandboxEnvironment):
+                await environment._close(interrupted=interrupted)
+
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        # Nothing outlives a sample: each session's cell is gone at its
+        # sample_cleanup, and the record is in the store by then.
+        return None
+
+    @classmethod
+    async def cli_cleanup(cls, id: str | None) -> None:
+        # `inspect sandbox cleanup stockade`: what a killed eval left behind,
+        # the cgroups and mount points of cells whose processes are gone (the
+        # same sweep the daemon makes when it starts).
+        from stockade.daemon._server import _sweep_stale_cells
+
+        await _in_thread(_sweep_stale_cells)
+
+    async def _close(self, *, interrupted: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        result = await _in_thread(self._workbench.close)
+        self.record.extend(result.events)
+        self.record.harness_event(
+            "harness.sample.end",
+            f"inspect task {self.record.task}: the sample's session ended"
+            + (" (interrupted)" if interrupted else ""),
+            interrupted=interrupted,
+        )
+        landed = await _in_thread(lambda: land(self.record, state=self._state))
+        self.report = containment_report(self.record, landed=landed)
+        _attach_to_sample(self.report)
+
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        if self._closed:
+            raise ConnectionError("the sample's stockade session has ended")
+        # The session lives in the eval's own process, so there is nothing to
+        # attach a terminal to from outside; entering the cell's namespaces
+        # with nsenter would skip its Landlock and seccomp, which is no
+        # connection to offer.
+        raise NotImplementedError(
+            "the stockade sandbox runs its session inside the eval's process and offers no "
+            "outside connection; follow it with `stockade export --run "
+            f"{self.record.run_id}` once the sample ends"
+        )
+
+    def default_polling_interval(self) -> float:
+        return 0.2
+
+    # ------------------------------------------------------------------ exec and files
+
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        # timeout_retry is for transports that hang (docker exec under load);
+        # a cell's timeout is the command's own slowness, and running it twice
+        # more would only take three times as long to say so.
+        self._check_open()
+        data = input.encode("utf-8") if isinstance(input, str) else input
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        where = self._resolve(cwd) if cwd is not None else self._cwd
+        workbench = self._workbench
+
+        def run() -> Any:
+            return workbench.exec(
+                cmd, input=data, cwd=where, env=env, user=user, timeout=timeout, output_limit=limit
+            )
+
+        async with _throttled(concurrency):
+            result = await _in_thread(run)
+        stdout = result.stdout.decode("utf-8", "replace")
+        stderr = result.stderr.decode("utf-8", "replace")
+        if result.timed_out:
+            raise TimeoutError(
+                f"the command {cmd[:1]!r} ran past its timeout of {timeout} s in the stockade cell"
+            )
+        if result.truncated:
+            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR, stdout)
+        if result.returncode == 126 and "ermission denied" in stderr:
+            raise PermissionError(f"cannot execute {cmd[0]!r} in the stockade cell: {stderr.strip()}")
+        return ExecResult(
+            success=result.returncode == 0, returncode=result.returncode, stdout=stdout, stderr=stderr
+        )
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        self._check_open()
+        path = self._resolve(file)
+        data = contents.encode("utf-8") if isinstance(contents, str) else contents
+        workbench = self._workbench
+
+        def write() -> None:
+            try:
+                workbench.write_file(path, data)
+            except FileNotFoundError:
+                # Inspect's contract: missing parents are made, as the sandbox's user.
+                made = workbench.exec(["/bin/mkdir", "-p", "--", os.path.dirname(path)])
+                if made.returncode != 0:
+                    raise
+                workbench.write_file(path, data)
+
+        await _in_thread(write)
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> Union[str | bytes]:  # noqa: UP007
+        self._check_open()
+        path = self._resolve(file)
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        workbench = self._workbench
+        data = await _in_thread(lambda: workbench.read_file(path, limit=limit + 1))
+        if len(data) > limit:
+            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
+        if text:
+            # newline="" semantics: bytes decoded as they are, CRLF kept.
+            return data.decode("utf-8")
+        return data
+
+    def _resolve(self, path: str) -> str:
+        return path if os.path.isabs(path) else os.path.join(self._cwd, path)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxUnavailableError(
+                f"the stockade session of run {self.record.run_id} has ended; a sandbox is usable "
+                "only between its sample's init and cleanup"
+            )
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    return await anyio.to_thread.run_sync(fn, limiter=_THREADS)
+
+
+def _throttled(wanted: bool) -> contextlib.AbstractAsyncContextManager[object]:
+    if not wanted:
+        return contextlib.nullcontext()
+    from inspect_ai.util._subprocess import max_subprocesses_context_var
+
+    return concurrency("subprocesses", max_subprocesses_context_var.get())
+
+
+def _attach_to_sample(report: dict[str, Any]) -> None:
+    """Put the report into the running sample's metadata (the eval log's
+    ``samples[i].metadata.stockade``); outside an eval there is none."""
+    from inspect_ai.solver._task_state import sample_state
+
+    state = sample_state()
+    if state is not None:
+        state.metadata["stockade"] = report
+
+
+__all__ = ["StockadeSandboxConfig", "StockadeSandboxEnvironment", "resolve_policy"]

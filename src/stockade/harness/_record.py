@@ -1,0 +1,167 @@
+"""A harness sample's record: its events into stockade's store, and the
+containment report that goes into the harness's own log.
+
+A harness (Inspect, Harbor) runs its sandboxes in its own process, with no
+daemon involved: the events of a sample's session are collected there and
+appended to the store at the end of the sample, through the same journaled
+writer the daemon uses (``open_journaled_store``), which locks the store's
+journal. While a daemon runs it holds that lock, and the store has one writer
+only (its hash chain depends on it): the events are then kept in the run's
+directory as JSONL (``<state>/runs/<run>/events.jsonl``) and the report says
+so, rather than being lost or forking the chain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from stockade.daemon import _paths
+from stockade.errors import StoreError
+from stockade.record import Event
+
+MAX_ATTEMPTS_LISTED = 50
+"""Refusals listed one by one in a report; the counts cover all of them. A
+sample whose agent hammers the kernel (the tripwire's floods) would otherwise
+put thousands of lines into every eval log."""
+
+
+class SampleRecord:
+    """The events of one harness sample (one run id), collected from any thread."""
+
+    def __init__(self, run_id: str, *, harness: str, task: str, sample: str = "") -> None:
+        self.run_id = run_id
+        self.harness = harness
+        self.task = task
+        self.sample = sample
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+        self._seen: dict[int, Event] = {}
+        """The events given, by id: kept alive so that an id is never reused."""
+        self.started = time.time()
+
+    def add(self, event: Event) -> None:
+        """Keep ``event`` (once, whichever of the live sink and the end delivers it)."""
+        with self._lock:
+            if id(event) in self._seen:
+                return
+            self._seen[id(event)] = event
+            self._events.append(_with_run(event, self.run_id))
+
+    def extend(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.add(event)
+
+    def events(self) -> tuple[Event, ...]:
+        with self._lock:
+            return tuple(self._events)
+
+    def harness_event(self, kind: str, summary: str, **detail: Any) -> Event:
+        """A lifecycle event of the harness itself (``harness.sample.start``…)."""
+        event = Event(
+            kind=kind,
+            cell="",
+            layer="cell",
+            outcome="info",
+            summary=summary,
+            run=self.run_id,
+            detail={"harness": self.harness, "task": self.task, "sample": self.sample, **detail},
+        )
+        self.add(event)
+        return event
+
+
+def _with_run(event: Event, run_id: str) -> Event:
+    if event.run == run_id:
+        return event
+    return Event(
+        kind=event.kind,
+        cell=event.cell,
+        layer=event.layer,
+        outcome=event.outcome,
+        detail=event.detail,
+        time=event.time,
+        summary=event.summary,
+        run=run_id,
+    )
+
+
+def containment_report(record: SampleRecord, *, landed: Mapping[str, Any]) -> dict[str, Any]:
+    """What the sample's agent reached for and what stopped it, as plain JSON
+    for a harness's log (Inspect's sample metadata, Harbor's trial files)."""
+    events = record.events()
+    refused = [e for e in events if e.outcome in ("denied", "audited")]
+    limits = [e for e in events if e.kind == "cell.limit"]
+    return {
+        "run": record.run_id,
+        "harness": record.harness,
+        "task": record.task,
+        "sample": record.sample,
+        "cells": sorted({e.cell for e in events if e.cell}),
+        "events": len(events),
+        "refusals": len(refused),
+        "refusals_by_layer": dict(sorted(Counter(e.layer for e in refused).items())),
+        "attempts": [
+            {"layer": e.layer, "kind": e.kind, "outcome": e.outcome, "summary": e.summary}
+            for e in refused[:MAX_ATTEMPTS_LISTED]
+        ],
+        "attempts_left_out": max(0, len(refused) - MAX_ATTEMPTS_LISTED),
+        "limits_hit": [e.summary for e in limits],
+        "record": dict(landed),
+    }
+
+
+def land(record: SampleRecord, *, state: str | None = None) -> dict[str, Any]:
+    """Append the sample's events to the store of ``state`` (the default state
+    directory when None); where a daemon holds the store, keep them as JSONL in
+    the run's directory instead. Returns where they are, for the report.
+
+    Raises:
+        StoreError: the store exists but cannot be opened or written for
+            another reason than a running daemon (a corrupt file, a full disk).
+    """
+    from stockade.record._journaled import open_journaled_store
+
+    chosen = state or _paths.state_dir()
+    events = record.events()
+    os.makedirs(chosen, mode=0o700, exist_ok=True)
+    path = _paths.store_path(chosen)
+    try:
+        store = open_journaled_store(path)
+    except StoreError as exc:
+        if "another process writes" not in str(exc):
+            raise
+        return _keep_beside(record, events, chosen, why=str(exc))
+    try:
+        stored = store.append(events)
+    finally:
+        store.close()
+    return {
+        "store": path,
+        "first_seq": stored[0].seq if stored else None,
+        "last_seq": stored[-1].seq if stored else None,
+        "verify": f"stockade verify --db {path}",
+        "export": f"stockade export --db {path} --run {record.run_id}",
+    }
+
+
+def _keep_beside(record: SampleRecord, events: tuple[Event, ...], state: str, *, why: str) -> dict[str, Any]:
+    directory = _paths.run_dir(state, record.run_id)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    target = os.path.join(directory, "events.jsonl")
+    with open(target, "w", encoding="utf-8") as out:
+        for event in events:
+            out.write(json.dumps(event.to_dict(), sort_keys=True) + "\n")
+    return {
+        "store": None,
+        "events_file": target,
+        "why": f"the store is held by a running daemon ({why}); the events are kept beside it",
+    }
+
+
+__all__ = ["SampleRecord", "containment_report", "land"]

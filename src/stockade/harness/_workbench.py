@@ -1,0 +1,131 @@
+"""The workbench a harness sample runs in: one long-lived stockade session.
+
+``open_workbench`` gives a ``stockade.cell.Session`` (one cell for the whole
+sample: its processes, ``/tmp`` and, with an image, its writable root live
+until the sample ends). The harness talks to it through ``Workbench``, the
+part of the Session contract it uses, so that the file operations can also be
+made of plain execs (``ExecFiles``) where a session does not offer them.
+
+Why in-process and not the daemon's hosted sessions: a harness sample is one
+process's short-lived child, Inspect's tests move 50 MiB through ``exec``
+stdin and ``write_file`` (twenty times the daemon's control frames), and a
+per-call round trip through the daemon would double the latency budget
+(docs/PERFORMANCE.md); the record still lands in the store
+(``_record.land``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from stockade.cell import CellResult
+from stockade.policy import Policy
+from stockade.record import Event
+
+
+class ExecResult(Protocol):
+    """What one ``exec`` gives back (``stockade.cell.SessionResult``)."""
+
+    @property
+    def returncode(self) -> int: ...
+    @property
+    def stdout(self) -> bytes: ...
+    @property
+    def stderr(self) -> bytes: ...
+    @property
+    def timed_out(self) -> bool: ...
+    @property
+    def truncated(self) -> bool: ...
+
+
+class Workbench(Protocol):
+    """One sample's long-lived cell."""
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult: ...
+
+    def read_file(self, path: str, *, user: str | None = None, limit: int | None = None) -> bytes: ...
+
+    def write_file(
+        self, path: str, data: bytes, *, user: str | None = None, mode: int | None = None
+    ) -> None: ...
+
+    def close(self) -> CellResult: ...
+
+
+def open_workbench(
+    policy: Policy, *, run_id: str, on_event: Callable[[Event], None], workspace: str | None = None
+) -> Workbench:
+    """Start a session for ``policy`` whose events go to ``on_event``.
+
+    Raises:
+        CellError, HostError, PolicyError, ImageError: the session cannot start.
+    """
+    import stockade.cell
+
+    # getattr: the Session is the cell layer's newest part, and this module
+    # must import (and say what is missing) on a tree from before it.
+    session_type: Any = getattr(stockade.cell, "Session")  # noqa: B009
+    session: Any = session_type(policy, workspace=workspace, run_id=run_id, on_event=on_event)
+    session.start()
+    if not hasattr(session, "read_file"):
+        return ExecFiles(session)
+    wb: Workbench = session
+    return wb
+
+
+class ExecFiles:
+    """A session's file operations made of execs in it (``cat``), for a
+    session that offers only ``exec``: the file is read and written inside the
+    cell, as the user, with the cell's own permissions and view."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def exec(self, argv: Sequence[str], **kw: Any) -> ExecResult:
+        result: ExecResult = self._session.exec(list(argv), **kw)
+        return result
+
+    def close(self) -> CellResult:
+        result: CellResult = self._session.close()
+        return result
+
+    def read_file(self, path: str, *, user: str | None = None, limit: int | None = None) -> bytes:
+        argv = ["/bin/cat", "--", path] if limit is None else ["/usr/bin/head", "-c", str(limit), "--", path]
+        result = self._session.exec(argv, user=user)
+        if result.returncode != 0:
+            raise _os_error(result.stderr, path)
+        data: bytes = result.stdout
+        return data
+
+    def write_file(self, path: str, data: bytes, *, user: str | None = None, mode: int | None = None) -> None:
+        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+        if mode is not None:
+            script += f' && chmod {mode:o} -- "$1"'
+        result = self._session.exec(["/bin/sh", "-c", script, "sh", path], input=data, user=user)
+        if result.returncode != 0:
+            raise _os_error(result.stderr, path)
+
+
+def _os_error(stderr: bytes, path: str) -> OSError:
+    """The OSError a ``cat``'s complaint stands for, as Python raises it."""
+    text = stderr.decode("utf-8", "replace")
+    for code in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EROFS):
+        if os.strerror(code) in text:
+            return OSError(code, os.strerror(code), path)
+    return OSError(errno.EIO, text.strip() or "the file operation failed", path)
+
+
+__all__ = ["ExecFiles", "ExecResult", "Workbench", "open_workbench"]

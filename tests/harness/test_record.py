@@ -1,0 +1,70 @@
+"""A harness sample's events land in stockade's store, or beside it while a
+daemon holds it; the containment report counts what was refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stockade.daemon import _paths
+from stockade.harness._record import SampleRecord, containment_report, land
+from stockade.record import Event, open_store
+from stockade.record._journaled import open_journaled_store
+
+
+def _refusal(n: int) -> Event:
+    return Event(
+        kind="cell.denied", cell="c-1", layer="landlock", outcome="denied", summary=f"write to /etc/x{n} refused"
+    )
+
+
+def test_events_land_in_the_store_and_verify(tmp_path: Path) -> None:
+    record = SampleRecord("r-0123456789ab", harness="inspect", task="t", sample="1")
+    record.harness_event("harness.sample.start", "starts")
+    refusal = _refusal(0)
+    record.add(refusal)
+    record.add(refusal)  # the live sink and the end both deliver it: kept once
+    landed = land(record, state=str(tmp_path))
+    assert landed["store"] == _paths.store_path(str(tmp_path))
+    with open_store(landed["store"], readonly=True) as store:
+        stored = store.query(run="r-0123456789ab")
+        assert [s.event.kind for s in stored] == ["harness.sample.start", "cell.denied"]
+        assert store.verify().ok
+    report = containment_report(record, landed=landed)
+    assert report["refusals"] == 1
+    assert report["refusals_by_layer"] == {"landlock": 1}
+    assert report["attempts"][0]["summary"] == "write to /etc/x0 refused"
+    assert report["record"]["first_seq"] == 1 and report["record"]["last_seq"] == 2
+
+
+def test_a_second_sample_continues_the_chain(tmp_path: Path) -> None:
+    for run in ("r-000000000001", "r-000000000002"):
+        record = SampleRecord(run, harness="inspect", task="t")
+        record.add(_refusal(1))
+        landed = land(record, state=str(tmp_path))
+    assert landed["first_seq"] == 2
+    with open_store(_paths.store_path(str(tmp_path)), readonly=True) as store:
+        assert store.verify().ok and store.last_seq() == 2
+
+
+def test_a_running_daemons_store_is_left_alone(tmp_path: Path) -> None:
+    held = open_journaled_store(_paths.store_path(str(tmp_path)))  # what a daemon holds
+    try:
+        record = SampleRecord("r-0000000000aa", harness="harbor", task="t")
+        record.add(_refusal(2))
+        landed = land(record, state=str(tmp_path))
+        assert landed["store"] is None and "running daemon" in landed["why"]
+        lines = Path(landed["events_file"]).read_text().splitlines()
+        assert json.loads(lines[0])["run"] == "r-0000000000aa"
+        assert held.last_seq() == 0
+    finally:
+        held.close()
+
+
+def test_a_flood_of_refusals_is_counted_not_listed(tmp_path: Path) -> None:
+    record = SampleRecord("r-0000000000bb", harness="inspect", task="t")
+    for n in range(120):
+        record.add(_refusal(n))
+    report = containment_report(record, landed={})
+    assert report["refusals"] == 120
+    assert len(report["attempts"]) == 50 and report["attempts_left_out"] == 70
