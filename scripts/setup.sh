@@ -11,6 +11,9 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # curl: the gateway's tests and examples use it inside cells, as agents do.
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+# chromium: the dashboard's tests drive Debian's browser headless (Playwright,
+# with executable_path: no browser download).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing system packages: ${need_apt[*]}; run 'sudo apt-get install -y ${need_apt[*]}' and try again" >&2
