@@ -9,6 +9,7 @@ setup(
         Extension(
             "stockade.cell._native",
             sources=["src/stockade/cell/_native.c"],
+            depends=["src/stockade/cell/_session_init.h"],  # the init's session mode, included
             # No -Werror here: a newer compiler's new warning must not stop an
             # install. tests/cell/test_native.py builds it with -Werror instead.
             extra_compile_args=["-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stockade.cell._cell import Cell, CellNetwork, CellResult
+    from stockade.cell._session import Session, SessionResult
 
 
 def __getattr__(name: str) -> Any:
@@ -15,7 +16,11 @@ def __getattr__(name: str) -> Any:
         from stockade.cell import _cell
 
         return getattr(_cell, name)
+    if name in ("Session", "SessionResult"):
+        from stockade.cell import _session
+
+        return getattr(_session, name)
     raise AttributeError(f"module 'stockade.cell' has no attribute {name!r}")
 
 
-__all__ = ["Cell", "CellNetwork", "CellResult"]
+__all__ = ["Cell", "CellNetwork", "CellResult", "Session", "SessionResult"]

@@ -99,6 +99,11 @@ class CellResult:
 EventSink = Callable[[Event], None]
 """Called with each event of a running cell as it happens (``Cell.run``'s ``on_event``)."""
 
+SessionLink = tuple[int, Callable[[CellCgroup, int], None]]
+"""``Cell.run``'s ``session``: the descriptor on which the cell's init serves
+calls (``_session``), and what is called with the cell's cgroup and its init's
+host pid once it serves them."""
+
 
 class _LiveEvents:
     """One run's events on their way to ``on_event`` while the cell runs.
@@ -292,6 +297,7 @@ class Cell:
         on_output: OutputSink | None = None,
         timeout: float | None = None,
         on_event: EventSink | None = None,
+        session: SessionLink | None = None,
     ) -> CellResult:
         """Run ``argv`` (or the policy's ``command``) in a fresh cell and wait.
 
@@ -307,6 +313,9 @@ class Cell:
                 the cell runs. These events are also in the result's
                 ``events``, as the very same objects, so a caller that records
                 them live can leave them out at the end (``CellResult.live``).
+            session: for ``Session`` only: the cell's init serves calls on
+                this descriptor instead of running ``argv``, with no timeout of
+                its own (each call has its own), until the other end closes.
 
         Raises:
             CellError: the cell could not be set up.
@@ -319,6 +328,8 @@ class Cell:
         policy = self.policy
         limits = policy.limits
         deadline_seconds = timeout if timeout is not None else limits.timeout
+        if session is not None:
+            deadline_seconds = None
         audit = self._audit_reader()
         plan, landlock, seccomp = self._prepared_plan()
         events: list[Event] = []
@@ -367,6 +378,8 @@ class Cell:
                 on_namespaces=self._attacher(cell_id, detach) if self._network is not None else None,
                 userns_owner=None if owner is None else (owner.uid, owner.gid),
                 notify=(build_notify_filter(), notify_theirs.fileno()),
+                keep_fds=(session[0],) if session is not None else (),
+                session=session[0] if session is not None else None,
             )
             if on_event is not None and audit is not None:
                 # Subscribed before the launch: a refusal in the cell's first
@@ -387,6 +400,8 @@ class Cell:
                 live.start(event)
             if audit is not None and launched.session is not None:
                 audit.watch(cell_id, session=launched.session, pid=launched.init_pid)
+            if session is not None:
+                session[1](cgroup, launched.init_pid)
             status, timed_out, stdout, stderr, truncated = _supervise(
                 launched.pid, out_r, err_r, deadline_seconds, limits.output, on_output, cgroup
             )

@@ -541,6 +541,7 @@ class CellCgroup:
         failed: list[str] = []
         for d in reversed(self._dirs):
             try:
+                _rmdir_children(d.path)  # a session's per-call cgroups (cell/_session.py)
                 os.rmdir(d.path)
             except FileNotFoundError:
                 pass
@@ -653,6 +654,18 @@ class CellCgroup:
 
     def __repr__(self) -> str:
         return f"CellCgroup({self.cell_id!r}, paths={self.paths!r})"
+
+
+def _rmdir_children(path: str) -> None:
+    """Remove the (empty, killed) cgroups nested in ``path``, deepest first."""
+    try:
+        entries = [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for child in entries:
+        _rmdir_children(child)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(child)
 
 
 def _try_read(path: str) -> str:

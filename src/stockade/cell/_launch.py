@@ -87,6 +87,9 @@ class LaunchSpec:
     None to create it as the caller. C1 takes these ids after everything that
     needs the caller's privileges and just before ``unshare``; the caller,
     still privileged, writes the maps."""
+    session: int | None = None
+    """A descriptor (also in ``keep_fds``) on which the cell's init serves
+    session calls instead of running ``argv`` (``_session``), or None."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,7 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
         keep_fds=spec.keep_fds,
         userns_owner=spec.userns_owner,
         notify=spec.notify,
+        session=spec.session,
     )
 
 

@@ -182,6 +182,7 @@ struct spec {
     int stdio[3], status_r, status_w, go_r, go_w, cap_last;
     int *keep, *c1_keep; /* sorted: what C2 hands to the command; what C1 keeps */
     long owner_uid, owner_gid; /* the host ids that create the cell's user namespace; -1: as called */
+    int session_fd; /* session mode (_session_init.h): the init serves calls on it; -1: one command */
     size_t n_keep, n_c1_keep;
     pid_t parent;
     PyObject *owned; /* what the pointers above point into, alive until spec_free */
@@ -759,6 +760,8 @@ __attribute__((noreturn)) static void init_loop(pid_t command, const sigset_t *a
     }
 }
 
+#include "_session_init.h"
+
 static int cell_init(void *arg) {
     struct init_args *a = arg;
     struct spec *s = a->spec;
@@ -801,6 +804,13 @@ static int cell_init(void *arg) {
     /* Blocked before the command exists, so that its SIGCHLD cannot be lost. */
     sigfillset(&all);
     if (sigprocmask(SIG_SETMASK, &all, NULL) < 0) die(fd, ST_PREPARING, errno, "signal mask of the init", NULL);
+    if (s->session_fd >= 0) {
+        /* Session mode: no command of its own; the calls come on the session
+         * socket (kept by close_except as one of keep_fds). The status
+         * pipe's EOF tells launch() the cell is ready. */
+        (void)close(fd);
+        session_loop(s, s->session_fd, &all, &a->mask);
+    }
     stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (stack == MAP_FAILED) die(fd, ST_PREPARING, errno, "stack of the command", NULL);
     if (mprotect(stack, (size_t)getpagesize(), PROT_NONE) < 0)
@@ -1339,6 +1349,12 @@ static int parse_spec(struct spec *s, PyObject **a) {
         s->notify.filter = copy;
         s->notify_sock = (int)value;
     }
+    s->session_fd = -1;
+    if (a[15] != Py_None) {
+        /* session: a descriptor that must also be one of keep_fds (checked below). */
+        if (to_long(a[15], 3, INT_MAX, "session", &value) < 0) return -1;
+        s->session_fd = (int)value;
+    }
     s->owner_uid = s->owner_gid = -1;
     if (a[14] != Py_None) {
         /* (uid, gid) of the user namespace's creator: never root (0), never "unset" (-1). */
@@ -1375,6 +1391,10 @@ static int parse_spec(struct spec *s, PyObject **a) {
         s->keep[i] = (int)value;
     }
     qsort(s->keep, s->n_keep, sizeof *s->keep, cmp_int);
+    if (s->session_fd >= 0 && bsearch(&s->session_fd, s->keep, s->n_keep, sizeof *s->keep, cmp_int) == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the session descriptor must be one of keep_fds");
+        return -1;
+    }
     /* What C1 keeps: its pipe ends, stdio sources, the user namespaces of
      * idmapped grants, the descriptors of ready Landlock rules, keep_fds. */
     s->c1_keep = spec_alloc(s, 6 + s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
@@ -1393,10 +1413,10 @@ static int parse_spec(struct spec *s, PyObject **a) {
 
 static const char *const SPAWN_KEYWORDS[] = {
     "argv", "env", "workdir", "mounts", "landlock", "seccomp", "cgroup_procs", "loginuid",
-    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "notify", "userns_owner", NULL};
+    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "notify", "userns_owner", "session", NULL};
 
 static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
-    PyObject *a[15] = {NULL};
+    PyObject *a[16] = {NULL};
     struct spec s;
     sigset_t all, old;
     pid_t pid;
@@ -1404,12 +1424,13 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
     (void)module;
     /* All keyword-only; the format can only make them optional ("|$"), so
      * their presence is checked below. */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
                                      &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], &a[10],
-                                     &a[11], &a[12], &a[13], &a[14]))
+                                     &a[11], &a[12], &a[13], &a[14], &a[15]))
         return NULL;
     if (a[13] == NULL) a[13] = Py_None; /* notify is optional */
     if (a[14] == NULL) a[14] = Py_None; /* userns_owner is optional */
+    if (a[15] == NULL) a[15] = Py_None; /* session is optional */
     for (int i = 0; i < 13; i++)
         if (a[i] == NULL)
             return PyErr_Format(PyExc_TypeError, "spawn() missing required keyword argument '%s'",
@@ -1442,7 +1463,8 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
 
 PyDoc_STRVAR(spawn_doc,
              "spawn(*, argv, env, workdir, mounts, landlock, seccomp, cgroup_procs, loginuid, stdio,\n"
-             "      status_pipe, go_pipe, cap_last, keep_fds, notify=None) -> int\n\n"
+             "      status_pipe, go_pipe, cap_last, keep_fds, notify=None, userns_owner=None,\n"
+             "      session=None) -> int\n\n"
              "Fork the cell's first child (C1) and return its pid. Everything is checked and\n"
              "converted before the fork (TypeError/ValueError, nothing forked); the children\n"
              "then report on status_pipe as stockade.cell._launch expects.");

@@ -28,11 +28,14 @@ def spawn(
     keep_fds: tuple[int, ...],
     userns_owner: tuple[int, int] | None = None,
     notify: tuple[bytes, int] | None = None,
+    session: int | None = None,
 ) -> int:
     """Fork the cell's first child and return its pid.
 
     ``notify``: a seccomp filter to load with a user-notification listener, and
     the socket on which the cell's init sends that listener (SCM_RIGHTS).
+    ``session``: a descriptor, also in ``keep_fds``, on which the cell's init
+    serves session calls instead of running ``argv`` (``_session_init.h``).
 
     Raises:
         TypeError, ValueError: an argument is malformed (checked before forking).

@@ -1,0 +1,327 @@
+/*
+ * The session mode of the cell's init (C2), included by _native.c.
+ *
+ * Why in the init, in C: a workbench's image may hold no Python, no shell,
+ * nothing of ours, so whatever starts each call inside the cell must already
+ * be in memory there. The init is: it built the view, it is inside every layer
+ * (Landlock domain, seccomp, no capabilities, the cgroups, the namespaces), and
+ * every process it forks inherits all of that. So instead of forking one
+ * command, an init in session mode serves requests from the host
+ * (stockade.cell._session) on a SOCK_SEQPACKET socket, one message each:
+ *
+ *   "X\0<uid>\0<gid>\0<cwd>\0<argc>\0<argv...>\0<env...>\0"   run a command
+ *   "O\0<uid>\0<gid>\0<path>\0<flags>\0<mode>\0"              open a file
+ *
+ * with descriptors attached (SCM_RIGHTS): for "X" the call's stdin, stdout,
+ * stderr and its control socket; for "O" the control socket alone. For each
+ * request the init forks a child that takes the call's ids, enters a process
+ * group of its own and says "S" on the control socket; the host, which set
+ * SO_PASSCRED there, reads the child's host pid from the credentials the
+ * kernel attaches (translated out of the cell's pid namespace), moves it into
+ * a cgroup of the call's own (so that a timeout kills the call's whole tree,
+ * double-forked daemons included) and answers "G"; only then does the child
+ * chdir and exec. An "O" child opens the path as the call's user, inside the
+ * cell's view, and sends the descriptor back, so permissions, symlinks and
+ * mounts mean what they mean inside. When a child ends, the init reports
+ * "W<wait status>\n" on its control socket and closes it; a step that failed
+ * is "E<stage>\t<errno>\t<message>\n" from the child first (die()).
+ *
+ * The init ends (and the kernel with it every process of the cell) when the
+ * host closes its end of the session socket. Like the rest of the children it
+ * makes only syscalls: no malloc, no stdio, buffers on the stack or mmap'd.
+ */
+#include <poll.h>
+#include <sys/signalfd.h>
+
+#define SESSION_MAX_REQUEST (1u << 20) /* _session.MAX_REQUEST: argv, env and cwd of one call */
+#define SESSION_MAX_CALLS 1024         /* calls in flight at once; more is refused (EAGAIN) */
+#define SESSION_MAX_STRINGS (SESSION_MAX_REQUEST / 2)
+
+struct session_call {
+    pid_t pid;
+    int ctl;
+};
+
+static const char ST_SESSION[] = "serving the session";
+static const char ST_USER[] = "taking the call's user";
+static const char ST_CWD[] = "entering the call's cwd";
+static const char ST_OPEN[] = "opening the file";
+
+/* The next NUL-terminated field of a request, or NULL past its end. */
+static const char *session_field(const char **at, const char *end) {
+    const char *start = *at, *nul;
+    if (start >= end) return NULL;
+    nul = memchr(start, '\0', (size_t)(end - start));
+    if (nul == NULL) return NULL;
+    *at = nul + 1;
+    return start;
+}
+
+static int session_number(const char *text, long lo, long hi, long *out) {
+    long value = 0;
+    int negative = 0;
+    if (text == NULL || *text == '\0') return -1;
+    if (*text == '-') {
+        negative = 1;
+        text++;
+    }
+    for (; *text; text++) {
+        if (*text < '0' || *text > '9' || value > (LONG_MAX - 9) / 10) return -1;
+        value = value * 10 + (*text - '0');
+    }
+    if (negative) value = -value;
+    if (value < lo || value > hi) return -1;
+    *out = value;
+    return 0;
+}
+
+/* The child's side of both kinds of request: the call's ids, a process group,
+ * "S" with the credentials, and the host's "G". */
+static void session_enter(int ctl, long uid, long gid) {
+    char go;
+    ssize_t got;
+    if (setpgid(0, 0) < 0) die(ctl, ST_PREPARING, errno, "setpgid of the call", NULL);
+    /* A change of user needs CAP_SETUID/CAP_SETGID in the cell's namespace,
+     * which only a root workbench keeps; elsewhere the host refuses such a
+     * call before it gets here, and the kernel would too (EPERM). */
+    if ((gid_t)gid != getgid() && syscall(SYS_setresgid, gid, gid, gid) < 0)
+        die(ctl, ST_USER, errno, "setresgid", NULL);
+    if ((uid_t)uid != getuid() && syscall(SYS_setresuid, uid, uid, uid) < 0)
+        die(ctl, ST_USER, errno, "setresuid", NULL);
+    if (write_all(ctl, "S", 1) < 0) _exit(127);
+    do got = read(ctl, &go, 1);
+    while (got < 0 && errno == EINTR);
+    if (got != 1 || go != 'G') _exit(127); /* the host gave up on the call */
+}
+
+__attribute__((noreturn)) static void session_exec_child(const struct spec *s, const int *fds, long uid, long gid,
+                                                         const char *cwd, char **argv, char **envp,
+                                                         const sigset_t *mask) {
+    struct spec call = *s;
+    int ctl = fds[3];
+    for (int i = 0; i < 3; i++)
+        if (fds[i] != i && dup2(fds[i], i) < 0) die(ctl, ST_PREPARING, errno, "dup2 of the call's stdio", NULL);
+    /* Only the call's stdio and its control socket (close-on-exec: an exec
+     * error is reported on it, success is its EOF in this process). */
+    if (ctl > 3) (void)syscall(SYS_close_range, 3u, (unsigned int)ctl - 1, 0u);
+    (void)syscall(SYS_close_range, (unsigned int)ctl + 1, ~0u, 0u);
+    if (fcntl(ctl, F_SETFD, FD_CLOEXEC) < 0) die(ctl, ST_PREPARING, errno, "the control socket", NULL);
+    session_enter(ctl, uid, gid);
+    if (chdir(cwd) < 0) die(ctl, ST_CWD, errno, cwd, NULL);
+    if (sigprocmask(SIG_SETMASK, mask, NULL) < 0) die(ctl, ST_PREPARING, errno, "signal mask", NULL);
+    call.argv = argv;
+    call.envp = envp;
+    call.search_path = "/bin:/usr/bin";
+    for (char **e = envp; *e; e++)
+        if (strncmp(*e, "PATH=", 5) == 0) call.search_path = *e + 5;
+    exec_command(ctl, &call);
+}
+
+__attribute__((noreturn)) static void session_open_child(int ctl, long uid, long gid, const char *path, long flags,
+                                                         long mode) {
+    struct msghdr msg;
+    struct iovec iov;
+    char byte = 'F';
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct cmsghdr *cmsg;
+    int file;
+    (void)syscall(SYS_close_range, 3u, (unsigned int)ctl - 1, 0u);
+    (void)syscall(SYS_close_range, (unsigned int)ctl + 1, ~0u, 0u);
+    session_enter(ctl, uid, gid);
+    /* The session's umask is 022, like a command's; an explicit mode is set
+     * exactly (fchmod), as os.chmod after the write would. */
+    file = open(path, (int)flags | O_CLOEXEC | O_NOCTTY, (mode_t)(mode < 0 ? 0666 : mode));
+    if (file < 0) die(ctl, ST_OPEN, errno, path, NULL);
+    if (mode >= 0 && fchmod(file, (mode_t)mode) < 0) die(ctl, ST_OPEN, errno, path, NULL);
+    memset(&msg, 0, sizeof msg);
+    memset(&control, 0, sizeof control);
+    iov.iov_base = &byte;
+    iov.iov_len = 1;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmsg), &file, sizeof(int));
+    while (sendmsg(ctl, &msg, MSG_NOSIGNAL) < 0)
+        if (errno != EINTR) die(ctl, ST_OPEN, errno, "sending the descriptor", NULL);
+    _exit(0);
+}
+
+static void session_refuse(int ctl, int err, const char *what) {
+    struct line l = {.len = 0};
+    put_char(&l, 'E');
+    put(&l, ST_SESSION);
+    put_char(&l, '\t');
+    put_int(&l, err);
+    put_char(&l, '\t');
+    put(&l, what);
+    put_char(&l, '\n');
+    (void)write_all(ctl, l.buf, l.len);
+}
+
+/* One request: parse it, fork its child. The descriptors are the init's to close. */
+static void session_request(const struct spec *s, char *buf, size_t len, const int *fds, int n_fds,
+                            struct session_call *calls, char **strings, const sigset_t *mask) {
+    const char *at = buf, *end = buf + len, *kind, *cwd;
+    long uid, gid, argc, flags, mode;
+    size_t n = 0;
+    int ctl = n_fds > 0 ? fds[n_fds - 1] : -1;
+    pid_t pid;
+    size_t slot;
+    if (ctl < 0) return;
+    kind = session_field(&at, end);
+    if (kind == NULL || (kind[0] != 'X' && kind[0] != 'O') || kind[1] != '\0' ||
+        n_fds != (kind[0] == 'X' ? 4 : 1) || session_number(session_field(&at, end), 0, UINT32_MAX - 1, &uid) < 0 ||
+        session_number(session_field(&at, end), 0, UINT32_MAX - 1, &gid) < 0 ||
+        (cwd = session_field(&at, end)) == NULL || cwd[0] != '/') {
+        session_refuse(ctl, EINVAL, "a malformed request");
+        return;
+    }
+    if (kind[0] == 'O') {
+        if (session_number(session_field(&at, end), 0, INT_MAX, &flags) < 0 ||
+            session_number(session_field(&at, end), -1, 07777, &mode) < 0 || at != end) {
+            session_refuse(ctl, EINVAL, "a malformed open request");
+            return;
+        }
+    } else {
+        if (session_number(session_field(&at, end), 1, SESSION_MAX_STRINGS, &argc) < 0) {
+            session_refuse(ctl, EINVAL, "a malformed argc");
+            return;
+        }
+        for (; at < end; n++) {
+            const char *field = session_field(&at, end);
+            if (field == NULL || n + 2 >= SESSION_MAX_STRINGS) {
+                session_refuse(ctl, EINVAL, "a malformed argv or env");
+                return;
+            }
+            strings[n + ((long)n >= argc ? 1 : 0)] = (char *)field;
+        }
+        if ((long)n < argc) {
+            session_refuse(ctl, EINVAL, "fewer arguments than argc");
+            return;
+        }
+        strings[argc] = NULL;     /* argv's end; env follows it */
+        strings[n + 1] = NULL;    /* env's end */
+    }
+    for (slot = 0; slot < SESSION_MAX_CALLS && calls[slot].pid > 0; slot++) {
+    }
+    if (slot == SESSION_MAX_CALLS) {
+        session_refuse(ctl, EAGAIN, "too many calls in flight");
+        return;
+    }
+    /* A plain fork (the init is not shared with anything it could corrupt:
+     * its memory is C1's, which only waits); raw, so that no atfork handler
+     * of the parent's C library runs. */
+    pid = (pid_t)syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+    if (pid == 0) {
+        if (kind[0] == 'O') session_open_child(ctl, uid, gid, cwd, flags, mode);
+        session_exec_child(s, fds, uid, gid, cwd, strings, strings + argc + 1, mask);
+    }
+    if (pid < 0) {
+        session_refuse(ctl, errno, "fork of the call");
+        return;
+    }
+    calls[slot].pid = pid;
+    calls[slot].ctl = fcntl(ctl, F_DUPFD_CLOEXEC, 3);
+    if (calls[slot].ctl < 0) { /* it can report no status, but its child runs: it is reaped all the same */
+        calls[slot].pid = 0;
+    }
+}
+
+static void session_reap(struct session_call *calls) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (size_t i = 0; i < SESSION_MAX_CALLS; i++) {
+            struct line l = {.len = 0};
+            if (calls[i].pid != pid) continue;
+            put_char(&l, 'W');
+            put_int(&l, status);
+            put_char(&l, '\n');
+            (void)write_all(calls[i].ctl, l.buf, l.len);
+            (void)close(calls[i].ctl);
+            calls[i].pid = 0;
+            calls[i].ctl = -1;
+            break;
+        }
+        /* Anything else is an orphan the pid namespace handed to pid 1. */
+    }
+}
+
+/* The init's life in session mode; it never returns. The signals are
+ * blocked (cell_init) and taken from a signalfd: SIGCHLD reaps, anything else
+ * (run.stop's SIGTERM) is passed on to every call's process group. */
+__attribute__((noreturn)) static void session_loop(const struct spec *s, int sock, const sigset_t *all,
+                                                   const sigset_t *mask) {
+    size_t strings_size = SESSION_MAX_STRINGS * sizeof(char *);
+    char *buf = mmap(NULL, SESSION_MAX_REQUEST + 1 + strings_size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct session_call *calls = mmap(NULL, SESSION_MAX_CALLS * sizeof *calls, PROT_READ | PROT_WRITE,
+                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char **strings;
+    int sig = signalfd(-1, all, SFD_CLOEXEC);
+    if (buf == MAP_FAILED || calls == MAP_FAILED || sig < 0) _exit(127);
+    strings = (char **)(void *)(buf + SESSION_MAX_REQUEST + 1 + (8 - (SESSION_MAX_REQUEST + 1) % 8) % 8);
+    strings_size = 0;
+    for (size_t i = 0; i < SESSION_MAX_CALLS; i++) calls[i].ctl = -1;
+    for (;;) {
+        struct pollfd ready[2] = {{.fd = sock, .events = POLLIN}, {.fd = sig, .events = POLLIN}};
+        if (poll(ready, 2, -1) < 0) continue; /* EINTR */
+        if (ready[1].revents & POLLIN) {
+            struct signalfd_siginfo info;
+            if (read(sig, &info, sizeof info) == (ssize_t)sizeof info) {
+                if (info.ssi_signo == SIGCHLD)
+                    session_reap(calls);
+                else
+                    for (size_t i = 0; i < SESSION_MAX_CALLS; i++)
+                        if (calls[i].pid > 0) (void)kill(-calls[i].pid, (int)info.ssi_signo);
+            }
+        }
+        if (ready[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            struct msghdr msg;
+            struct iovec iov;
+            union {
+                char buf[CMSG_SPACE(4 * sizeof(int))];
+                struct cmsghdr align;
+            } control;
+            int fds[4], n_fds = 0;
+            ssize_t got;
+            memset(&msg, 0, sizeof msg);
+            iov.iov_base = buf;
+            iov.iov_len = SESSION_MAX_REQUEST;
+            msg.msg_iov = &iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.buf;
+            msg.msg_controllen = sizeof control.buf;
+            got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) _exit(0); /* the host closed the session: the cell ends */
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+                if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+                size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < count; i++) {
+                    int fd;
+                    memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                    if (n_fds < 4)
+                        fds[n_fds++] = fd;
+                    else
+                        (void)close(fd);
+                }
+            }
+            if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+                if (n_fds > 0) session_refuse(fds[n_fds - 1], E2BIG, "a request too large");
+            } else {
+                buf[got] = '\0';
+                session_request(s, buf, (size_t)got, fds, n_fds, calls, strings, mask);
+            }
+            for (int i = 0; i < n_fds; i++) (void)close(fds[i]);
+        }
+    }
+}
