@@ -35,7 +35,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import uvloop
@@ -118,6 +118,12 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.recorder: Recorder | None = None
         self.runs: Runs | None = None
+        self.extensions: dict[str, Callable[[Peer, Mapping[str, Any]], Awaitable[dict[str, Any]]]] = {}
+        """More requests of the control socket, by method, served on the loop
+        (``stockade.dashboard.attach`` adds ``dashboard.open``): what depends on
+        the daemon plugs in here, so the daemon imports none of it."""
+        self.closers: list[Callable[[], Awaitable[None]]] = []
+        """Awaited when the daemon lets go of its sockets (an extension's server)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,6 +203,9 @@ class Daemon:
         # One pass of the loop: a connection accepted before the server closed
         # gets its connection_made, and closes (``released``); then the rest.
         await asyncio.sleep(0)
+        for close in self.closers:
+            with contextlib.suppress(Exception):
+                await close()
         for peer in list(self._peers):
             peer.close()
         if self.recorder is not None:
@@ -353,11 +362,16 @@ class Daemon:
             if not isinstance(reason, str) or not isinstance(by, str) or len(by) > 64 or len(reason) > 4096:
                 raise RequestError("bad_params", "'reason' and 'by' must be short strings")
             return runs.intents.decide(p.get("id"), p.get("decision"), by=by, reason=reason).to_dict()
+        extension = self.extensions.get(method)
+        if extension is not None:
+            return await extension(peer, p)
         raise RequestError(
             "unknown_method",
             f"no method {method!r} on the control socket; the methods are status, run.start, run.list, "
             "run.stop, run.logs, events.subscribe, events.unsubscribe, events.export, verify, "
-            "approvals.list, approvals.decide (docs/PROTOCOL.md)",
+            "approvals.list, approvals.decide"
+            + "".join(f", {m}" for m in sorted(self.extensions))
+            + " (docs/PROTOCOL.md)",
         )
 
     async def broker(self, peer: Peer, req: Request) -> dict[str, Any]:
