@@ -37,6 +37,7 @@ def _register() -> None:
     # Each command lives in its own module; importing them here keeps the
     # list of commands in one place.
     from stockade.cli._daemon_cmds import COMMANDS as DAEMON_COMMANDS
+    from stockade.cli._dashboard_cmd import dashboard
     from stockade.cli._demo import demo
     from stockade.cli._doctor import doctor
     from stockade.cli._exec_cmd import exec_help
@@ -47,6 +48,7 @@ def _register() -> None:
     from stockade.cli._scenario_cmds import scenario
 
     for command in (
+        dashboard,
         demo,
         doctor,
         exec_help,

@@ -126,7 +126,11 @@ def daemon(
 
     state_dir, sock = _where(state, socket_path)
 
-    def ready(_daemon: object) -> None:
+    def ready(served: Any) -> None:
+        from stockade.dashboard import attach
+
+        # `stockade dashboard` asks this daemon for its page (dashboard.open).
+        attach(served)
         click.echo(f"stockade: daemon listening on {sock} (state {state_dir}, pid {os.getpid()})", err=True)
 
     try:
