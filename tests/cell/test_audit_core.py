@@ -190,6 +190,7 @@ def test_landlock_denial_with_its_syscall_record() -> None:
     assert event.detail == {
         "blockers": ["fs.write_file"],
         "domain": "13ab41c70",
+        "serial": 4,
         "path": "/etc/passwd",
         "dev": "vda",
         "ino": 739,

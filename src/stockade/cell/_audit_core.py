@@ -188,6 +188,7 @@ def seccomp_event(cell: str, rec: AuditRecord) -> Event:
         "pid": _int(f.get("pid")),
         "comm": f.get("comm"),
         "exe": f.get("exe"),
+        "serial": rec.serial,
     }
     sig = _int(f.get("sig"))
     if sig:
@@ -245,7 +246,9 @@ def landlock_event(
     there was one."""
     f = rec.fields
     blockers = [b for b in f.get("blockers", "").split(",") if b]
-    detail: dict[str, Any] = {"blockers": blockers, "domain": f.get("domain")}
+    # ``serial``: the kernel's own number of the event (``audit(…:SERIAL)``),
+    # which tells two readers' copies of one refusal apart from a repeat.
+    detail: dict[str, Any] = {"blockers": blockers, "domain": f.get("domain"), "serial": rec.serial}
     path = f.get("path")
     if path is not None:
         if "scope.abstract_unix_socket" in blockers and path.startswith("\x00"):

@@ -489,34 +489,74 @@ KERNEL_LAYERS = frozenset({"landlock", "seccomp", "mount", "dac"})
 """The layers whose refusals the kernel reports through the audit log."""
 
 
-def kernel_gap_event(store: EventStore, run_id: str, cell: str, now: float) -> Event:
+def kernel_gap_event(
+    store: EventStore,
+    run_id: str,
+    cell: str,
+    now: float,
+    *,
+    recovered: int = 0,
+    relayed_cells: int = 0,
+    complete: bool = False,
+    dropped: int = 0,
+) -> Event:
     """What a restarted daemon knows of the kernel refusals of a run its
-    predecessor did not see end: those recorded are in the store (each was
-    recorded as the reader attributed it), and any the kernel reported after
-    the run's last recorded event and before the run's cells died with the
-    daemon (their death signal) could not be received: the kernel does not
-    replay what it multicast. ``cell.audit_lost``, reason ``daemon``."""
-    recovered = 0
+    predecessor did not see end. ``cell.audit_lost``, reason ``daemon``.
+
+    Those the dead daemon recorded are in the store (``kept``); those it had
+    not, the audit relay had (``cell._audit_relay``): they are recorded with
+    this event, just before it (``recovered``). ``complete``: the relay outlived the daemon,
+    saw every cell of the run die and read the audit log to its end, so
+    nothing the kernel reported for them is missing. Otherwise (no relay, or
+    the relay itself was killed) any refusal after the last one recorded,
+    until the cells died, could not be received: the kernel does not replay
+    what it multicast. Refusals of the mount layer are not relayed (telling
+    them from the launcher's own needs the cell's plan): those the dead daemon
+    had not stored are not recovered."""
+    kept = 0
     last = None
     for stored in store.query(run=run_id):
         event = stored.event
         last = event.time
         if event.kind in ("cell.denied", "cell.audited") and event.layer in KERNEL_LAYERS:
-            recovered += 1
+            kept += 1
     since = f"after {time.strftime('%H:%M:%S', time.gmtime(last))} UTC " if last is not None else ""
+    total = kept + recovered
+    head = (
+        f"the daemon ended during run {run_id}: {total} kernel refusals of its cells are in the record "
+        f"({kept} recorded by the daemon, {recovered} recovered from the audit relay)"
+    )
+    if complete:
+        tail = (
+            "; the relay saw every cell die and read the audit log to its end, so no Landlock or "
+            "seccomp refusal is missing (mount-layer refusals the daemon had not stored are not recovered)"
+        )
+    elif relayed_cells:
+        tail = (
+            f"; the relay did not finish (killed too?): any the kernel reported {since}until the cells "
+            "died could not be received (the kernel does not replay them)"
+        )
+    else:
+        tail = (
+            f"; there was no audit relay: any the kernel reported {since}until its cells died with "
+            "the daemon could not be received (the kernel does not replay them)"
+        )
+    if dropped:
+        tail += f"; {dropped} past the per-cell cap were counted, not kept"
     return Event(
         kind="cell.audit_lost",
         cell=cell,
         layer="cell",
         outcome="info",
         run=run_id,
-        summary=f"the daemon ended during run {run_id}: {recovered} kernel refusals of its cells were "
-        f"recorded and are kept; any the kernel reported {since}until its cells died with the daemon "
-        "could not be received (the kernel does not replay them)",
+        summary=head + tail,
         detail={
             "reason": "daemon",
-            "count": None,
+            "count": None if not complete else 0,
+            "kept": kept,
             "recovered": recovered,
+            "relay": "complete" if complete else "partial" if relayed_cells else "none",
+            "dropped": dropped,
             "last_recorded": last,
             "restarted": now,
         },

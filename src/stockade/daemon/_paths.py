@@ -13,6 +13,8 @@ daemon.sock               the control socket (0600)
 runs/<id>/run.json        what the run is, and how it ended
 runs/<id>/transcript.log  the agent's stdout and stderr, capped
 runs/<id>/broker.sock     the run's broker socket, while it runs
+runs/<id>/kernel.spool    the audit relay's copy of its kernel refusals, until its run.end is stored
+audit-relay.lock          held by the audit relay while it lives (its pid)
 persistence/<cell>/       a cell's persistence report and pre-run bytes, for `stockade revert`
 daemon.lock               held by the daemon using this directory
 store-error.json          a store failure not yet recorded (it is, once the store writes)
@@ -86,6 +88,15 @@ def run_meta_path(state: str, run_id: str) -> str:
     return os.path.join(run_dir(state, run_id), "run.json")
 
 
+def kernel_spool_path(state: str, run_id: str) -> str:
+    """The audit relay's spool of a run's kernel refusals (``cell._audit_relay``)."""
+    return os.path.join(run_dir(state, run_id), "kernel.spool")
+
+
+def relay_lock_path(state: str) -> str:
+    return os.path.join(state, "audit-relay.lock")
+
+
 def store_error_path(state: str) -> str:
     """Where a daemon notes a store failure it could not record, for the record."""
     return os.path.join(state, "store-error.json")
@@ -101,7 +112,9 @@ __all__ = [
     "ROOT_STATE",
     "RUN_ID",
     "broker_socket_path",
+    "kernel_spool_path",
     "new_run_id",
+    "relay_lock_path",
     "run_dir",
     "run_meta_path",
     "runs_dir",

@@ -62,6 +62,8 @@ from stockade.daemon._bus import (
 )
 from stockade.daemon._intent_path import IntentPath
 from stockade.daemon._network import RunHooks, make_gateway
+from stockade.daemon._relay import Relayed, wait_for_previous
+from stockade.daemon._relay import recover as recover_spool
 from stockade.daemon._requests import RequestError
 from stockade.daemon._run import WORKBENCHES_PER_RUN, Run, RunState
 from stockade.errors import CellError, PolicyError, StockadeError, StoreError
@@ -113,12 +115,15 @@ class _CellWatch:
     (``unwatch``); no other part of ``Cell`` names a running cell's process.
     """
 
-    def __init__(self, reader: AuditReader, run: Run) -> None:
+    def __init__(self, reader: AuditReader, run: Run, relay: Relayed | None = None) -> None:
         self._reader = reader
         self._run = run
+        self._relay = relay
 
     def watch(self, cell_id: str, *, session: int, pid: int) -> None:
         self._reader.watch(cell_id, session=session, pid=pid)
+        if self._relay is not None:
+            self._relay.watch(self._run, cell_id, session=session, pid=pid)
         run = self._run
         with run.lock:
             if cell_id not in run.cells:
@@ -134,6 +139,8 @@ class _CellWatch:
 
     def unwatch(self, cell_id: str) -> None:
         self._reader.unwatch(cell_id)
+        if self._relay is not None:
+            self._relay.unwatch(cell_id)
         with self._run.lock:
             pidfd = self._run.live.pop(cell_id, None)
             if pidfd is not None:
@@ -177,6 +184,9 @@ class Runs:
         self.approvals = approvals or Approvals()
         self.approval_timeout = approval_timeout
         self._audit = audit
+        self.relay = Relayed(state) if audit is None else None
+        """The audit relay that outlives a killed daemon (``_relay``); only
+        with the real, shared reader (a test's stand-in has no kernel behind it)."""
         self.runs: dict[str, Run] = {}
         self.past: dict[str, dict[str, Any]] = {}
         self._workbench_pool = concurrent.futures.ThreadPoolExecutor(
@@ -241,6 +251,13 @@ class Runs:
         """Read the runs of earlier daemons from the state directory; return a
         ``run.end`` for each that never ended (its daemon died), to record."""
         root = _paths.runs_dir(self.state_dir)
+        # A killed daemon's relay drains its cells' last refusals, then lets go.
+        if not wait_for_previous(self.state_dir):
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "the previous daemon's audit relay is still running; its spools are read as they are"
+            )
         try:
             names = os.listdir(root)
         except FileNotFoundError:
@@ -260,11 +277,30 @@ class Runs:
                 found.append(meta)
         events = []
         for meta in found:
+            if meta.get("ended") is not None and self.relay is not None:
+                # Its end is stored, so is every refusal before it (or an
+                # earlier restart recovered them from this spool).
+                self.relay.run_ended(str(meta["id"]))
             if meta.get("ended") is None:
                 meta.update(state="lost", ended=time.time(), error="the daemon ended before the run did")
+                run_id = str(meta["id"])
                 cell = str((meta.get("cells") or [""])[-1])
-                events.append(kernel_gap_event(self.recorder.store, str(meta["id"]), cell, time.time()))
-                events.append(run_lost_event(str(meta["id"]), meta["error"]))
+                stored = (s.event for s in self.recorder.store.query(run=run_id))
+                found_in_spool = recover_spool(self.state_dir, run_id, stored)
+                events.extend(found_in_spool.events)
+                events.append(
+                    kernel_gap_event(
+                        self.recorder.store,
+                        run_id,
+                        cell or (found_in_spool.events[-1].cell if found_in_spool.events else ""),
+                        time.time(),
+                        recovered=len(found_in_spool.events),
+                        relayed_cells=found_in_spool.cells,
+                        complete=found_in_spool.complete,
+                        dropped=found_in_spool.dropped,
+                    )
+                )
+                events.append(run_lost_event(run_id, meta["error"]))
                 self._write_meta_dict(meta)
         found.sort(key=lambda m: float(m.get("created") or 0))
         self.past = {str(m["id"]): m for m in found[-PAST_RUNS_KEPT:]}
@@ -332,7 +368,9 @@ class Runs:
         )
         cell: Cell | None = None
         try:
-            watch = _CellWatch(self._audit() if self._audit is not None else _shared_audit(), run)
+            if self.relay is not None:
+                await asyncio.to_thread(self.relay.ensure)
+            watch = _CellWatch(self._audit() if self._audit is not None else _shared_audit(), run, self.relay)
             run.hooks = RunHooks(run, self.recorder, self.intents.count_denial)
             # The daemon's own environment holds the secrets and the LLM key,
             # never the run's caller's: a run cannot choose what it is given.
@@ -507,6 +545,8 @@ class Runs:
                 # `stockade verify --expect SEQ:HASH` later (docs/RECORD.md).
                 head = {"seq": ended[-1].seq, "hash": ended[-1].hash}
                 self._write_meta_dict({**run.info(), "record": head})
+                if self.relay is not None:
+                    self.relay.run_ended(run.id)
         self.bus.end_output(run.id, run.info())
         run.done.set()
         self.agents.ended(run)
@@ -527,7 +567,10 @@ class Runs:
             audit = self._audit() if self._audit is not None else _shared_audit()
             records = os.path.join(self.state_dir, "persistence")
             with Cell(
-                policy, run_id=run.id, audit=cast("AuditReader", _CellWatch(audit, run)), records=records
+                policy,
+                run_id=run.id,
+                audit=cast("AuditReader", _CellWatch(audit, run, self.relay)),
+                records=records,
             ) as cell:
                 result = cell.run(argv, on_event=self._live_sink(run))
             self.recorder.record(result.not_live())

@@ -187,6 +187,8 @@ class Daemon:
             self._server.close()
         if self.runs is not None:
             await self.runs.stop_all(self.stop_grace)
+            if self.runs.relay is not None:  # every run ended and is recorded: nothing to relay
+                await asyncio.to_thread(self.runs.relay.stop)
         if self.recorder is not None and self.recorder.failure is None:
             with contextlib.suppress(StoreError):
                 await self.recorder.record_soon([self._daemon_event("daemon.stop", "daemon stopped")])

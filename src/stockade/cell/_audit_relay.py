@@ -1,0 +1,485 @@
+"""The audit relay: a second reader of the kernel's audit log that outlives the daemon.
+
+The kernel multicasts each audit record once, to whoever is listening at
+that instant, and never replays it. The daemon's own reader (``_audit``)
+makes every refusal it attributes durable within milliseconds, but a daemon
+SIGKILLed (or OOM-killed) loses what was in its socket queue, what was on
+its way to the store, and everything its cells' refusals produced in the
+moment between its death and theirs (their death signals). This process
+closes that gap.
+
+Why a process of its own, reading on its own socket, rather than the
+daemon reading through it: the daemon's live path (syscall to event on the
+stream in about a millisecond, docs/PERFORMANCE.md) keeps its one hop, and
+the relay only has to be *complete*, not fast. Multicast hands both sockets
+the same records, and the same sans-I/O correlator (``_audit_core``) turns
+them into the same events, so a restarted daemon can tell which of the
+relay's events its predecessor had already stored (``missing``).
+
+What it does:
+
+* The daemon starts it (``AuditRelay.start``) in a session of its own with
+  no death signal, so neither SIGKILL of the daemon nor a terminal's Ctrl-C
+  ends it, and tells it over a pipe (its stdin) each cell it watches: run,
+  cell, audit session, host pid of the cell's pid 1, and the spool file
+  (``<state>/runs/<run>/kernel.spool``, in the run's 0700 directory).
+* Each Landlock or seccomp refusal it attributes is appended to that cell's
+  spool as one JSON line, and the spool is ``fdatasync``ed in batches
+  (every ``FLUSH_INTERVAL``): a few flushes a second, however many refusals.
+  A spool is bounded by the same cap the daemon's reader has per cell
+  (``MAX_EVENTS``, 10,000); past it, refusals are counted, not kept.
+* The pipe's end without a ``stop`` is the daemon's death. The relay then
+  waits, on each watched cell's pidfd, for the cell to die (bounded by
+  ``DRAIN_TIMEOUT``), sends a barrier through the audit log (everything the
+  kernel emitted before it has been read), writes an ``end`` line per cell
+  saying whether it saw the cell die, flushes, and exits. It holds an
+  ``flock`` on its lock file while it lives, so the next daemon waits for it
+  (``wait_for_relay``) before it reads the spools.
+* ``stop`` (a daemon ending cleanly: every run ended and recorded) ends it at once.
+
+The spool format, one JSON object a line: ``{"watch": {run, cell, session,
+pid, time}}``, ``{"event": <Event.to_dict()>}``, ``{"dropped": N}`` and
+``{"end": {cell, time, died, barrier}}``. ``read_spool`` parses it, and
+tolerates a last line cut short by a crash of the relay itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any, Final
+
+from stockade.errors import HostError
+from stockade.record._event import Event
+
+__all__ = [
+    "DRAIN_TIMEOUT",
+    "MAX_EVENTS",
+    "AuditRelay",
+    "CellSpool",
+    "event_key",
+    "missing",
+    "read_spool",
+    "wait_for_relay",
+]
+
+MAX_EVENTS: Final = 10_000
+"""Refusals spooled per cell: the daemon's reader keeps no more per cell
+either (``AuditCorrelator(max_events_per_cell=…)``), so a recovered run
+never holds more than the live one would have."""
+FLUSH_INTERVAL: Final = 0.05
+"""Seconds between the spool's batched flushes: 20 fdatasyncs a second at
+most, and a refusal is on disk within 50 ms of its record."""
+DRAIN_TIMEOUT: Final = 10.0
+"""Seconds the relay waits, after the daemon died, for its cells to die
+(their death signals take milliseconds; the bound is for a cell that
+somehow survives, which the next daemon's cgroup sweep then kills)."""
+START_TIMEOUT: Final = 15.0
+"""Seconds the daemon waits for a new relay to have its audit socket open."""
+KERNEL_LAYERS: Final = frozenset({"landlock", "seccomp"})
+"""The refusals the relay keeps: those with no other witness. The mount
+layer's (``_audit_mount``) need the cell's plan to tell an attempt from the
+launcher's own or a benign crossing (``Cell._not_an_attempt``), which the
+relay does not have; a recovery says they are not recovered."""
+
+
+# --------------------------------------------------------------------------- the spool
+
+
+@dataclass
+class CellSpool:
+    """What a relay spooled of one cell."""
+
+    run: str
+    cell: str
+    events: list[Event] = field(default_factory=list)
+    dropped: int = 0
+    """Refusals past ``MAX_EVENTS``, counted and not kept."""
+    ended: bool = False
+    """The relay wrote its ``end`` line: it outlived the daemon and drained."""
+    died: bool = False
+    """The relay saw the cell's pid 1 die before it drained."""
+    barrier: bool = False
+    """Its last barrier came back: every record the kernel emitted before it was read."""
+
+
+def read_spool(path: str) -> dict[str, CellSpool]:
+    """The cells of one spool file, by cell id; empty when there is none.
+    A line cut short (the relay itself killed mid-write) ends the reading."""
+    from stockade.record._chain import event_from_dict
+
+    cells: dict[str, CellSpool] = {}
+    last: CellSpool | None = None
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except FileNotFoundError:
+        return {}
+    for line in lines:
+        if not line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            break
+        if "watch" in entry:
+            w = entry["watch"]
+            last = cells.setdefault(str(w["cell"]), CellSpool(run=str(w["run"]), cell=str(w["cell"])))
+        elif "event" in entry:
+            event = event_from_dict(entry["event"])
+            spool = cells.get(event.cell)
+            if spool is not None:
+                spool.events.append(event)
+        elif "dropped" in entry:
+            spool = cells.get(str(entry.get("cell", ""))) or last
+            if spool is not None:
+                spool.dropped += int(entry["dropped"])
+        elif "end" in entry:
+            end = entry["end"]
+            spool = cells.get(str(end["cell"]))
+            if spool is not None:
+                spool.ended, spool.died, spool.barrier = True, bool(end["died"]), bool(end["barrier"])
+    return cells
+
+
+def event_key(event: Event) -> tuple[Any, ...]:
+    """What makes two readers' events of one kernel record the same: the
+    kernel's serial of the event and what it refused. Not the whole detail:
+    the task's fields come from a SYSCALL record that one reader may have
+    given up waiting for (``group_ttl``) while the other had it."""
+    d = event.detail
+    serial = d.get("serial")
+    if serial is None:  # an event from before serials were kept
+        return (event.cell, event.kind, event.layer, round(event.time, 3), event.summary)
+    if event.layer == "seccomp":  # its own record names the call
+        what: tuple[Any, ...] = (d.get("nr"), d.get("action"))
+    else:  # one system call may meet several Landlock refusals, one record each
+        what = (tuple(d.get("blockers") or ()), d.get("path"), d.get("domain"))
+    return (event.cell, event.kind, event.layer, round(event.time, 3), serial, what)
+
+
+def missing(spooled: Iterable[Event], stored: Iterable[Event]) -> list[Event]:
+    """The spooled events the store does not hold, in spool order. A multiset
+    difference: an agent looping on one refused call makes many equal events."""
+    have = Counter(event_key(e) for e in stored)
+    out = []
+    for event in spooled:
+        key = event_key(event)
+        if have[key] > 0:
+            have[key] -= 1
+        else:
+            out.append(event)
+    return out
+
+
+def wait_for_relay(lock_path: str, timeout: float = DRAIN_TIMEOUT + 5.0) -> bool:
+    """Wait until no relay holds ``lock_path`` (one still draining after its
+    daemon died); True when none does. Waits on the relay's pidfd, named in
+    the lock file, never longer than ``timeout``."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                pid = int(os.pread(fd, 32, 0).split()[0])
+                pidfd = os.pidfd_open(pid)
+            except (ValueError, IndexError, OSError):
+                # Between its flock and writing its pid: a moment; look again soon.
+                select.select([], [], [], min(remaining, 0.01))
+                continue
+            try:
+                select.select([pidfd], [], [], remaining)
+            finally:
+                os.close(pidfd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- the daemon's side
+
+
+class AuditRelay:
+    """The daemon's handle on its relay process. Thread-safe.
+
+    Raises (``start``):
+        HostError: the relay could not open the audit log or did not say it had.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(cls, lock_path: str, *, timeout: float = START_TIMEOUT) -> AuditRelay:
+        # A session of its own and no death signal: the point is to outlive us.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stockade.cell._audit_relay", lock_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            start_new_session=True,
+            close_fds=True,
+        )
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if ready else b""
+        if line != b"ready\n":
+            proc.kill()
+            proc.wait()
+            raise HostError(
+                f"the audit relay did not start ({line.decode(errors='replace').strip() or 'no answer'}); "
+                "kernel refusals would be lost if the daemon were killed: see its stderr",
+                feature="audit",
+            )
+        proc.stdout.close()
+        return cls(proc)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def watch(self, *, run: str, cell: str, session: int, pid: int, spool: str) -> bool:
+        """Tell the relay of a cell just launched; False when it is gone."""
+        return self._send(
+            {"op": "watch", "run": run, "cell": cell, "session": session, "pid": pid, "spool": spool}
+        )
+
+    def unwatch(self, cell: str) -> bool:
+        """The cell ended and the daemon collected its refusals."""
+        return self._send({"op": "unwatch", "cell": cell})
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the relay (the daemon stops cleanly: nothing is left to drain)."""
+        self._send({"op": "stop"})
+        with contextlib.suppress(OSError):
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _send(self, msg: dict[str, Any]) -> bool:
+        data = json.dumps(msg).encode() + b"\n"
+        with self._lock:
+            stdin = self._proc.stdin
+            if stdin is None or stdin.closed:
+                return False
+            try:
+                stdin.write(data)
+                stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                return False
+        return True
+
+
+# --------------------------------------------------------------------------- the relay process
+
+
+@dataclass
+class _Watched:
+    run: str
+    fd: int
+    pidfd: int
+    kept: int = 0
+    dropped: int = 0
+
+
+class _Relay:
+    def __init__(self) -> None:
+        from stockade.cell._audit import AuditReader
+
+        self.reader = AuditReader()
+        self.reader.start()
+        self.lock = threading.Lock()
+        self.cells: dict[str, _Watched] = {}
+        self.pending: list[tuple[_Watched, bytes]] = []
+        self.wake = threading.Event()
+        self.done = False
+        self.reader.on_event(self._on_event)
+        self.writer = threading.Thread(target=self._write_loop, name="relay-writer", daemon=True)
+        self.writer.start()
+
+    def _on_event(self, event: Event) -> None:
+        if event.layer not in KERNEL_LAYERS or event.kind not in ("cell.denied", "cell.audited"):
+            return
+        with self.lock:
+            w = self.cells.get(event.cell)
+            if w is None:
+                return
+            if w.kept >= MAX_EVENTS:
+                w.dropped += 1
+                line = json.dumps({"dropped": 1, "cell": event.cell})
+            else:
+                w.kept += 1
+                line = json.dumps({"event": event.to_dict()})
+            self.pending.append((w, line.encode() + b"\n"))
+
+    def _write_loop(self) -> None:
+        while not self.done:
+            self.wake.wait(FLUSH_INTERVAL)
+            self.wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            batch, self.pending = self.pending, []
+        touched: dict[int, None] = {}
+        for w, data in batch:
+            with contextlib.suppress(OSError):  # a full disk: the recovery says the spool is short
+                os.write(w.fd, data)
+                touched[w.fd] = None
+        for fd in touched:
+            with contextlib.suppress(OSError):
+                os.fdatasync(fd)
+
+    def watch(self, msg: dict[str, Any]) -> None:
+        cell, run = str(msg["cell"]), str(msg["run"])
+        fd = os.open(str(msg["spool"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            pidfd = os.pidfd_open(int(msg["pid"]))
+        except OSError:
+            pidfd = -1  # already gone: nothing to wait for
+        header = {
+            "watch": {
+                "run": run,
+                "cell": cell,
+                "session": msg["session"],
+                "pid": msg["pid"],
+                "time": time.time(),
+            }
+        }
+        os.write(fd, json.dumps(header).encode() + b"\n")
+        with self.lock:
+            self.cells[cell] = _Watched(run, fd, pidfd)
+        self.reader.watch(cell, session=int(msg["session"]), pid=int(msg["pid"]))
+
+    def unwatch(self, cell: str) -> None:
+        # The daemon has collected the cell (its barrier came back): so has
+        # this reader, whose socket got the same records; one barrier here
+        # makes sure before the cell is forgotten.
+        self.reader.collect(cell, timeout=2.0)
+        self.flush()
+        with self.lock:
+            w = self.cells.pop(cell, None)
+        self.reader.unwatch(cell)
+        if w is not None:
+            self._close(w)
+
+    def drain(self) -> None:
+        """The daemon died: wait for the cells to die, read everything, say so."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        with self.lock:
+            cells = dict(self.cells)
+        died: dict[str, bool] = {}
+        for cell, w in cells.items():
+            if w.pidfd < 0:
+                died[cell] = True
+                continue
+            ready, _, _ = select.select([w.pidfd], [], [], max(0.0, deadline - time.monotonic()))
+            died[cell] = bool(ready)
+        barrier = True
+        for cell in cells:
+            before = self.reader.stats().barrier_timeouts
+            self.reader.collect(cell, timeout=2.0)  # the barrier; events went to _on_event
+            barrier = barrier and self.reader.stats().barrier_timeouts == before
+        self.flush()
+        for cell, w in cells.items():
+            end = {"end": {"cell": cell, "time": time.time(), "died": died[cell], "barrier": barrier}}
+            with contextlib.suppress(OSError):
+                os.write(w.fd, json.dumps(end).encode() + b"\n")
+                os.fdatasync(w.fd)
+            self._close(w)
+
+    def _close(self, w: _Watched) -> None:
+        for fd in (w.fd, w.pidfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def close(self) -> None:
+        self.done = True
+        self.wake.set()
+        self.writer.join()
+        self.flush()
+        self.reader.close()
+
+
+def _commands(stream: IO[bytes]) -> Iterator[dict[str, Any]]:
+    for line in stream:
+        with contextlib.suppress(ValueError):
+            msg = json.loads(line)
+            if isinstance(msg, dict):
+                yield msg
+
+
+def main(argv: list[str]) -> int:
+    """``python -m stockade.cell._audit_relay LOCK_PATH`` (started by ``AuditRelay.start``)."""
+    lock_path = argv[1]
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"another audit relay holds {lock_path}", flush=True)
+        return 1
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)
+    # The OOM killer should take an agent's memory hog, or even the daemon,
+    # before the witness of what they did (proc(5), oom_score_adj).
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-500")
+    sys.setswitchinterval(0.0005)
+    try:
+        relay = _Relay()
+    except HostError as exc:
+        print(str(exc), flush=True)
+        return 1
+    print("ready", flush=True)
+    stopped = False
+    for msg in _commands(sys.stdin.buffer):
+        op = msg.get("op")
+        try:
+            if op == "watch":
+                relay.watch(msg)
+            elif op == "unwatch":
+                relay.unwatch(str(msg["cell"]))
+            elif op == "stop":
+                stopped = True
+                break
+        except (KeyError, ValueError, OSError) as exc:
+            print(f"stockade audit relay: {op}: {exc}", file=sys.stderr, flush=True)
+    if not stopped:
+        relay.drain()
+    relay.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

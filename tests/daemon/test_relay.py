@@ -1,0 +1,164 @@
+"""The audit relay (``cell._audit_relay``): the daemon SIGKILLed at a random
+point of a run that the kernel keeps refusing, restarted, and every refusal
+the agent met is in the record, none twice (issue 12). Real cells, a real
+daemon process, a real kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stockade.cell._audit_relay import missing, read_spool
+from stockade.record import Event
+from tests.daemon.test_faults import cell_processes, daemon_process, wait_all_gone
+from tests.daemon.test_kernel_live import _kernel_denials
+from tests.daemon.test_server import (
+    PY,
+    Wire,
+    close_wires,  # noqa: F401  (the fixture that closes every Wire)
+    stored_events,
+    wait_output,
+    workspace,
+)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cells under the daemon need root on this host")
+
+REFUSALS = 1500
+STEP = 100
+
+# Each attempt is counted in the workspace after the kernel refused it: the
+# file's size is how many refusals the agent met (one more may be in flight).
+REFUSER = """
+import os, select, sys
+n, step, progress = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+fd = os.open(progress, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+for i in range(1, n + 1):
+    try:
+        open(f"/etc/stockade-relay-{i}", "w")
+    except OSError:
+        pass
+    os.write(fd, b"x")
+    if i % step == 0:
+        print("at", i, flush=True)
+print("done", flush=True)
+select.select([], [], [])
+"""
+
+
+def _policy(tmp_path: Path) -> tuple[Path, Path]:
+    ws = workspace(tmp_path)
+    progress = ws / "progress"
+    policy = {
+        "name": "relay-refuser",
+        "command": [PY, "-c", REFUSER, str(REFUSALS), str(STEP), str(progress)],
+        "workspace": str(ws),
+        # Every kernel refusal counts toward the tripwire: let this one refuse on.
+        "limits": {"denials": 1_000_000},
+    }
+    path = tmp_path / "refuser.json"
+    path.write_text(json.dumps(policy))
+    return path, progress
+
+
+def _relay_pids(state: Path) -> list[int]:
+    try:
+        return [int((state / "audit-relay.lock").read_text().split()[0])]
+    except (FileNotFoundError, IndexError, ValueError):
+        return []
+
+
+@pytest.mark.parametrize("seed", [12, 1212])
+def test_a_daemon_killed_at_a_random_point_loses_no_kernel_refusal(tmp_path: Path, seed: int) -> None:
+    at = random.Random(seed).randrange(STEP, REFUSALS + STEP, STEP)  # "at N" lines; REFUSALS: the end
+    state, sock = tmp_path / "state", tmp_path / "d.sock"
+    policy, progress = _policy(tmp_path)
+    with daemon_process(state, sock) as proc:
+        wire = Wire(str(sock))
+        run = wire.call("run.start", {"policy_path": str(policy), "detach": True})["id"]
+        wait_output(str(sock), run, f"at {at}\n")
+        relay = _relay_pids(state)
+        assert relay, "the daemon started no audit relay"
+        cell = list(cell_processes(proc.pid))
+        assert cell
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # The cell dies with the daemon (its death signals), a moment later.
+    assert wait_all_gone(cell) == []
+    met = progress.stat().st_size
+    assert at <= met <= REFUSALS
+    with daemon_process(state, sock):
+        # The restart waited for the old relay to drain and let go.
+        assert wait_all_gone(relay, timeout=1.0) == []
+        wire = Wire(str(sock))
+        assert wire.call("verify")["ok"] is True
+        stored = stored_events(wire, run)
+        recorded = len(_kernel_denials(stored))
+        assert met <= recorded <= met + 1, f"seed {seed}: the agent met {met}, the record has {recorded}"
+        gap = [e["event"] for e in stored if e["event"]["kind"] == "cell.audit_lost"]
+        assert len(gap) == 1
+        detail = gap[0]["detail"]
+        assert detail["relay"] == "complete", gap[0]["summary"]
+        assert detail["kept"] + detail["recovered"] == recorded
+        assert "no Landlock or seccomp refusal is missing" in gap[0]["summary"]
+        kinds = [e["event"]["kind"] for e in stored]
+        assert kinds[-1] == "run.end" and stored[-1]["event"]["detail"]["state"] == "lost"
+        # Each refusal once (the kernel's serial), every one the run's, all before its gap.
+        serials = [e["detail"]["serial"] for e in _kernel_denials(stored)]
+        assert len(set(serials)) == len(serials)
+        assert all(e["run"] == run for e in _kernel_denials(stored))
+        last_denial = max(i for i, e in enumerate(stored) if e["event"]["kind"] == "cell.denied")
+        assert last_denial < kinds.index("cell.audit_lost")
+
+
+def test_a_run_that_ends_keeps_each_refusal_once_and_leaves_no_spool(tmp_path: Path) -> None:
+    """The control: with the relay beside it, a run's record is what it was
+    (no refusal twice), its spool goes when its end is stored, and the relay
+    ends with the daemon."""
+    state, sock = tmp_path / "state", tmp_path / "d.sock"
+    policy, progress = _policy(tmp_path)
+    with daemon_process(state, sock) as proc:
+        wire = Wire(str(sock))
+        run = wire.call("run.start", {"policy_path": str(policy), "detach": True})["id"]
+        wait_output(str(sock), run, "done\n")
+        spool = state / "runs" / run / "kernel.spool"
+        assert spool.exists()
+        wire.call("run.stop", {"run": run, "grace": 0})
+        stored = stored_events(wire, run)
+        assert len(_kernel_denials(stored)) == REFUSALS == progress.stat().st_size
+        assert not spool.exists()
+        relay = _relay_pids(state)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert wait_all_gone(relay, timeout=5.0) == []
+
+
+def _event(i: int, t: float = 1.0) -> Event:
+    return Event(kind="cell.denied", cell="c1", layer="landlock", outcome="denied", time=t, summary=f"s{i}")
+
+
+def test_missing_is_a_multiset_difference() -> None:
+    same = [_event(0), _event(0), _event(0), _event(1)]
+    assert missing(same, [_event(0), _event(1)]) == [_event(0), _event(0)]
+    assert missing(same, same) == []
+    assert missing([_event(2, 2.0)], [_event(2, 3.0)]) == [_event(2, 2.0)]
+
+
+def test_read_spool_stops_at_a_line_cut_short(tmp_path: Path) -> None:
+    path = tmp_path / "kernel.spool"
+    lines: list[dict[str, Any]] = [
+        {"watch": {"run": "r-1", "cell": "c1", "session": 5, "pid": 9, "time": 0}},
+        {"event": _event(0).to_dict()},
+        {"dropped": 3, "cell": "c1"},
+        {"end": {"cell": "c1", "time": 1, "died": True, "barrier": True}},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"event": {"kind"')
+    spool = read_spool(str(path))["c1"]
+    assert (spool.run, len(spool.events), spool.dropped) == ("r-1", 1, 3)
+    assert spool.ended and spool.died and spool.barrier
+    assert read_spool(str(tmp_path / "none")) == {}
