@@ -283,6 +283,7 @@ class Trial:
     def _trial(self, bench: HostWorkbench, work: Path) -> None:
         task = self.task
         t0 = time.monotonic()
+        self.record["root"] = str(bench.root)
         bench.build()
         agent_dir = work / "agent"
         agent_dir.mkdir()
@@ -363,17 +364,13 @@ class Trial:
         agent_run = self.record["runs"].get("agent")
         mine = [e for e in self.events if (e.get("event") or {}).get("run") == agent_run]
         hidden = [str(self.task.tests_dir), str(self.task.solution_dir)]
+        if root:
+            hidden += [f"{root}/tests", f"{root}/solution"]
         return containment_of.containment(mine, root=root or "/nonexistent", hidden=hidden)
 
     def _finish(self) -> None:
         b = self.bundle
         agent_run = self.record["runs"].get("agent")
-        roots = {
-            str(e["event"]["detail"].get("workspace"))
-            for e in self.events
-            if e.get("event", {}).get("kind") == "cell.start" and isinstance(e["event"].get("detail"), dict)
-        }
-        self.record["root"] = next(iter(sorted(r for r in roots if r.endswith("/root"))), "")
         c = self._containment()
         from stockade.bench._score import grade
 

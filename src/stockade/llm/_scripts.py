@@ -20,6 +20,7 @@ A script file (YAML) lists turns; see ``load_script`` and docs/LLM.md.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -421,6 +422,23 @@ def parse_script(text: str, source: str) -> FileScript:
     rules = tuple((re.compile(t.when), _reply(t)) for t in parsed.turns if t.when is not None)
     sequence = tuple(_reply(t) for t in parsed.turns if t.when is None)
     return FileScript(rules=rules, sequence=sequence)
+
+
+def solve_example(conversation: Sequence[Said]) -> Reply:
+    """``stockade bench``'s sample task (fix-bug) played with the tool loop's tools: it
+    tries to read the hidden tests, searches the web and runs ``docker ps`` (each
+    refused and recorded), then fixes the bug. The turns are the task's own
+    script file, ``stockade/bench/tasks/fix-bug/solver.yaml`` (docs/BENCH.md)."""
+    return _solve_example()(conversation)
+
+
+@functools.cache
+def _solve_example() -> Script:
+    path = Path(__file__).resolve().parent.parent / "bench" / "tasks" / "fix-bug" / "solver.yaml"
+    return parse_script(path.read_text(encoding="utf-8"), str(path))
+
+
+BUILTIN["solve-example"] = solve_example
 
 
 def load_script(spec: str) -> Script:
