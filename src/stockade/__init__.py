@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         PolicyError,
         ProtocolError,
         StockadeError,
+        StoreError,
     )
     from stockade.policy import Policy, default_policy, load_policy
     from stockade.record import Event
@@ -34,6 +35,7 @@ _LAZY = {
     "PolicyError": "stockade.errors",
     "ProtocolError": "stockade.errors",
     "StockadeError": "stockade.errors",
+    "StoreError": "stockade.errors",
     "default_policy": "stockade.policy",
     "load_policy": "stockade.policy",
 }
@@ -48,6 +50,11 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def __dir__() -> list[str]:
+    # The lazy names too: ``dir(stockade)`` and completion in a REPL list them.
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
     "Cell",
     "CellError",
@@ -59,6 +66,7 @@ __all__ = [
     "PolicyError",
     "ProtocolError",
     "StockadeError",
+    "StoreError",
     "__version__",
     "default_policy",
     "load_policy",

@@ -101,7 +101,7 @@ def test_help_and_usage_errors() -> None:
     done = run("--help")
     assert done.returncode == 0 and done.stdout == USAGE
     done = run("--bogus")
-    assert done.returncode == 2 and "no such option: --bogus" in done.stderr
+    assert done.returncode == 2 and "there is no option --bogus" in done.stderr
     done = run("--timeout", "soon", "--", "/bin/true")
     assert done.returncode == 2 and "--timeout 'soon'" in done.stderr
 

@@ -35,7 +35,7 @@ def pid1_netns_reachable() -> bool:
 def test_exec_under_unshare_n_still_records_kernel_refusals(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     done = subprocess.run(
-        ["unshare", "-n", STOCKADE, "exec", "-w", str(tmp_path), "-e", str(events), "--", *WRITE_ETC],
+        ["unshare", "-n", STOCKADE, "exec", "-w", str(tmp_path), "--events", str(events), "--", *WRITE_ETC],
         capture_output=True,
         text=True,
         timeout=60,
@@ -84,7 +84,7 @@ def test_without_kernel_records_runs_and_says_so(tmp_path: Path) -> None:
     # The control: the operator's explicit choice runs the cell, which still
     # refuses the write, and the gap is on screen and in the record.
     events = tmp_path / "events.jsonl"
-    args = ("--without-kernel-records", "-w", str(tmp_path), "-e", str(events), "--", *WRITE_ETC)
+    args = ("--without-kernel-records", "-w", str(tmp_path), "--events", str(events), "--", *WRITE_ETC)
     code, _out, err = orphan_in_own_netns(tmp_path, "exec", *args)
     assert code == 7, err
     assert "Permission denied" in err  # refused all the same

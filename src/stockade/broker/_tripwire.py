@@ -34,7 +34,6 @@ class Tripwire:
         self.denials = 0
         """Denials recorded, those after the trip included."""
         self.tripped = False
-        self._halt_claimed = False
         self._lock = threading.Lock()
 
     def record(self, verdict: str) -> bool:
@@ -43,8 +42,7 @@ class Tripwire:
         ``deny`` counts; ``allow`` and ``ask`` do not (an ``ask`` is recorded
         again once decided: a refused or expired approval is a ``deny``). The
         call that trips the wire returns True, and so does every call after
-        it: the caller refuses the intent, and the one whose ``claim_halt``
-        returns True halts the run.
+        it: the caller refuses the intent (and the broker halts the run).
 
         Raises:
             ValueError: ``verdict`` is not ``allow``, ``deny`` or ``ask``.
@@ -57,16 +55,6 @@ class Tripwire:
                 if self.denials >= self.limit:
                     self.tripped = True
             return self.tripped
-
-    def claim_halt(self) -> bool:
-        """True exactly once, to the first caller after the wire tripped: the one
-        that halts the run and writes ``run.halted`` (``record`` keeps answering
-        True to every caller, so that each refuses its intent)."""
-        with self._lock:
-            if self.tripped and not self._halt_claimed:
-                self._halt_claimed = True
-                return True
-            return False
 
     def __repr__(self) -> str:
         return f"Tripwire(limit={self.limit}, denials={self.denials}, tripped={self.tripped})"

@@ -20,13 +20,14 @@ from stockade.cell._audit_mount import CELL_LOGINUID
 from stockade.cell._cgroup import CellCgroup
 from stockade.cell._disk import LimitedWorkspace, TmpWatch
 from stockade.cell._launch import LaunchSpec, launch
-from stockade.cell._owners import lease_owner, release_owner
+from stockade.cell._owners import OwnerLease, lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
 from stockade.cell._plan import NOBODY, CellPlan, plan_cell
 from stockade.cell._seccomp import build_notify_filter
 from stockade.cell._terminal import TerminalRelay, relay_if_terminal
 from stockade.cell._unotify import CellWatch, attach_guard, supervisor
-from stockade.errors import CellError, PolicyError
+from stockade.cell._workbench import ImageView, Upper, finish_upper, make_upper
+from stockade.errors import CellError, HostError, PolicyError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
 
@@ -206,6 +207,8 @@ class Cell:
         files: Mapping[str, bytes] | None = None,
         network: CellNetwork | None = None,
         records: str | None = None,
+        image: object | None = None,
+        upper_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """
         Args:
@@ -230,6 +233,12 @@ class Cell:
                 nothing answers there and the cell has no way out at all.
             records: where persistence reports are kept for ``stockade
                 revert`` (``_revert.records_dir()`` by default).
+            image: a workbench's image (``stockade.image.Image``): its root
+                filesystem is the cell's ``/`` (cell/_workbench.py); by default
+                the policy's ``image:``, resolved in ``stockade.image.default_store()``.
+            upper_dir: keep the run's upper layer here (its files in the
+                image's own ids, with overlay whiteouts) instead of throwing it
+                away; each run continues from what the last one left.
 
         Raises:
             HostError: the host lacks a layer the policy needs.
@@ -237,6 +246,14 @@ class Cell:
         """
         self.policy = policy or default_policy()
         _host.check(self.policy)
+        self.image = _image_view(image, self.policy)
+        """The workbench's image (``_workbench.ImageView``), or None for the host's view."""
+        if upper_dir is not None and self.image is None:
+            raise PolicyError(
+                f"upper_dir {os.fspath(upper_dir)!r} is the upper layer of an image, and this cell has "
+                "none; give an image (or the policy's image:), or leave upper_dir out"
+            )
+        self._upper_dir = None if upper_dir is None else os.fspath(upper_dir)
         self._environ = dict(os.environ if environ is None else environ)
         chosen = workspace if workspace is not None else self.policy.workspace
         if chosen is not None:
@@ -289,11 +306,39 @@ class Cell:
 
     # ------------------------------------------------------------------ running
 
+    def _run_with_input(
+        self,
+        argv: list[str] | tuple[str, ...] | None,
+        data: bytes,
+        **kwargs: object,
+    ) -> CellResult:
+        # A pipe fed from a thread: the command may read slowly, or not at all
+        # (the writer then stops at EPIPE when the cell's end closes).
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+
+        def feed() -> None:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(write_end, view) :]
+            except OSError:
+                pass
+            finally:
+                os.close(write_end)
+
+        feeder = threading.Thread(target=feed, name="stockade-cell-input", daemon=True)
+        feeder.start()
+        try:
+            return self.run(argv, stdin=read_end, **kwargs)  # type: ignore[arg-type]
+        finally:
+            os.close(read_end)
+
     def run(
         self,
         argv: list[str] | tuple[str, ...] | None = None,
         *,
         stdin: int | None = None,
+        input: bytes | None = None,
         on_output: OutputSink | None = None,
         timeout: float | None = None,
         on_event: EventSink | None = None,
@@ -305,6 +350,8 @@ class Cell:
             stdin: a file descriptor for the command's stdin (default /dev/null);
                 a terminal is never given to the cell: it gets a pty of its
                 own, fed from this one (``_terminal.TerminalRelay``).
+            input: bytes for the command's stdin instead, as ``subprocess.run``
+                takes them (fed through a pipe; not with ``stdin``).
             on_output: stream output chunks here instead of keeping them.
             timeout: wall-clock seconds; the policy's ``limits.timeout`` by default.
             on_event: called with ``cell.start`` once the cell is launched, then
@@ -320,7 +367,14 @@ class Cell:
         Raises:
             CellError: the cell could not be set up.
             HostError: a layer the policy needs is not available.
+            ValueError: both ``stdin`` and ``input`` were given.
         """
+        if input is not None:
+            if stdin is not None:
+                raise ValueError("Cell.run takes stdin or input, not both; give one of them")
+            return self._run_with_input(
+                argv, input, on_output=on_output, timeout=timeout, on_event=on_event, session=session
+            )
         command = tuple(argv) if argv else self.policy.command
         if not command:
             raise CellError("no command to run: pass one, or set `command` in the policy")
@@ -347,6 +401,7 @@ class Cell:
         unsubscribe: Callable[[], None] | None = None
         launched = None
         owner = None
+        upper: Upper | None = None
         tmp_watch: TmpWatch | None = None
         detach: list[Callable[[], None]] = []
         notify_ours, notify_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -359,6 +414,13 @@ class Cell:
             # The host uid that creates the cell's user namespace, so that its
             # per-user kernel counters are the cell's own, not root's (_owners).
             owner = lease_owner()
+            range_fd = -1
+            if plan.id_range:
+                # A workbench (or user: root) maps the slot's whole range; its
+                # host ids are known now that the slot is.
+                plan, range_fd = _with_range(plan, owner)
+                if plan.image_rootfs:
+                    upper = make_upper(self._upper_dir)
             # A terminal is never the cell's: it gets a pty of its own (_terminal).
             relay = relay_if_terminal(stdin)
             spec = LaunchSpec(
@@ -380,6 +442,11 @@ class Cell:
                 notify=(build_notify_filter(), notify_theirs.fileno()),
                 keep_fds=(session[0],) if session is not None else (),
                 session=session[0] if session is not None else None,
+                id_base=None if not plan.id_range else plan.host_uid - plan.uid,
+                range_userns=range_fd,
+                upper=None
+                if upper is None
+                else (upper.base, os.path.basename(upper.upper), os.path.basename(upper.work)),
             )
             if on_event is not None and audit is not None:
                 # Subscribed before the launch: a refusal in the cell's first
@@ -423,6 +490,8 @@ class Cell:
                 tmp_watch.close()
             raise
         finally:
+            if upper is not None:
+                finish_upper(upper, plan)  # the cell is dead: nothing uses its layers
             if watch is not None:
                 connect_events = supervisor().unwatch(watch)
             notify_ours.close()
@@ -641,6 +710,7 @@ class Cell:
             sockets=self._sockets,
             files=self._files,
             extra_hidden=self._records_hidden(),
+            image=self.image,
         )
         if self._extra_env:
             plan = dataclasses.replace(plan, env=tuple(sorted({**dict(plan.env), **self._extra_env}.items())))
@@ -682,6 +752,44 @@ def _watch_connects(
         audit=policy.mode == "audit",
         on_event=on_event,
     )
+
+
+def _image_view(image: object | None, policy: Policy) -> ImageView | None:
+    """The workbench image of a cell: the one given, else the policy's
+    ``image:`` from the default store (``stockade.image``), else None.
+
+    Raises:
+        ImageError: the policy's image is not in the store.
+    """
+    if image is None and policy.image is not None:
+        from stockade.image import default_store  # only for workbenches
+
+        image = default_store().get(policy.image)
+    if image is None:
+        return None
+    if isinstance(image, ImageView):
+        return image
+    return ImageView.of(image)
+
+
+def _with_range(plan: CellPlan, owner: OwnerLease | None) -> tuple[CellPlan, int]:
+    """The plan with its host ids in ``owner``'s slot, and the slot's id-range
+    user namespace (for the idmapped layers of an image).
+
+    Raises:
+        HostError: no slot, because stockade does not run as root here.
+    """
+    if owner is None:
+        raise HostError(
+            "a workbench (an image, or user:) maps a range of ids, which only root can do; "
+            "run stockade as root, or leave image and user out",
+            feature="userns.range",
+        )
+    from stockade.cell._workbench import range_userns
+
+    base = owner.uid + 1
+    plan = dataclasses.replace(plan, host_uid=base + plan.uid, host_gid=base + plan.gid)
+    return plan, range_userns(base) if plan.image_rootfs else -1
 
 
 def _fresh_workspace() -> str:

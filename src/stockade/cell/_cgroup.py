@@ -44,7 +44,6 @@ PARENT = "stockade"
 LEAF = "stockade-supervisor"
 """Where this process moves itself, under its own v2 cgroup, when it must enable
 controllers there; its own cgroup stays the parent of that leaf."""
-LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
 
 KillMechanism = Literal["cgroup.kill", "cgroup.freeze", "freezer", "signals"]
 

@@ -1,9 +1,8 @@
 """The click application behind every command except ``exec`` (see ``main``).
 
-Exit codes are stable and documented in docs/CLI.md:
-0 ok, 2 usage, 3 bad policy, 4 daemon unreachable, 5 daemon or host error,
-6 not found, 126 denied by policy, 130 interrupted; a contained command's own
-exit code is passed through.
+Exit codes are stable, come from the one table in ``stockade.exit_codes`` and
+are documented in docs/CLI.md; a contained command's own exit code is passed
+through. Every error line is printed in the one style of ``_style``.
 """
 
 from __future__ import annotations
@@ -11,16 +10,18 @@ from __future__ import annotations
 import click
 
 from stockade import __version__
+from stockade.cli._style import click_error_line, echo_error
 from stockade.errors import StockadeError
+from stockade.exit_codes import ExitCode
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_POLICY = 3
-EXIT_DAEMON_UNREACHABLE = 4
-EXIT_HOST = 5
-EXIT_NOT_FOUND = 6
-EXIT_DENIED = 126
-EXIT_INTERRUPTED = 130
+EXIT_OK = ExitCode.OK
+EXIT_USAGE = ExitCode.USAGE
+EXIT_POLICY = ExitCode.POLICY
+EXIT_DAEMON_UNREACHABLE = ExitCode.DAEMON_UNREACHABLE
+EXIT_HOST = ExitCode.HOST
+EXIT_NOT_FOUND = ExitCode.NOT_FOUND
+EXIT_DENIED = ExitCode.DENIED
+EXIT_INTERRUPTED = ExitCode.INTERRUPTED
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,6 +37,7 @@ def cli() -> None:
 def _register() -> None:
     # Each command lives in its own module; importing them here keeps the
     # list of commands in one place.
+    from stockade.cli._bench_cmds import bench
     from stockade.cli._daemon_cmds import COMMANDS as DAEMON_COMMANDS
     from stockade.cli._dashboard_cmd import dashboard
     from stockade.cli._demo import demo
@@ -48,6 +50,7 @@ def _register() -> None:
     from stockade.cli._scenario_cmds import scenario
 
     for command in (
+        bench,
         dashboard,
         demo,
         doctor,
@@ -71,12 +74,12 @@ def run_app(args: list[str]) -> int:
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
-        return EXIT_USAGE
+        click.echo(click_error_line(exc), err=True)
+        return EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code
     except click.exceptions.Abort:
         return EXIT_INTERRUPTED
     except StockadeError as exc:
-        click.echo(f"stockade: {exc}", err=True)
+        echo_error(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from stockade.cli._style import Duration
 from stockade.errors import DaemonError, PolicyError
 
 if TYPE_CHECKING:
@@ -87,10 +88,9 @@ def _ago(when: float | None) -> str:
 @_place
 @click.option(
     "--approval-timeout",
-    type=click.FloatRange(min=0.001),
-    default=300.0,
+    type=Duration(minimum=0.001),
+    default="5m",
     show_default=True,
-    metavar="SECONDS",
     help="How long an intent waits for the operator before it is denied.",
 )
 @click.option(
@@ -417,10 +417,9 @@ def ps(show_all: bool, as_json: bool, state: str | None, socket_path: str | None
 @click.argument("run_ref", metavar="NAME|ID")
 @click.option(
     "--grace",
-    type=click.FloatRange(0, 3600),
-    default=10.0,
+    type=Duration(maximum=3600, zero=True),
+    default="10s",
     show_default=True,
-    metavar="SECONDS",
     help="How long the agent gets after SIGTERM before its cell is killed.",
 )
 @_JSON

@@ -31,8 +31,12 @@ Options:
   -w, --workspace DIR    the workspace, shown at the same path inside the cell
                          (default: the policy's, else a fresh directory)
   --keep-workspace       keep a fresh workspace after the run and print its path
-  -e, --events FILE      write the cell's events as JSON lines when it ends
-  -t, --timeout SECONDS  wall-clock limit (default: the policy's limits.timeout)
+  -e, --env NAME[=VALUE] set NAME in the cell: to VALUE, or without one to its
+                         value here (repeatable)
+  --events FILE          write the cell's events as JSON lines (mode 0600)
+                         when it ends
+  -t, --timeout DURATION wall-clock limit, such as 90, 30s, 5m or 1h30m
+                         (default: the policy's limits.timeout)
   --json                 print one JSON object (exit code, output, events)
                          instead of the command's output
   -q, --quiet            do not summarise refusals on stderr
@@ -44,10 +48,13 @@ Options:
   -h, --help             show this message and exit
 
 Exit codes: the command's own; 2 usage, 3 bad policy, 5 host or cell error,
-126 the command may not be executed, 127 the command was not found.
+126 the command may not be executed, 127 the command was not found,
+130 interrupted (docs/CLI.md).
 """
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+_HELP = "stockade exec"
 
 
 class _Usage(Exception):
@@ -65,6 +72,7 @@ def _parse(args: list[str]) -> dict[str, object]:
         "quiet": False,
         "without_kernel_records": False,
         "help": False,
+        "env": [],
         "command": [],
     }
     with_value = {
@@ -72,8 +80,9 @@ def _parse(args: list[str]) -> dict[str, object]:
         "--policy": "policy",
         "-w": "workspace",
         "--workspace": "workspace",
-        "-e": "events",
         "--events": "events",
+        "-e": "env",
+        "--env": "env",
         "-t": "timeout",
         "--timeout": "timeout",
     }
@@ -93,41 +102,66 @@ def _parse(args: list[str]) -> dict[str, object]:
         if arg in ("-h", "--help"):
             opts["help"] = True
             return opts
-        name, eq, value = arg.partition("=")
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name not in with_value and len(arg) > 2 and arg[:2] in with_value and arg[1] != "-":
+            name, eq, value = arg[:2], "=", arg[2:]  # -tVALUE, -eNAME=VALUE
         if name in with_value:
             if not eq:
                 i += 1
                 if i >= len(args):
-                    raise _Usage(f"option {arg} needs a value")
+                    raise _Usage(f"the option {arg} needs a value")
                 value = args[i]
-            opts[with_value[name]] = value
+            if with_value[name] == "env":
+                env = opts["env"]
+                assert isinstance(env, list)
+                env.append(_env_item(value))
+            else:
+                opts[with_value[name]] = value
         elif arg in flags:
             opts[flags[arg]] = True
         elif arg.startswith("-"):
-            raise _Usage(f"no such option: {arg}")
+            raise _Usage(f"there is no option {arg}")
         else:
             opts["command"] = args[i:]
             break
         i += 1
     timeout = opts["timeout"]
     if timeout is not None:
+        # The policy's grammar of durations (90, 30s, 1h30m), without pydantic.
+        from stockade.policy._units import parse_duration, show
+
         try:
-            seconds = float(str(timeout))
-        except ValueError:
-            raise _Usage(
-                f"--timeout {timeout!r} is not a number of seconds; write e.g. --timeout 30"
-            ) from None
+            seconds = parse_duration(str(timeout))
+        except ValueError as exc:
+            raise _Usage(f"--timeout {exc}") from None
         if not seconds > 0:
-            raise _Usage(f"--timeout {timeout!r} must be more than 0 seconds")
+            raise _Usage(f"--timeout {show(timeout)} is not more than 0 seconds; give a duration such as 30s")
         opts["timeout"] = seconds
+    events = opts["events"]
+    if events is not None:
+        # Checked before the command runs: its events would be lost after it.
+        directory = os.path.dirname(os.path.abspath(str(events)))
+        if not os.path.isdir(directory):
+            raise _Usage(
+                f"--events {str(events)!r}: the directory {directory!r} does not exist; create it first"
+            )
+        if os.path.isdir(str(events)):
+            raise _Usage(f"--events {str(events)!r} is a directory; name a file in it")
     return opts
+
+
+def _env_item(value: str) -> tuple[str, str | None]:
+    name, eq, text = value.partition("=")
+    if not name or name[0].isdigit() or not all(c.isascii() and (c.isalnum() or c == "_") for c in name):
+        raise _Usage(f"--env {value!r} does not start with a variable's name; write NAME=VALUE or NAME")
+    return name, (text if eq else None)
 
 
 def exec_main(args: list[str]) -> int:
     try:
         opts = _parse(args)
     except _Usage as exc:
-        sys.stderr.write(f"stockade exec: {exc}\nTry 'stockade exec --help'.\n")
+        sys.stderr.write(f"stockade: {exc}; see `{_HELP} --help`\n")
         return EXIT_USAGE
     if opts["help"]:
         sys.stdout.write(USAGE)
@@ -142,7 +176,7 @@ def exec_main(args: list[str]) -> int:
         sys.stderr.write(f"stockade: {exc}\n")
         return exc.exit_code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _run(opts: dict[str, object], command: list[str]) -> int:
@@ -158,7 +192,7 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
         policy = default_policy()
     if not command and not policy.command:
         sys.stderr.write(
-            "stockade exec: no command given and the policy has none\nTry 'stockade exec --help'.\n"
+            f"stockade: no command given and the policy has none; give one after `--`; see `{_HELP} --help`\n"
         )
         return EXIT_USAGE
     as_json = bool(opts["json"])
@@ -188,6 +222,7 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
                 keep_workspace=bool(opts["keep"]) or None,
                 network=network,
                 audit="off" if unrecorded else "auto",
+                extra_env=_extra_env(opts["env"]),
             )
         )
         if unrecorded and not as_json:
@@ -212,7 +247,14 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
     if opts["events"] is not None:
         from stockade.record._jsonl import write_jsonl
 
-        write_jsonl(str(opts["events"]), result.events)
+        try:
+            write_jsonl(str(opts["events"]), result.events)
+        except OSError as exc:
+            sys.stderr.write(
+                f"stockade: cannot write the events to {str(opts['events'])!r}: {exc.strerror}; "
+                f"the command ran (exit code {result.exit_code}) but its events are lost\n"
+            )
+            return 5
     if as_json:
         import json
 
@@ -238,6 +280,20 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
         # Shown even with --quiet: what the operator's next git or shell would run.
         _persistence(result.events)
     return result.exit_code
+
+
+def _extra_env(items: object) -> dict[str, str] | None:
+    """``--env`` as the cell's variables: ``NAME`` alone takes its value here
+    (Docker's ``-e NAME``), and is left out when it is unset here."""
+    assert isinstance(items, list)
+    env: dict[str, str] = {}
+    for name, value in items:
+        if value is None:
+            if name in os.environ:
+                env[name] = os.environ[name]
+        else:
+            env[name] = value
+    return env or None
 
 
 def _when(event: Event) -> float:

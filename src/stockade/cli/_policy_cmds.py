@@ -121,7 +121,7 @@ def _host(rule: Any) -> str:
 
 def summary(policy: Policy, *, fmt: str, file: str, show_env: bool = False) -> str:
     """What ``policy`` grants, in a few aligned lines."""
-    from stockade.policy._schema import format_duration, format_size
+    from stockade.policy._units import format_duration, format_size
 
     kind = "AgentOS manifest" if fmt == "agentos" else "stockade policy"
     lines = [f"{file}: valid {kind} {policy.name!r}, mode {policy.mode}"]

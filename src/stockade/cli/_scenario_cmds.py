@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from stockade.cli._daemon_cmds import _JSON, _place, _where
+from stockade.cli._style import Duration
 from stockade.errors import DaemonError, PolicyError
 
 EXIT_POLICY = 3
@@ -208,10 +209,9 @@ def _tail(sock: str, run_id: str) -> str:
 @click.argument("name", metavar="NAME")
 @click.option(
     "--grace",
-    type=click.FloatRange(0, 3600),
-    default=10.0,
+    type=Duration(maximum=3600, zero=True),
+    default="10s",
     show_default=True,
-    metavar="SECONDS",
     help="How long each agent gets after SIGTERM before its cell is killed.",
 )
 @_JSON

@@ -58,9 +58,8 @@ from stockade.policy._schema import (
     covered_by,
     default_env,
     fail,
-    parse_duration,
-    show,
 )
+from stockade.policy._units import parse_duration, show
 
 AGENTOS_KEYS = (
     "name",
@@ -80,8 +79,9 @@ AGENTOS_KEYS = (
 )
 """Every key of an AgentOS manifest or policy, in AgentOS's own order."""
 
-AGENTOS_ONLY = frozenset(AGENTOS_KEYS) - {"name", "command", "mode", "env", "description"}
-"""Keys that mark a file as AgentOS: stockade has no key of these names."""
+AGENTOS_ONLY = frozenset(AGENTOS_KEYS) - {"name", "command", "mode", "env", "description", "user"}
+"""Keys that mark a file as AgentOS: stockade has no key of these names
+(``user`` is a key of both: a workbench's user in stockade's format)."""
 
 STOCKADE_EQUIVALENT: dict[str, tuple[str | None, str]] = {
     "allowed_hosts": ("network.allow", ""),

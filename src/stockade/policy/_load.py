@@ -40,6 +40,7 @@ from stockade.policy._model import (
     HostRule,
     Limits,
     LlmPolicy,
+    MountRule,
     NetworkPolicy,
     Policy,
     SecretPolicy,
@@ -55,8 +56,8 @@ from stockade.policy._schema import (
     Problems,
     covered_by,
     default_env,
-    show,
 )
+from stockade.policy._units import show
 from stockade.policy._workspace import workspace_problem
 
 MAX_BYTES = 1024 * 1024
@@ -756,6 +757,7 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
     problems.extend(_secret_problems(model))
 
     fs = model.filesystem
+    problems.extend(_mount_problems(model, workspace))
     system = fs.base == "system"
     read = _unique([*(SYSTEM_READ if system else ()), *fs.read])
     write = _unique(fs.write)
@@ -868,7 +870,13 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
         mode=model.mode,
         workspace=workspace,
         workdir=model.workdir,
-        filesystem=FilesystemPolicy(read=read, write=write, deny=deny, protect=protect),
+        filesystem=FilesystemPolicy(
+            read=read,
+            write=write,
+            deny=deny,
+            protect=protect,
+            mounts=tuple(MountRule(m.source, m.target, m.mode) for m in fs.mounts),
+        ),
         exec=ExecPolicy(allow=_unique(model.exec_.allow)),
         env=default_env(base=env.base, passthrough=env.pass_, values=dict(env.set_)),
         limits=Limits(
@@ -916,7 +924,76 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
             for secret in model.secrets
         ),
         source=source,
+        image=model.image,
+        user=model.user,
     )
+
+
+CELL_MACHINERY = ("/", "/proc", "/dev", "/sys", "/tmp", "/run/stockade")
+"""Places of the cell's own making that a ``filesystem.mounts`` target may not
+be or lie in (``/tmp`` itself is the cell's tmpfs, but a target inside it is
+fine): the kernel's views, the cell's devices, the broker's socket and CA."""
+
+
+def _mount_problems(model: PolicyFile, workspace: str | None) -> list[Problem]:
+    """``filesystem.mounts``: a source that exists and is not hidden, a target
+    that is not the cell's own machinery, the workspace, or another's target."""
+    problems: list[Problem] = []
+    fs = model.filesystem
+    targets: dict[str, int] = {}
+    deny = [*SECRETS_DENY, *fs.deny] if fs.base == "system" else list(fs.deny)
+    for index, mount in enumerate(fs.mounts):
+        where: PathKey = ("filesystem", "mounts", index)
+        source, target = mount.source, mount.target
+        if not os.path.lexists(source):
+            problems.append(
+                Problem((*where, "source"), f"{show(source)} does not exist; create it, or fix the path")
+            )
+        elif covered_by(source, deny) is not None:
+            problems.append(
+                Problem(
+                    (*where, "source"),
+                    f"{show(source)} is inside {show(covered_by(source, deny))} of filesystem.deny, "
+                    "which stays hidden; mount something else",
+                )
+            )
+        machinery = next(
+            (
+                m
+                for m in CELL_MACHINERY
+                if target == m or (m not in ("/", "/tmp") and target.startswith(m + "/"))
+            ),
+            None,
+        )
+        if machinery is not None:
+            problems.append(
+                Problem(
+                    (*where, "target"),
+                    f"{show(target)} is "
+                    + ("" if target == machinery else f"inside {show(machinery)}, ")
+                    + "part of the cell's own view (its root, /proc, /dev, /sys, /tmp, /run/stockade); "
+                    "choose another target, such as '/mnt/data'",
+                )
+            )
+        if workspace is not None and target == workspace:
+            problems.append(
+                Problem(
+                    (*where, "target"),
+                    f"{show(target)} is the workspace, which is mounted there already; "
+                    "choose another target",
+                )
+            )
+        if target in targets:
+            problems.append(
+                Problem(
+                    (*where, "target"),
+                    f"{show(target)} is already the target of filesystem.mounts[{targets[target]}]; "
+                    "give each mount its own target",
+                )
+            )
+        else:
+            targets[target] = index
+    return problems
 
 
 def _secret_problems(model: PolicyFile) -> list[Problem]:

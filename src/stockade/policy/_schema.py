@@ -14,12 +14,10 @@ Importing this module imports pydantic: only ``_load`` and ``_agentos`` do.
 
 from __future__ import annotations
 
-import math
 import posixpath
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Annotated, Any, Literal, NoReturn, TypeVar, get_args
 from urllib.parse import urlsplit
 
@@ -29,6 +27,16 @@ from pydantic_core import PydanticCustomError
 from stockade.policy._default import DEFAULT_LIMITS, DEFAULT_PASSTHROUGH, DEFAULT_PATH
 from stockade.policy._match import normalize_host_pattern
 from stockade.policy._model import FRAMING_HEADERS, EnvPolicy
+from stockade.policy._units import (  # the grammar of values, shared with the CLI's flags
+    DURATION_PATTERN,
+    SIZE_PATTERN,
+    format_duration,
+    format_size,
+    parse_cpu,
+    parse_duration,
+    parse_size,
+    show,
+)
 
 T = TypeVar("T")
 PathKey = tuple[str | int, ...]
@@ -56,28 +64,6 @@ LLM_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://ap
 def fail(detail: str) -> NoReturn:
     """Raise the validation error the loader turns into ``<field> <detail>``."""
     raise PydanticCustomError("policy", "{detail}", {"detail": detail})
-
-
-_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def show(value: object) -> str:
-    """A value as a message shows it: text quoted (control characters escaped,
-    the middle of a long one left out), YAML words for the rest."""
-    if isinstance(value, str):
-        text = "".join(_ESCAPES.get(c, f"\\x{ord(c):02x}") if c < " " or c == "\x7f" else c for c in value)
-        if len(text) > 80:
-            text = text[:60] + "…" + text[-15:]
-        return "'" + text.replace("'", "\\'") + "'"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return str(value)
 
 
 def _checked(check: Callable[[Any], T]) -> Callable[[Any], T]:
@@ -116,126 +102,6 @@ class Problems(Exception):
 
 
 # ---------------------------------------------------------------------------- units
-
-_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*([kmgtp]?)(?:i?b|bytes?)?$", re.IGNORECASE)
-SIZE_PATTERN = r"^(\d+(\.\d+)?|\.\d+) *([kKmMgGtTpP]?)([iI]?[bB]|[bB][yY][tT][eE][sS]?)?$"
-
-_DURATION_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-    "d": 86400.0,
-}
-_DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ns|us|µs|μs|ms|s|m|h|d)", re.IGNORECASE)
-_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*$")
-DURATION_PATTERN = r"^( *(\d+(\.\d+)?|\.\d+) *(ns|us|µs|μs|ms|s|m|h|d))+ *$|^ *(\d+(\.\d+)?|\.\d+) *$"
-
-
-def parse_size(value: object) -> int:
-    """Bytes from ``512``, ``'512M'``, ``'2G'``, ``'1.5GiB'``; units are powers of 1024.
-
-    Raises:
-        ValueError: not a size; the message says how to write one.
-    """
-    hint = "write a number of bytes or a number with a unit, such as '512M' or '2G'"
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"{show(value)} is not a size; {hint}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{value} is negative; {hint}")
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value) or value < 0 or not value.is_integer():
-            raise ValueError(f"{show(value)} is not a whole number of bytes; {hint}")
-        return int(value)
-    match = _SIZE.match(value.strip())
-    if match is None:
-        raise ValueError(f"{show(value)} is not a size; {hint}")
-    number, unit = match.groups()
-    return round(Fraction(number) * _SIZE_UNITS[unit.lower()])  # exact, even past 2**53
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from ``30``, ``1.5``, ``'30s'``, ``'5m'``, ``'1h30m'``, ``'500ms'``, ``'2d'``.
-
-    Units: ns, us (µs), ms, s, m, h, d, as in Go's ``time.ParseDuration`` plus
-    days; a bare number is seconds.
-
-    Raises:
-        ValueError: not a duration; the message says how to write one.
-    """
-    hint = "write a number of seconds or a number with a unit, such as '30s', '5m' or '1h'"
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"{show(value)} is not a duration; {hint}")
-    if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{show(value)} is not a duration; {hint}")
-        return float(value)
-    plain = _NUMBER.match(value)
-    if plain is not None:
-        return float(plain.group(1))
-    total, end = 0.0, 0
-    for part in _DURATION_PART.finditer(value):
-        if part.start() != end:
-            break
-        total += float(part.group(1)) * _DURATION_UNITS[part.group(2).lower()]
-        end = part.end()
-    if end == 0 or value[end:].strip():
-        raise ValueError(f"{show(value)} is not a duration; {hint}")
-    return total
-
-
-def parse_cpu(value: object) -> float:
-    """Cores from ``2``, ``0.5``, ``'0.5'`` or a percentage of one core, ``'50%'``.
-
-    Raises:
-        ValueError: not a positive CPU amount.
-    """
-    hint = "write a number of cores such as 0.5 or 2, or a percentage of one core such as '50%'"
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"{show(value)} is not a CPU amount; {hint}")
-    if isinstance(value, str):
-        text = value.strip()
-        percent = text.endswith("%")
-        match = _NUMBER.match(text[:-1] if percent else text)
-        if match is None:
-            raise ValueError(f"{show(value)} is not a CPU amount; {hint}")
-        cores = float(match.group(1)) / (100 if percent else 1)
-    else:
-        cores = float(value)
-    if not math.isfinite(cores) or cores <= 0:
-        raise ValueError(f"{show(value)} is not more than zero; {hint}")
-    return cores
-
-
-def format_size(n: int) -> str:
-    """``2147483648`` → ``'2 GiB'``; exact, so that it parses back to ``n``."""
-    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= factor and n % factor == 0:
-            return f"{n // factor} {unit}"
-    return f"{n} bytes"
-
-
-def format_duration(seconds: float) -> str:
-    """``5400`` → ``'1h30m'``; ``0.25`` → ``'250ms'``."""
-    if seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    whole = int(seconds)
-    if whole != seconds:
-        return f"{seconds:g}s"
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if whole >= size:
-            parts.append(f"{whole // size}{unit}")
-            whole %= size
-    return "".join(parts)
-
 
 # ---------------------------------------------------------------------------- paths
 
@@ -548,6 +414,38 @@ def _files(value: object) -> int:
         raise ValueError(f"{value} is more than {2**31 - 1} files; write a smaller number, or 'unlimited'")
     return value
 
+_IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+_USER_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
+
+
+def _image_ref(value: str) -> str:
+    if not _IMAGE_REF.match(value):
+        raise ValueError(
+            f"{show(value)} is not an image reference; write a name:tag given at `stockade image "
+            "import` or `build` (such as 'task:latest'), or a digest such as 'sha256:3f2a…'"
+        )
+    return value
+
+
+def _cell_user(value: object) -> str:
+    if isinstance(value, bool):
+        raise ValueError(f"{show(value)} is not a user; write root, a user name of the image, or a uid")
+    if isinstance(value, int):
+        if not 0 <= value <= 65534:
+            raise ValueError(f"{value} is outside the cell's ids 0 to 65534; write a uid in that range")
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{show(value)} is not a user; write root, a user name of the image, or a uid")
+    if value.isdigit():
+        return _cell_user(int(value))
+    if not _USER_NAME.match(value):
+        raise ValueError(
+            f"{show(value)} is not a user name (lower-case letters, digits, '_', '-', '.'); "
+            "write root, a user name of the image's /etc/passwd, or a uid"
+        )
+    return value
+
+
 # ------------------------------------------------------------------- annotated types
 
 PathPattern = Annotated[str, AfterValidator(_checked(check_path))]
@@ -557,6 +455,17 @@ AbsFile = Annotated[str, AfterValidator(_checked(_abs_file))]
 Program = Annotated[str, AfterValidator(_checked(_program))]
 WorkspaceDir = Annotated[str, AfterValidator(_checked(_workspace))]
 Name = Annotated[str, AfterValidator(_checked(check_name))]
+ImageRef = Annotated[str, AfterValidator(_checked(_image_ref))]
+CellUser = Annotated[
+    str,
+    BeforeValidator(_checked(_cell_user)),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": 65534}],
+            "description": "root, a user name of the image's /etc/passwd, or a uid.",
+        }
+    ),
+]
 EnvName = Annotated[str, AfterValidator(_checked(check_env_name))]
 EnvValue = Annotated[str, AfterValidator(_checked(_no_nul))]
 CommandArg = Annotated[str, AfterValidator(_checked(_no_nul))]
@@ -765,6 +674,16 @@ class FilesystemSection(_Section):
         description="Read-only inside writable paths, even before they exist; "
         "relative entries are inside the workspace.",
     )
+    mounts: list[MountSection] = Field(
+        default_factory=list,
+        description="Host paths shown at other paths inside: [{source, target, mode: ro|rw}].",
+    )
+
+
+class MountSection(_Section):
+    source: AbsFile = Field(description="The host path shown (a directory or a file); it must exist.")
+    target: AbsFile = Field(description="Where the cell sees it.")
+    mode: Literal["ro", "rw"] = Field("ro", description="Read-only (ro) or read-write (rw).")
 
 
 class ExecSection(_Section):
@@ -919,6 +838,17 @@ class PolicyFile(_Section):
         "absent means a fresh temporary directory.",
     )
     workdir: AbsDir | None = Field(None, description="Working directory; absent means the workspace.")
+    image: ImageRef | None = Field(
+        None,
+        description="A workbench image (name:tag or sha256:...) whose root filesystem is the cell's /; "
+        "absent means the host's own system directories.",
+    )
+    user: CellUser | None = Field(
+        None,
+        description="Who the command runs as inside: root (uid 0 of the cell's user namespace, never "
+        "host root), a user name of the image's /etc/passwd, or a uid; absent means the image's "
+        "user, or the agent (uid 1000).",
+    )
     filesystem: FilesystemSection = Field(default_factory=lambda: FilesystemSection.model_validate({}))
     exec_: ExecSection = Field(default_factory=lambda: ExecSection(), alias="exec")
     env: EnvSection = Field(default_factory=lambda: EnvSection.model_validate({}))

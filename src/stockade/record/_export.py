@@ -159,8 +159,7 @@ def _escape(ch: str) -> str:
     return f"\\U{code:08x}"
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DATEISH = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def parse_since(text: str, *, now: float | None = None) -> float:
@@ -173,15 +172,21 @@ def parse_since(text: str, *, now: float | None = None) -> float:
         ValueError: ``text`` is neither; the message shows both forms.
     """
     stripped = text.strip()
-    match = _DURATION.fullmatch(stripped)
-    if match:
+    # Durations in the one grammar of them (the policy's: 90s, 1h30m, 1d2h, 2w).
+    from stockade.policy._units import parse_duration
+
+    try:
+        back = None if _DATEISH.match(stripped) else parse_duration(stripped)
+    except ValueError:
+        back = None
+    if back is not None:
         current = time.time() if now is None else now
-        return current - float(match.group(1)) * _UNITS[match.group(2)]
+        return current - back
     try:
         moment = datetime.fromisoformat(stripped)
     except ValueError:
         raise ValueError(
-            f"{text!r} is neither an ISO-8601 time (2026-11-30T12:00:00Z) nor a duration (90s, 10m, 2h, 7d)"
+            f"{text!r} is neither an ISO-8601 time (2026-11-30T12:00:00Z) nor a duration (90s, 10m, 1d2h, 7d)"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)

@@ -14,18 +14,18 @@ def write_jsonl(path: str, events: Iterable[Event]) -> None:
 
     The file is written beside its destination and renamed into place, so an
     interrupted write leaves the previous file (or none), never a torn one.
+    Mode 0600, as ``stockade export`` writes: events name the operator's files
+    and the agent's arguments.
+
+    Raises:
+        OSError: the directory does not exist or cannot be written.
     """
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         for event in events:
             f.write(json.dumps(event.to_dict(), sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def read_jsonl(path: str) -> list[dict[str, object]]:
-    """Read back what ``write_jsonl`` wrote (for tests and tools)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

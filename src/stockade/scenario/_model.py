@@ -23,7 +23,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from stockade.errors import PolicyError
-from stockade.policy._schema import check_name, show
+from stockade.policy._schema import check_name
+from stockade.policy._units import show
 
 MAX_BYTES = 1024 * 1024
 """A scenario file is a page; a larger one is the wrong file."""

@@ -38,7 +38,8 @@ from typing import Any, Literal
 
 from stockade.daemon._client import Client, RemoteError
 from stockade.errors import DaemonError, ScenarioBusy, ScenarioError, ScenarioNotFound, StockadeError
-from stockade.policy._schema import check_name, show
+from stockade.policy._schema import check_name
+from stockade.policy._units import show
 from stockade.scenario._model import Agent, Scenario, run_variables
 
 UnitState = Literal["waiting", "starting", "running", "succeeded", "failed", "skipped", "stopped"]

@@ -1,0 +1,197 @@
+"""What a new user trips on (issue 13): one style of error line, one grammar of
+durations, one exit code per kind of problem, ``exec``'s Docker-like ``-e``,
+file modes, and the package's own surface."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+import stockade
+from stockade.cli.main import main
+from stockade.exit_codes import ExitCode
+from stockade.policy import loads_policy
+from stockade.policy._units import MAX_DURATION, parse_duration
+from stockade.record._export import parse_since
+
+JARGON = ("Error:", "Usage:", "Try '", "float range", "integer range", "x<=", "<=x", "x>=")
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_style(err: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines, "no error line was printed"
+    for line in lines:
+        assert line.startswith("stockade: "), line
+        assert not line.startswith("stockade exec:"), line
+    for word in JARGON:
+        assert word not in err, (word, err)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("stop", "r-1", "--grace", "2h"),
+        ("stop", "r-1", "--grace", "soon"),
+        ("logs", "r-1", "--tail", "-3"),
+        ("export", "--format", "xml"),
+        ("export", "--since", "yesterday-ish"),
+        ("no-such-command",),
+        ("run",),
+        ("ps", "--no-such-flag"),
+        ("exec", "--no-such-flag"),
+        ("exec", "--timeout", "soon", "--", "true"),
+        ("exec", "--timeout", "0", "--", "true"),
+        ("daemon", "--approval-timeout", "0"),
+    ],
+)
+def test_every_usage_error_is_one_line_in_one_style_and_exit_2(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    code, out, err = cli(capsys, *args)
+    assert code == ExitCode.USAGE
+    assert out == ""
+    assert_one_style(err)
+    assert len(err.splitlines()) == 1
+    assert "--help`" in err  # where the options are listed
+
+
+def test_a_range_is_said_in_words(capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, err = cli(capsys, "stop", "r-1", "--grace", "2h")
+    assert "'2h' is too long; give at most 1h" in err
+    _, _, err = cli(capsys, "logs", "r-1", "--tail", "-3")
+    assert "-3 is out of range: give at least 0" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90.0), ("1s", 1.0), ("500ms", 0.5), ("1h30m", 5400.0), ("1d2h", 93600.0), ("2w", 1209600.0)],
+)
+def test_one_grammar_of_durations_for_policies_and_flags(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+    assert parse_since(text, now=10_000_000.0) == 10_000_000.0 - seconds
+    policy = loads_policy(f"name: t\nlimits: {{timeout: {text}}}\n")
+    assert policy.limits.timeout == seconds
+
+
+def test_durations_on_flags_are_accepted(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Parsed, then the command goes on: here to a daemon that is not there (4), not a usage error (2).
+    sock = str(tmp_path / "none.sock")
+    code, _, err = cli(capsys, "stop", "r-1", "--grace", "1s", "--socket", sock)
+    assert code == ExitCode.DAEMON_UNREACHABLE, err
+    code, _, err = cli(capsys, "export", "--since", "1d2h", "--db", str(tmp_path / "none.db"))
+    assert code == ExitCode.NOT_FOUND, err
+
+
+@pytest.mark.parametrize("value", ["100000000d", "400d", "1.0e+20"])
+def test_an_implausibly_long_duration_is_a_policy_error_not_an_overflow(value: str) -> None:
+    with pytest.raises(stockade.PolicyError, match="is longer than 366d"):
+        loads_policy(f"name: t\nlimits: {{timeout: {value}}}\n")
+    assert parse_duration("366d") == MAX_DURATION
+
+
+def test_an_overlong_timeout_under_exec_is_exit_3_with_its_location(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("name: t\nlimits: {timeout: 100000000d}\n")
+    code, _, err = cli(capsys, "exec", "-p", str(policy), "--", "true")
+    assert code == ExitCode.POLICY
+    assert err.startswith(f"stockade: {policy}:2:19: limits.timeout '100000000d' is longer than")
+    assert "Traceback" not in err
+
+
+def test_exec_dash_e_sets_a_variable_as_docker_does(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STOCKADE_TEST_FROM_HERE", "here-value")
+    monkeypatch.delenv("STOCKADE_TEST_UNSET", raising=False)
+    code = main(
+        [
+            "exec",
+            "-e",
+            "FOO=bar",
+            "--env=EMPTY=",
+            "-e",
+            "STOCKADE_TEST_FROM_HERE",
+            "-e",
+            "STOCKADE_TEST_UNSET",
+            "--",
+            "sh",
+            "-c",
+            'echo "$FOO|$EMPTY|$STOCKADE_TEST_FROM_HERE|${STOCKADE_TEST_UNSET-unset}"',
+        ]
+    )
+    out, _ = capfd.readouterr()
+    assert code == 0
+    assert out == "bar||here-value|unset\n"
+    assert not (tmp_path / "FOO=bar").exists()  # it used to be the events file
+
+
+def test_exec_env_refuses_what_is_not_a_name(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, "exec", "-e", "=x", "--", "true")
+    assert code == ExitCode.USAGE
+    assert "--env '=x' does not start with a variable's name" in err
+
+
+def test_exec_events_to_a_missing_directory_is_refused_before_the_command_runs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    events = str(tmp_path / "no" / "f")
+    code, _, err = cli(capsys, "exec", "-w", str(tmp_path), "--events", events, "--", "touch", str(marker))
+    assert code == ExitCode.USAGE
+    assert_one_style(err)
+    assert "does not exist; create it first" in err
+    assert not marker.exists()
+
+
+def test_exec_events_file_is_0600_like_export(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    old = os.umask(0o022)
+    try:
+        code = main(["exec", "-q", "--events", str(events), "--", "true"])
+    finally:
+        os.umask(old)
+    capfd.readouterr()
+    assert code == 0
+    assert stat.S_IMODE(events.stat().st_mode) == 0o600
+    assert events.read_text().count("\n") >= 1
+
+
+def test_the_package_lists_its_lazy_names() -> None:
+    names = dir(stockade)
+    for name in ("Cell", "load_policy", "StoreError", "PolicyError"):
+        assert name in names
+    for name in stockade.__all__:
+        assert getattr(stockade, name) is not None
+    assert stockade.StoreError.__name__ == "StoreError"
+
+
+def test_cell_run_takes_input_as_bytes() -> None:
+    data = b"line\n" * 50_000  # more than a pipe holds: fed while the command reads
+    with stockade.Cell(stockade.default_policy()) as cell:
+        result = cell.run(["sh", "-c", "wc -c"], input=data)
+        assert result.exit_code == 0
+        assert result.stdout == f"{len(data)}\n".encode()
+        with pytest.raises(ValueError, match="stdin or input"):
+            cell.run(["true"], stdin=0, input=b"")
+
+
+def test_dead_code_is_gone() -> None:
+    from stockade.broker._tripwire import Tripwire
+    from stockade.cell import _cgroup
+    from stockade.record import _jsonl
+
+    assert not hasattr(Tripwire, "claim_halt")
+    assert not hasattr(_cgroup, "LIMIT_CONTROLLERS")
+    assert not hasattr(_jsonl, "read_jsonl")
