@@ -94,6 +94,15 @@ FLOOD_AGENT = textwrap.dedent(
                 if key == "ok":
                     out["last_seq"] = got["result"]["seq"]
             s.close()
+        elif op == "intents":  # one intent after another on one connection, as fast as answered
+            s = connect()
+            out = {}
+            for i in range(step["n"]):
+                s.sendall(intent(i + 1, step["intent"], step["args"]))
+                got = read_frame(s)
+                key = "ok" if got.get("ok") else got["error"]["code"]
+                out[key] = out.get(key, 0) + 1
+            s.close()
         elif op == "llm":  # many connections to the cell's LLM endpoint, held open
             from urllib.parse import urlsplit
             where = urlsplit(os.environ["OPENAI_BASE_URL"])
@@ -238,6 +247,50 @@ def test_a_tool_record_flood_stops_at_its_budget_and_loses_nothing_acknowledged(
     assert len(calls) == 15 and calls[-1]["seq"] == got["last_seq"], "an acknowledged call is missing"
     refusals = [e for e in stored if e["kind"] == "budget.exceeded"]
     assert len(refusals) == 1 and "budget of 65536" in refusals[0]["detail"]["reason"]
+
+
+def test_an_intent_flood_stops_at_its_budget_with_one_event_and_others_go_on(tmp_path: Path) -> None:
+    """Every intent is an event: past its family's budget an intent is refused
+    with no event of its own, the first refusal is one ``budget.exceeded``,
+    and another run's intents (its own budget) are served and recorded."""
+    from stockade.daemon._tools import RecordBudgets
+
+    fifo = workspace(tmp_path, "ws-flooder") / "hold"
+    os.mkfifo(fifo, 0o666)
+    granted = tmp_path / "granted"
+    read = {"op": "intents", "n": 200, "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+    flood = [read, {"op": "block", "fifo": str(fifo)}]
+    rule = {"id": "read-granted", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}}
+    tools = [rule]
+    flooder = flood_policy(tmp_path, flood, name="flooder", tools=tools)
+    other = flood_policy(tmp_path, [{**read, "n": 20}], name="other", tools=tools)
+    # A burst of 50 and a rate the test's few seconds cannot refill (1 a minute).
+    budgets = RecordBudgets.intents(rate=1 / 60, burst=50)
+    with daemon_at(tmp_path, intent_budgets=budgets) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        held = wire.call("run.start", {"policy_path": str(flooder), "detach": True})
+        wait_output(dt.socket_path, held["id"], '"blocking"')  # the flood is over, its run held
+        _info, lines = run_to_end(wire, events, other)
+        assert lines[0]["out"] == {"ok": 20}, lines  # the other family's budget is its own
+        status = wire.call("status")
+        assert status["store"]["intents_refused"] == {held["id"]: 150}
+        release(fifo)
+        events.until(kind_is("run.end", held["id"]))
+        got = _lines(wire, held["id"])[0]["out"]
+        other_id = _info["id"]
+    assert got == {"ok": 50, "denied": 150}, got
+    stored = _stored(str(tmp_path / "state" / "events.db"), held["id"])
+    assert len([e for e in stored if e["kind"] == "intent"]) == 50
+    refusals = [e for e in stored if e["kind"] == "budget.exceeded"]
+    assert len(refusals) == 1, "one event for the whole flood, not one per refusal"
+    detail = refusals[0]["detail"]
+    assert detail["method"] == "intent" and detail["intent"] == "fs.read"
+    assert "faster than" in detail["reason"] and "a burst of 50" in detail["reason"]
+    end = next(e for e in stored if e["kind"] == "run.end")
+    assert end["detail"]["denials"] == 0, "a budget refusal is no verdict: the tripwire does not count it"
+    theirs = _stored(str(tmp_path / "state" / "events.db"), other_id)
+    assert len([e for e in theirs if e["kind"] == "intent"]) == 20
 
 
 def test_the_store_reserve_refuses_agents_data_and_keeps_the_daemons_events(tmp_path: Path) -> None:

@@ -10,6 +10,16 @@ loop, the recorder, the tokens, the approvals, the agents, the pool of
 ``exec`` threads, and ``halt``, the callback that halts a run whose tripwire
 tripped). ``Runs`` (``_runs``) makes it and calls in to close a run's
 approvals and to count a denial; it imports nothing of ``_runs``.
+
+Every intent is an event, so what a family of runs can make the daemon store
+this way is budgeted (``budgets``, ``_tools.RecordBudgets.intents``: a rate
+and a lifetime total of bytes of arguments), at the door, before the token
+or anything else is looked at: a flood of bad tokens or of a halted run's
+intents is budgeted too. Past it, an intent is refused (``denied``) without an
+event of its own; the family's first refusal is one ``budget.exceeded``
+event, the later ones are counted (``status``: ``intents_refused``). Not
+counted toward the tripwire: the budget protects the daemon, it is no verdict
+on what the agent asked.
 """
 
 from __future__ import annotations
@@ -17,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hmac
+import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -54,12 +66,15 @@ class IntentPath:
         agents: Agents,
         workbench_pool: concurrent.futures.ThreadPoolExecutor,
         halt: Callable[[Run, str], Awaitable[None]],
+        budgets: _tools.RecordBudgets | None = None,
     ) -> None:
         """
         Args:
             workbench_pool: the threads ``exec`` intents run in (their owner shuts it down).
             halt: halts a run (``Runs.halt``): called when a denial trips its tripwire.
+            budgets: what each family may store by intents (``RecordBudgets.intents()``).
         """
+        self.budgets = budgets if budgets is not None else _tools.RecordBudgets.intents()
         self.loop = loop
         self.recorder = recorder
         self.tokens = tokens
@@ -215,6 +230,9 @@ class IntentPath:
                 "unavailable",
                 f"the event store cannot write, so no intent is served: {self.recorder.failure}",
             )
+        over = self._charge(run, args)
+        if over is not None:
+            return self._refuse_budget(run, cell, intent, over)
         check = self.check_token(run, params.get("token"))
         if check != TokenCheck.OK:
             return self.refuse_token(run, cell, intent, args, check)
@@ -241,6 +259,24 @@ class IntentPath:
         if decision.verdict == "allow" and intent in _READ_ONLY:
             return self._read_now(run, cell, intent, args, parsed, decision, tool_call)
         return self._decided(run, cell, intent, args, decision, tool_call)
+
+    def _charge(self, run: Run, args: Mapping[str, object]) -> str | None:
+        """Take one intent from its family's budget; why not, if it does not fit."""
+        above = self.agents.lineage(run)
+        family = above[-1].id if above else run.id
+        # The event stores the redacted arguments (long values cut): charge those.
+        size = len(json.dumps(redact(args), ensure_ascii=False, default=str))
+        return self.budgets.charge(family, size)
+
+    async def _refuse_budget(self, run: Run, cell: str, intent: str, why: str) -> dict[str, Any]:
+        above = self.agents.lineage(run)
+        family = above[-1].id if above else run.id
+        if self.budgets.refuse(family):
+            event = _tools.budget_event(run, cell, why, family, method="intent")
+            event = dataclasses.replace(event, detail={**event.detail, "intent": intent})
+            with contextlib.suppress(StoreError):  # the refusal stands whether or not it is stored
+                await self.recorder.record_soon([event])
+        raise RequestError("denied", f"intent {intent} refused: {why}")
 
     def check_token(self, run: Run, token: object) -> TokenCheck:
         """Whether ``token`` is ``run``'s and live (``_check_token``)."""

@@ -66,6 +66,7 @@ from stockade.daemon._relay import Relayed, wait_for_previous
 from stockade.daemon._relay import recover as recover_spool
 from stockade.daemon._requests import RequestError
 from stockade.daemon._run import WORKBENCHES_PER_RUN, Run, RunState
+from stockade.daemon._tools import RecordBudgets
 from stockade.errors import CellError, PolicyError, StockadeError, StoreError
 from stockade.policy import Policy
 from stockade.record import Event
@@ -173,6 +174,7 @@ class Runs:
         approval_timeout: float = 300.0,
         audit: Callable[[], AuditReader] | None = None,
         gateway: GatewayOptions | None = None,
+        intent_budgets: RecordBudgets | None = None,
     ) -> None:
         self.state_dir = state
         self.gateway_options = gateway if gateway is not None else _gateway_options()
@@ -207,6 +209,7 @@ class Runs:
             agents=self.agents,
             workbench_pool=self._workbench_pool,
             halt=self.halt,
+            budgets=intent_budgets,
         )
         self._cascades: set[asyncio.Task[None]] = set()
         """Stops of helpers whose parent was halted or ended (kept: a task needs a reference)."""

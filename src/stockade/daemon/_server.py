@@ -82,6 +82,7 @@ class Daemon:
         store_quota: int | None = None,
         store_reserve: int = STORE_RESERVE,
         record_budgets: RecordBudgets | None = None,
+        intent_budgets: RecordBudgets | None = None,
     ) -> None:
         """
         Args:
@@ -91,11 +92,13 @@ class Daemon:
             store_reserve: bytes below the quota (and of free disk) kept for
                 the daemon's own events.
             record_budgets: the ``tool.record`` budgets (``_tools``).
+            intent_budgets: the intents' budgets (``RecordBudgets.intents()``).
         """
         self.state = os.path.abspath(state)
         self.store_quota = store_quota
         self.store_reserve = store_reserve
         self.record_budgets = record_budgets or RecordBudgets()
+        self.intent_budgets = intent_budgets or RecordBudgets.intents()
         self.connections_refused: dict[str, int] = {}
         """Refused broker connections by run (``refused``)."""
         self.gateway = gateway
@@ -156,6 +159,7 @@ class Daemon:
                 host=self,
                 approval_timeout=self.approval_timeout,
                 gateway=self.gateway,
+                intent_budgets=self.intent_budgets,
             )
             self.runs.on_output_dropped = lambda run_id: self._record_drop("output", run_id)
             events = [self._daemon_event("daemon.start", f"daemon started (pid {os.getpid()})")]
@@ -416,6 +420,7 @@ class Daemon:
             store["reserve"] = journaled.reserve
             store["room_for_agents"] = journaled.room_for_agents() or "yes"
         store["tool_records_refused"] = self.record_budgets.refused()
+        store["intents_refused"] = self.intent_budgets.refused()
         live = [r for r in runs.runs.values() if not r.done.is_set()]
         return {
             "version": __version__,

@@ -72,6 +72,17 @@ RECORD_BURST = 500
 RECORD_BYTES = 64 * 1024 * 1024
 """Bytes of arguments and errors one family of runs may have stored by
 ``tool.record`` over its life (a thousand full 64 KiB calls)."""
+INTENT_RATE = 1000.0
+"""Intents a second one family of runs may make, sustained, each an event in
+the record (``_intent_path``). An agent waits for each answer and a model for
+each step: tens a second is a busy one; the daemon serves about 11,000 a
+second in all (docs/PERFORMANCE.md), so one family at this rate leaves the
+rest to the others, and a flood stores at most ~1 MB/s."""
+INTENT_BURST = 5000
+"""Intents a family may make at once before ``INTENT_RATE`` holds it back."""
+INTENT_BYTES = 1024 * 1024 * 1024
+"""Bytes of redacted intent arguments a family may have stored over its life
+(a million intents of 1 KiB: days of a busy agent, 17 minutes of a flood)."""
 
 
 @dataclass(slots=True)
@@ -83,8 +94,9 @@ class _Budget:
 
 
 class RecordBudgets:
-    """The ``tool.record`` budgets of every family of runs: a token bucket for
-    the rate, a count of bytes for the total. Pure, with its clock injected."""
+    """What every family of runs may make the daemon store by one door
+    (``tool.record`` by default; ``intents()`` for intents): a token bucket
+    for the rate, a count of bytes for the total. Pure, with its clock injected."""
 
     def __init__(
         self,
@@ -93,8 +105,13 @@ class RecordBudgets:
         burst: int = RECORD_BURST,
         total: int = RECORD_BYTES,
         clock: Callable[[], float] = time.monotonic,
+        doing: str = "recorded tool calls",
+        fix_rate: str = "record one per call of a tool",
+        what: str = "tool call arguments",
+        fix_bytes: str = "record less of each call's arguments",
     ) -> None:
         self.rate, self.burst, self.total = rate, burst, total
+        self._words = (doing, fix_rate, what, fix_bytes)
         self._clock = clock
         self._families: dict[str, _Budget] = {}
 
@@ -107,15 +124,16 @@ class RecordBudgets:
             budget = self._families[family] = _Budget(float(self.burst), now)
         budget.tokens = min(float(self.burst), budget.tokens + (now - budget.at) * self.rate)
         budget.at = now
+        doing, fix_rate, what, fix_bytes = self._words
         if budget.tokens < 1.0:
             return (
-                f"this run's family has recorded tool calls faster than {self.rate:g} a second "
-                f"(a burst of {self.burst}); record one per call of a tool"
+                f"this run's family has {doing} faster than {self.rate:g} a second "
+                f"(a burst of {self.burst}); {fix_rate}"
             )
         if budget.stored + size > self.total:
             return (
-                f"this run's family has stored {budget.stored} bytes of tool call arguments, and "
-                f"{size} more would pass its budget of {self.total}; record less of each call's arguments"
+                f"this run's family has stored {budget.stored} bytes of {what}, and "
+                f"{size} more would pass its budget of {self.total}; {fix_bytes}"
             )
         budget.tokens -= 1.0
         budget.stored += size
@@ -130,6 +148,27 @@ class RecordBudgets:
     def refused(self) -> dict[str, int]:
         """Refusals so far, by family (its root run's id), for ``status``."""
         return {family: b.refused for family, b in self._families.items() if b.refused}
+
+    @classmethod
+    def intents(
+        cls,
+        *,
+        rate: float = INTENT_RATE,
+        burst: int = INTENT_BURST,
+        total: int = INTENT_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> RecordBudgets:
+        """The budgets of intents (every one is an event: ``_intent_path``)."""
+        return cls(
+            rate=rate,
+            burst=burst,
+            total=total,
+            clock=clock,
+            doing="made intents",
+            fix_rate="wait for each answer before the next intent",
+            what="intent arguments",
+            fix_bytes="send less in each intent (write files in the workspace instead)",
+        )
 
 
 def check_tool_call_id(value: object) -> str | None:
@@ -302,16 +341,18 @@ def tool_call_event(run: Run, cell: str, fields: Mapping[str, Any]) -> Event:
     )
 
 
-def budget_event(run: Run, cell: str, why: str, family: str) -> Event:
-    """The one ``budget.exceeded`` event of a family's first refused ``tool.record``."""
+def budget_event(run: Run, cell: str, why: str, family: str, method: str = "tool.record") -> Event:
+    """The one ``budget.exceeded`` event of a family's first refused ``tool.record``
+    (``method``) or intent (``intent``, the refused intent's name in ``intent``)."""
+    what = "tool.record" if method == "tool.record" else "an intent"
     return Event(
         kind="budget.exceeded",
         cell=cell,
         layer="broker",
         outcome="denied",
         run=run.id,
-        summary=f"tool.record of run {run.id} refused, and its family's later ones counted: {why}",
-        detail={"method": "tool.record", "family": family, "reason": why},
+        summary=f"{what} of run {run.id} refused, and its family's later ones counted: {why}",
+        detail={"method": method, "family": family, "reason": why},
     )
 
 
@@ -320,6 +361,9 @@ def _bad(problem: str) -> RequestError:
 
 
 __all__ = [
+    "INTENT_BURST",
+    "INTENT_BYTES",
+    "INTENT_RATE",
     "RECORD_BURST",
     "RECORD_BYTES",
     "RECORD_RATE",
