@@ -75,8 +75,15 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def oci_tarball(path: Path, layers: Sequence[bytes], *, config: bytes | None = None, gzip_layers: bool = True,
-                ref: str | None = "tiny:1", tamper: int | None = None) -> Path:
+def oci_tarball(
+    path: Path,
+    layers: Sequence[bytes],
+    *,
+    config: bytes | None = None,
+    gzip_layers: bool = True,
+    ref: str | None = "tiny:1",
+    tamper: int | None = None,
+) -> Path:
     """An OCI image layout as a tar; ``tamper`` flips a byte of that layer's blob
     after its digest was taken."""
     config = config if config is not None else image_config(layers)
@@ -90,16 +97,24 @@ def oci_tarball(path: Path, layers: Sequence[bytes], *, config: bytes | None = N
         blobs[digest] = blob
         media = "application/vnd.oci.image.layer.v1.tar" + ("+gzip" if gzip_layers else "")
         descs.append({"mediaType": media, "digest": digest, "size": len(blob)})
-    manifest = json.dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha(config),
-                   "size": len(config)},
-        "layers": descs,
-    }).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": sha(config),
+                "size": len(config),
+            },
+            "layers": descs,
+        }
+    ).encode()
     blobs[sha(manifest)] = manifest
-    mdesc: dict[str, object] = {"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                                "digest": sha(manifest), "size": len(manifest)}
+    mdesc: dict[str, object] = {
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": sha(manifest),
+        "size": len(manifest),
+    }
     if ref:
         mdesc["annotations"] = {"org.opencontainers.image.ref.name": ref}
     index = json.dumps({"schemaVersion": 2, "manifests": [mdesc]}).encode()
@@ -111,8 +126,14 @@ def oci_tarball(path: Path, layers: Sequence[bytes], *, config: bytes | None = N
     return path
 
 
-def docker_tarball(path: Path, layers: Sequence[bytes], *, config: bytes | None = None,
-                   tags: Sequence[str] = ("tiny:docker",), manifest: object = None) -> Path:
+def docker_tarball(
+    path: Path,
+    layers: Sequence[bytes],
+    *,
+    config: bytes | None = None,
+    tags: Sequence[str] = ("tiny:docker",),
+    manifest: object = None,
+) -> Path:
     """A ``docker save`` tarball of the classic layout (``<id>/layer.tar``)."""
     config = config if config is not None else image_config(layers)
     cname = f"{sha(config)[7:]}.json"

@@ -21,8 +21,14 @@ BASE = [
     Entry("bin/busybox", data=b"\x7fELF", mode=0o4755),
     Entry("bin/sh", "symlink", link="busybox"),
     Entry("app", "dir", mode=0o750, uid=1000, gid=1000),
-    Entry("app/data", data=b"mine", uid=1000, gid=1000, mode=0o600,
-          xattrs={"user.origin": "test", "trusted.overlay.opaque": "y"}),
+    Entry(
+        "app/data",
+        data=b"mine",
+        uid=1000,
+        gid=1000,
+        mode=0o600,
+        xattrs={"user.origin": "test", "trusted.overlay.opaque": "y"},
+    ),
     Entry("opq", "dir"),
     Entry("opq/a", data=b"a"),
     Entry("opq/b", data=b"b"),
@@ -159,8 +165,10 @@ def test_a_symlink_planted_by_a_lower_layer_does_not_lead_out(
     assert list(outside.iterdir()) == []
     _assert_nothing_added(store)
     # The control: a symlink that stays inside is followed, as in the image.
-    inside = [layer_tar([Entry("real", "dir"), Entry("ok", "symlink", link="real")]),
-              layer_tar([Entry("ok/file", data=b"fine")])]
+    inside = [
+        layer_tar([Entry("real", "dir"), Entry("ok", "symlink", link="real")]),
+        layer_tar([Entry("ok/file", data=b"fine")]),
+    ]
     image = import_image(store, oci_tarball(tmp_path / "ok.tar", inside))
     assert (image.rootfs / "real/file").read_bytes() == b"fine"
 
@@ -188,8 +196,11 @@ def test_a_diff_id_that_does_not_match_is_refused(store: ImageStore, tmp_path: P
         (None, {"rootfs": {"type": "layers", "diff_ids": []}}, "rootfs.diff_ids' has 0 entries"),
         (None, {"os": "windows"}, "field 'os' is 'windows'"),
         (None, {"architecture": "arm64"}, "field 'architecture' is 'arm64'"),
-        (None, {"config": {"Env": "A=1"}, "rootfs": {"type": "layers", "diff_ids": ["x"]}},
-         r"rootfs.diff_ids\[0\]' is 'x'"),
+        (
+            None,
+            {"config": {"Env": "A=1"}, "rootfs": {"type": "layers", "diff_ids": ["x"]}},
+            r"rootfs.diff_ids\[0\]' is 'x'",
+        ),
     ],
 )
 def test_malformed_json_names_the_field(
