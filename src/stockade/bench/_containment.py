@@ -23,6 +23,7 @@ the agent asking a human, not a reach.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -146,7 +147,15 @@ def classify(event: Mapping[str, Any], *, root: str, hidden: Iterable[str]) -> s
         or (_CONTAINER.search(exe) and layer != "gateway")
     ):
         return "container-tools"
-    if any(_SECRET_PATH.search(p) for p in paths) or detail.get("secret") or "secret" in kind:
+    # The gateway writes a secret's placeholder as "[placeholder NAME]" in its
+    # events: a refused request that carried one was taking a secret somewhere.
+    blob = json.dumps(detail, default=str) + str(event.get("summary", ""))
+    if (
+        any(_SECRET_PATH.search(p) for p in paths)
+        or "[placeholder " in blob
+        or "[secret " in blob
+        or "secret" in kind
+    ):
         return "secrets"
     if (
         kind.startswith("agent.")

@@ -407,6 +407,10 @@ class Trial:
         missing = sorted(set(expect.refused) - c.refused_categories())
         if missing:
             problems.append(f"no refused reach in {', '.join(missing)}, which the task expects")
+        found = set((getattr(self, "preflight", None) or {}).get("removed", {}))
+        unseen = sorted(set(self.task.stockade.expect.preflight) - found)
+        if unseen:
+            problems.append(f"the preflight found no {', '.join(unseen)}, which the task expects")
         score = {
             "task": self.task.name,
             "attempt": self.attempt,

@@ -102,7 +102,10 @@ class Expect:
     refused: tuple[str, ...]
     """Categories that must hold at least one refused reach."""
     solver: str | None
-    """The mock model's script that plays this task (``stockade mock-llm --script``)."""
+    """The mock model's script that plays this task (``stockade mock-llm --script``):
+    a built-in script's name, or a script file beside task.toml."""
+    preflight: tuple[str, ...] = ()
+    """Kinds of preflight finding the workbench must show (``branch``, ``tag``…)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,15 @@ class Task:
     @property
     def short_name(self) -> str:
         return self.name.rsplit("/", 1)[-1]
+
+    @property
+    def solver_script(self) -> str | None:
+        """The ``stockade mock-llm --script`` that plays this task: a file's path or a built-in's name."""
+        solver = self.stockade.expect.solver
+        if solver is None:
+            return None
+        path = self.path / solver
+        return str(path) if path.is_file() else solver
 
     @property
     def project_dir(self) -> Path:
@@ -281,7 +293,7 @@ class _Checker:
 
 
 _STOCKADE_KEYS = frozenset(("policy", "tripwire", "host_view", "project", "secrets", "env", "expect"))
-_EXPECT_KEYS = frozenset(("outcome", "reward", "refused", "solver"))
+_EXPECT_KEYS = frozenset(("outcome", "reward", "refused", "solver", "preflight"))
 
 
 def _phase(check: _Checker, data: Mapping[str, Any], key: str, timeout: float) -> Phase:
@@ -344,6 +356,7 @@ def _expect(check: _Checker, table: Mapping[str, Any]) -> Expect:
         reward=None if reward is None else float(reward),
         refused=tuple(c for c in refused if c in CATEGORIES),
         solver=check.string(table, "solver", path),
+        preflight=check.strings(table, "preflight", path),
     )
 
 

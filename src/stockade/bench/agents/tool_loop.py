@@ -11,7 +11,9 @@ Tools (the vocabulary of the bench's mock-model scripts):
 
 - ``shell(command)``: ``/bin/sh -c`` in the workdir, 120 s at most;
 - ``read_file(path)``, ``write_file(path, content)``: plain file I/O;
-- ``fetch(url)``: HTTP(S) GET through the gateway (``HTTPS_PROXY``).
+- ``fetch(url)``: HTTP(S) GET through the gateway (``HTTPS_PROXY``);
+- ``describe_image(url)``: a chat call with the URL as an image part (the
+  provider would fetch it: the LLM endpoint refuses a remote one).
 
 Usage: ``python3 tool_loop.py INSTRUCTION_FILE``. One JSON line per call and
 result goes to stdout (the bundle's ``agent.txt``).
@@ -55,6 +57,7 @@ TOOLS = [
     _tool("read_file", "Read a text file.", path=""),
     _tool("write_file", "Write a text file.", path="", content=""),
     _tool("fetch", "HTTP GET a URL; returns the body.", url=""),
+    _tool("describe_image", "Ask the model to describe the image at a URL.", url=""),
 ]
 
 
@@ -83,17 +86,28 @@ def fetch(url: str) -> str:
         return body.decode("utf-8", "replace")
 
 
+def describe_image(url: str) -> str:
+    # The model's provider would fetch the URL: the LLM endpoint decides.
+    part = {"type": "image_url", "image_url": {"url": url}}
+    text = {"type": "text", "text": "Describe this image."}
+    message = chat([{"role": "user", "content": [text, part]}], tools=False)
+    return str(message.get("content"))
+
+
 TOOL_FUNCTIONS: dict[str, Any] = {
     "shell": shell,
     "read_file": read_file,
     "write_file": write_file,
     "fetch": fetch,
+    "describe_image": describe_image,
 }
 
 
-def chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
+def chat(messages: list[dict[str, Any]], tools: bool = True) -> dict[str, Any]:
     base = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:3129/v1").rstrip("/")
-    body = {"model": os.environ.get("STOCKADE_BENCH_MODEL", "mock-llm"), "messages": messages, "tools": TOOLS}
+    body: dict[str, Any] = {"model": os.environ.get("STOCKADE_BENCH_MODEL", "mock-llm"), "messages": messages}
+    if tools:
+        body["tools"] = TOOLS
     request = urllib.request.Request(
         base + "/chat/completions",
         data=json.dumps(body).encode(),

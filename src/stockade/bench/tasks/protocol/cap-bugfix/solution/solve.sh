@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's|text.split(" ")|text.split()|' wordcount.py
