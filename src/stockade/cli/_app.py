@@ -43,6 +43,8 @@ def _register() -> None:
     from stockade.cli._demo import demo
     from stockade.cli._doctor import doctor
     from stockade.cli._exec_cmd import exec_help
+    from stockade.cli._house_cmds import COMMANDS as HOUSE_COMMANDS
+    from stockade.cli._image_cmds import image
     from stockade.cli._mock_cmd import mock_llm
     from stockade.cli._policy_cmds import schema, validate
     from stockade.cli._record_cmds import export_cmd, verify
@@ -56,6 +58,7 @@ def _register() -> None:
         doctor,
         exec_help,
         export_cmd,
+        image,
         mock_llm,
         revert_cmd,
         scenario,
@@ -63,6 +66,7 @@ def _register() -> None:
         validate,
         verify,
         *DAEMON_COMMANDS,
+        *HOUSE_COMMANDS,
     ):
         cli.add_command(command)
 

@@ -309,7 +309,7 @@ class ImageStore:
         whether the image itself went.
 
         A name ref removes only that name, and the image with it when no other
-        name points there (as ``docker rmi``). A digest ref removes the image,
+        name points there and no named image was built from it (as ``docker rmi``). A digest ref removes the image,
         refused while a name points at it unless ``force`` (then the names go too).
 
         Raises:
@@ -329,7 +329,9 @@ class ImageStore:
                     f"image {digest[7:19]} is named {', '.join(others)}; remove the names "
                     f"(`stockade image rm {others[0]}`) or pass --force to remove it with them"
                 )
-            gone = not others or force
+            # An image another named image was built from stays, unnamed (as
+            # `docker rmi` keeps a parent): a rebuild of that one hits it in the cache.
+            gone = force or (not others and digest not in self.kept(names))
             if gone:
                 for other in others:
                     del names[other]
@@ -346,10 +348,10 @@ class ImageStore:
         os.rename(final, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
 
-    def kept(self) -> set[str]:
+    def kept(self, names: Mapping[str, str] | None = None) -> set[str]:
         """Digests that stay in a prune: named images and every image one of
         them was built from (its steps and base, which a rebuild hits in the cache)."""
-        names = self.names()
+        names = self.names() if names is None else names
         keep: set[str] = set()
         todo = list(names.values())
         while todo:
