@@ -309,8 +309,9 @@ class ImageStore:
         whether the image itself went.
 
         A name ref removes only that name, and the image with it when no other
-        name points there and no named image was built from it (as ``docker rmi``). A digest ref removes the image,
-        refused while a name points at it unless ``force`` (then the names go too).
+        name points there and no named image was built from it (as ``docker
+        rmi``). A digest ref removes the image, refused while a name points at
+        it unless ``force`` (then the names go too).
 
         Raises:
             ImageError: no such image, or names point at it and not ``force``.
