@@ -72,9 +72,15 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("env not pairs", {"env": ("A=B",)}, TypeError, "env entry"),
     (
         "unknown mount kind",
-        {"mounts": (("overlay", "/x", "", False, b"", (), -1, False),)},
+        {"mounts": (("aufs", "/x", "", False, b"", (), -1, False),)},
         ValueError,
         "kind",
+    ),
+    (
+        "overlay without its layers",
+        {"mounts": (("overlay", "/", "/img", True, b"", (), -1, False),)},
+        ValueError,
+        "overlay without an absolute image and upper",
     ),
     ("mount of 7 items", {"mounts": (("dir", "/x", "", False, b"", (), -1),)}, TypeError, "8 items"),
     ("relative dst", {"mounts": (("dir", "x", "", False, b"", (), -1, False),)}, ValueError, "absolute"),

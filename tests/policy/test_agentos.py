@@ -251,7 +251,6 @@ def test_the_format_is_told_by_the_keys(text: str, fmt: str) -> None:
         ("working_dir: /x", "workspace: /x", "write it as workdir"),
         ("timeout: 5m", "tools: []", "write it as limits.timeout"),
         ("forbidden_caps: []", "exec: {}", "remove it (a cell holds no capability at all), so that"),
-        ("user: nobody", "llm: {}", "remove it (stockade picks the cell's unprivileged uid itself)"),
         ("id: 1", "network: {}", "remove it (stockade names a policy by its name)"),
         ("stdin: close", "network: {}", "remove it (stockade exec passes its own stdin)"),
     ],

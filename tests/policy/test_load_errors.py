@@ -154,7 +154,7 @@ CASES: list[tuple[str, str, str, str]] = [
         "name: a\nfilesystem:\n  wirte: [/data]\n",
         "3:3",
         "filesystem.wirte is not a known key; did you mean 'write'? "
-        "(valid keys: base, read, write, deny, protect)",
+        "(valid keys: base, read, write, deny, protect, mounts)",
     ),
     (
         "unknown-key-case",
@@ -771,7 +771,7 @@ def test_every_problem_is_reported_in_file_order() -> None:
     assert exc.__notes__ == [
         "<string>:4:7: mode 'enforcing' is not one of 'enforce' or 'audit'; did you mean 'enforce'?",
         "<string>:6:3: filesystem.wirte is not a known key; did you mean 'write'? "
-        "(valid keys: base, read, write, deny, protect)",
+        "(valid keys: base, read, write, deny, protect, mounts)",
     ]
 
 

@@ -148,6 +148,10 @@ class HostFacts:
     audit_enabled: Fact[int | None] | None = None
     """The kernel's audit ``enabled`` (0 off, 1 on, 2 locked), from AUDIT_GET."""
     bwrap_version: Fact[str | None] | None = None
+    workbench: Fact[str] | None = None
+    """How a workbench's ``/`` is made here: "overlay" (overlayfs mounted in
+    the cell's user namespace over the idmapped image) or "copy" (the image
+    copied for each run); the cheap probe fills it in (``_workbench_layers``)."""
 
 
 # --------------------------------------------------------------------------- reading
@@ -455,6 +459,22 @@ def _which(name: str) -> str | None:
 _CAP_NAMES = {CAP_SYS_ADMIN: "sys_admin", CAP_AUDIT_CONTROL: "audit_control", 37: "audit_read"}
 
 
+def _workbench_layers(release: str) -> Fact[str]:
+    """Overlay for a workbench where the kernel has overlayfs that mounts in a
+    user namespace over idmapped layers (Linux 5.19), else a copy per run."""
+    listed = _read("/proc/filesystems") or ""
+    has = any(line.split()[-1:] == ["overlay"] for line in listed.splitlines())
+    new_enough = _kernel_version(release) >= (5, 19)
+    if has and new_enough:
+        return Fact("overlay", "overlay in /proc/filesystems, Linux >= 5.19 (idmapped layers in a userns)")
+    why = "no overlay in /proc/filesystems" if not has else f"Linux {release} < 5.19"
+    return Fact(
+        "copy",
+        f"{why}: each workbench run copies its image",
+        "modprobe overlay, or run Linux 5.19 or later, for workbenches that start without a copy",
+    )
+
+
 def _cheap() -> HostFacts:
     release = os.uname().release
     caps = _cap_eff()
@@ -496,6 +516,7 @@ def _cheap() -> HostFacts:
         cgroup_cpu=per["cpu"],
         cgroup_kill=kill,
         audit=_audit(caps),
+        workbench=_workbench_layers(release),
         bwrap=Fact(
             bwrap,
             "bwrap on PATH",
@@ -707,6 +728,15 @@ def requirements(policy: Policy) -> list[Requirement]:
             "when a cell ends, every process in it ends too",
         ),
     ]
+    if policy.image is not None or policy.user is not None:
+        reqs.append(
+            Requirement(
+                "workbench",
+                "root, to map a range of ids (root inside, never the host's); overlayfs in user "
+                "namespaces over idmapped layers (Linux 5.19), or else a copy of the image per run",
+                f"image: {policy.image}" if policy.image is not None else f"user: {policy.user}",
+            )
+        )
     limits = policy.limits
     if limits.memory is not None:
         reqs.append(
@@ -832,6 +862,11 @@ def _finding(req: Requirement, facts: HostFacts, mode: str) -> Finding:
                     "run auditctl -e 1, or give the daemon CAP_AUDIT_CONTROL",
                 )
         return Finding(req, a.value, a.how, a.fix)
+    if f == "workbench":
+        layers = facts.workbench or _workbench_layers(facts.kernel.value)
+        if not facts.root.value:
+            return Finding(req, False, "not root", "run stockade as root (a workbench maps 65535 ids)")
+        return Finding(req, True, f"root; {layers.value} ({layers.how})", layers.fix)
     if f == "cgroup":
         k = facts.cgroup_kill
         return Finding(req, k.value != "signals", k.value, k.fix)

@@ -46,10 +46,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from stockade.cell import _native
-from stockade.cell._plan import CELL_UID, SYSTEM_DEVICES, CellPlan
+from stockade.cell._plan import CELL_UID, SYSTEM_DEVICES, CellPlan, MountOp
 from stockade.errors import CellError
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+ID_COUNT = 65535
+"""Ids a workbench maps (``_workbench.ID_COUNT``, repeated here so that a
+launch imports no more than it needs)."""
 
 # <sched.h> clone flags (clone(2)).
 CLONE_NEWUSER = 0x10000000
@@ -90,6 +94,15 @@ class LaunchSpec:
     session: int | None = None
     """A descriptor (also in ``keep_fds``) on which the cell's init serves
     session calls instead of running ``argv`` (``_session``), or None."""
+    id_base: int | None = None
+    """For a plan with ``id_range``: the host id of the cell's id 0 (the
+    leased slot's second id, ``_workbench.ID_COUNT`` ids from it)."""
+    range_userns: int = -1
+    """A user namespace fd with that range (``_workbench.range_userns``), for
+    the idmapped layers of a workbench's overlay."""
+    upper: tuple[str, str, str] | None = None
+    """A workbench's upper layer: (the directory holding both, the upper's
+    name in it, overlay's work directory's name)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,21 @@ def idmap_userns(owner_uid: int, owner_gid: int, host_uid: int, host_gid: int) -
     fd = _USERNS_FDS.get(key)
     if fd is not None:
         return fd
+    try:
+        fd = userns_with_maps(f"{owner_uid} {host_uid} 1\n", f"{owner_gid} {host_gid} 1\n")
+    except CellError as exc:
+        raise CellError(f"could not map uid {owner_uid} for an idmapped mount: {exc}") from exc
+    _USERNS_FDS[key] = fd
+    return fd
+
+
+def userns_with_maps(uid_map: str, gid_map: str) -> int:
+    """The fd of a fresh user namespace with these maps, held by nothing else
+    (for ``mount_setattr(MOUNT_ATTR_IDMAP)``, which only reads its maps).
+
+    Raises:
+        CellError: the namespace could not be made (see ``stockade doctor``).
+    """
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     done_r, done_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -139,20 +167,19 @@ def idmap_userns(owner_uid: int, owner_gid: int, host_uid: int, host_gid: int) -
             raise CellError("could not create a user namespace for an idmapped mount; run `stockade doctor`")
         try:
             with open(f"/proc/{pid}/uid_map", "w") as f:
-                f.write(f"{owner_uid} {host_uid} 1\n")
+                f.write(uid_map)
             with open(f"/proc/{pid}/setgroups", "w") as f:
                 f.write("deny")
             with open(f"/proc/{pid}/gid_map", "w") as f:
-                f.write(f"{owner_gid} {host_gid} 1\n")
+                f.write(gid_map)
             fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            raise CellError(f"could not map uid {owner_uid} for an idmapped mount: {exc}") from exc
+            raise CellError(f"could not write the maps {uid_map.strip()!r}: {exc}") from exc
     finally:
         os.write(done_w, b"x")
         os.close(done_w)
         os.close(ready_r)
         os.waitpid(pid, 0)
-    _USERNS_FDS[key] = fd
     return fd
 
 
@@ -198,8 +225,14 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
     """
     plan = spec.plan
     users = {uid: fd for uid, _gid, fd in spec.idmap_userns}
-    mounts = tuple(
-        (
+
+    def native(op: MountOp) -> tuple[str, str, str, bool, bytes, tuple[str, ...], int, bool]:
+        if op.kind == "overlay":
+            if spec.upper is None:
+                raise ValueError("a workbench's overlay needs its upper layer (LaunchSpec.upper)")
+            base, upper, work = spec.upper
+            return (op.kind, op.dst, op.src, True, base.encode(), (upper, work), spec.range_userns, False)
+        return (
             op.kind,
             op.dst,
             op.src,
@@ -209,8 +242,8 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
             users.get(op.idmap_owner, -1) if op.idmap_owner is not None else -1,
             op.from_view,
         )
-        for op in plan.mounts
-    )
+
+    mounts = tuple(native(op) for op in plan.mounts)
     prepared = spec.landlock
     landlock = (
         None
@@ -234,6 +267,7 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
         userns_owner=spec.userns_owner,
         notify=spec.notify,
         session=spec.session,
+        identity=(plan.uid, plan.gid, plan.keep_caps) if plan.id_range else None,
     )
 
 
@@ -277,9 +311,17 @@ def _parent_side(spec: LaunchSpec, pid: int, status_r: int, go_w: int) -> Launch
         # setgroups must be denied before gid_map is written, except by a
         # writer with CAP_SETGID in the parent namespace (root); denying it
         # first is right for both.
-        _write_proc(proc + "uid_map", f"{CELL_UID} {plan.host_uid} 1\n".encode())
-        _write_proc(proc + "setgroups", b"deny")
-        _write_proc(proc + "gid_map", f"{CELL_UID} {plan.host_gid} 1\n".encode())
+        if spec.id_base is not None:
+            # A workbench's whole range (root inside for apt-get and dpkg):
+            # setgroups stays allowed, since every group it could name is
+            # the cell's own (C1 dropped the caller's supplementary groups).
+            ids = f"0 {spec.id_base} {ID_COUNT}\n".encode()
+            _write_proc(proc + "uid_map", ids)
+            _write_proc(proc + "gid_map", ids)
+        else:
+            _write_proc(proc + "uid_map", f"{CELL_UID} {plan.host_uid} 1\n".encode())
+            _write_proc(proc + "setgroups", b"deny")
+            _write_proc(proc + "gid_map", f"{CELL_UID} {plan.host_gid} 1\n".encode())
     except OSError as exc:
         raise CellError(
             f"could not map the cell's user (uid {CELL_UID} to host uid {plan.host_uid}): {exc}; "

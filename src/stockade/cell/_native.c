@@ -140,9 +140,12 @@ static const char ST_EXEC[] = "exec";
 
 /* ------------------------------------------------------------------ the spec */
 
-enum kind { K_BIND, K_TMPFS, K_DIR, K_SYMLINK, K_FILE, K_DECOY_FILE, K_DECOY_DIR, K_PROC, K_DEV, K_SYSFS, K_COUNT };
+enum kind {
+    K_BIND, K_TMPFS, K_DIR, K_SYMLINK, K_FILE, K_DECOY_FILE, K_DECOY_DIR, K_PROC, K_DEV, K_SYSFS, K_OVERLAY,
+    K_COUNT
+};
 static const char *const KIND_NAMES[K_COUNT] = {
-    "bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev", "sysfs"};
+    "bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev", "sysfs", "overlay"};
 
 struct op { /* one _plan.MountOp */
     int kind, writable, from_view, userns_fd;
@@ -153,6 +156,7 @@ struct op { /* one _plan.MountOp */
     unsigned char *name_is_dir;
     size_t n_names;
     int tree_fd, tree_is_dir; /* set by C1: the detached copy of a host bind */
+    int upper_fd;             /* overlay: set by C1, the detached copy of the upper's directory */
 };
 
 struct spec {
@@ -183,6 +187,8 @@ struct spec {
     int *keep, *c1_keep; /* sorted: what C2 hands to the command; what C1 keeps */
     long owner_uid, owner_gid; /* the host ids that create the cell's user namespace; -1: as called */
     int session_fd; /* session mode (_session_init.h): the init serves calls on it; -1: one command */
+    long cell_uid, cell_gid; /* the command's ids inside (_plan.CellPlan.uid): CELL_UID unless a workbench's */
+    uint64_t keep_caps;      /* capabilities kept inside the namespace (a workbench's root), else 0 */
     size_t n_keep, n_c1_keep;
     pid_t parent;
     PyObject *owned; /* what the pointers above point into, alive until spec_free */
@@ -390,11 +396,62 @@ static void build_dev(int fd, const char *dst, const struct op *op) {
     }
 }
 
-static void build_op(int fd, struct op *op, size_t index) {
+/* In a workbench's view (an image as its root), no mount point may lie
+ * behind a symbolic link: the planner resolved the image's own links inside
+ * the image (_workbench.resolve_in_image), so a link met here is one the
+ * upper layer holds (a kept upper of an earlier run, which the agent wrote),
+ * and following it from the staging root could lead anywhere, the host's
+ * root (/oldroot) included. The agent does not run yet: nothing changes
+ * between this check and the mount. */
+static void refuse_links(int fd, const char *dst) {
+    char path[PATH_MAX];
+    struct stat st;
+    size_t start = strlen("/newroot");
+    JOIN(fd, ST_VIEW, path, dst, NULL, NULL);
+    for (size_t i = start + 1;; i++) {
+        char saved = path[i];
+        if (saved != '/' && saved != '\0') continue;
+        path[i] = '\0';
+        if (lstat(path, &st) < 0) return; /* missing from here on: made fresh below */
+        if (S_ISLNK(st.st_mode)) {
+            errno = ELOOP;
+            die(fd, ST_VIEW, errno, path + start, " is a symbolic link in the image's view; remove it from the upper layer", NULL);
+        }
+        path[i] = saved;
+        if (saved == '\0') return;
+    }
+}
+
+static void build_overlay(int fd, const char *dst, struct op *op) {
+    /* The image's rootfs (lower, read-only) and the run's upper, both
+     * idmapped by C1 (on disk the image's ids, here the cell's), mounted here,
+     * inside the cell's user namespace: overlayfs then acts with the cell's
+     * credentials, never host root's (overlayfs(5): "userxattr", its
+     * xattrs in the user.overlay.* namespace, Linux 5.11). */
+    char options[PATH_MAX];
+    if (mkdir("/lower", 0700) < 0 || mkdir("/upper", 0700) < 0) die(fd, ST_VIEW, errno, "mkdir of the layers", NULL);
+    if (syscall(SYS_move_mount, op->tree_fd, "", AT_FDCWD, "/lower", CELL_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        die(fd, ST_VIEW, errno, "move_mount of the image ", op->src, NULL);
+    if (syscall(SYS_move_mount, op->upper_fd, "", AT_FDCWD, "/upper", CELL_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        die(fd, ST_VIEW, errno, "move_mount of the upper layer ", op->data, NULL);
+    must_close(fd, op->tree_fd, ST_VIEW, op->src);
+    must_close(fd, op->upper_fd, ST_VIEW, op->data);
+    op->tree_fd = op->upper_fd = -1;
+    if (join(options, sizeof options, "lowerdir=/lower,upperdir=/upper/", op->names[0], ",workdir=/upper/") < 0 ||
+        join(options + strlen(options), sizeof options - strlen(options), op->names[1], ",userxattr", NULL) < 0)
+        die(fd, ST_VIEW, errno, "overlay options", NULL);
+    do_mount(fd, "overlay", dst, "overlay", MS_NOSUID | MS_NODEV, options);
+}
+
+static void build_op(int fd, struct op *op, size_t index, int in_image) {
     char dst[PATH_MAX], path[PATH_MAX];
     int dir;
     JOIN(fd, ST_VIEW, dst, "/newroot", op->dst, NULL);
+    if (in_image && op->kind != K_OVERLAY) refuse_links(fd, dst);
     switch (op->kind) {
+    case K_OVERLAY:
+        build_overlay(fd, dst, op);
+        return;
     case K_BIND:
         if (!op->from_view) {
             if (op->tree_fd < 0) return; /* gone since planning: nothing to show */
@@ -528,7 +585,7 @@ static void build_view(int fd, struct spec *s) {
     if (chdir("/") < 0) die(fd, ST_VIEW, errno, "chdir /", NULL);
     do_mount(fd, "tmpfs", "/newroot", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
     touch(fd, "/empty");
-    for (size_t i = 0; i < s->n_ops; i++) build_op(fd, &s->ops[i], i);
+    for (size_t i = 0; i < s->n_ops; i++) build_op(fd, &s->ops[i], i, s->n_ops && s->ops[0].kind == K_OVERLAY);
     if (chdir("/newroot") < 0) die(fd, ST_VIEW, errno, "chdir /newroot", NULL);
     /* pivot_root(".", "."): the old root ends up on top of the new one and is
      * detached at once (pivot_root(2), NOTES). */
@@ -552,13 +609,22 @@ static void loopback_up(int fd) {
     must_close(fd, sock, ST_LOOPBACK, "loopback socket");
 }
 
-static void drop_privileges(int fd, int cap_last) {
+/* keep: the capabilities a workbench's root keeps (_plan.ROOT_CAPS), inside
+ * the cell's user namespace only; 0 for everyone else. Root then keeps them
+ * across exec (no SECBIT_NOROOT: the bounding set is what it gets, and
+ * no_new_privs caps it at what it had), and a setuid() away from root drops
+ * them as it would anywhere. */
+static void drop_privileges(int fd, int cap_last, uint64_t keep) {
     struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
     struct __user_cap_data_struct data[2];
     char number[24];
+    unsigned long bits = keep ? (SECBIT_NO_CAP_AMBIENT_RAISE | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED) : CELL_SECUREBITS;
     memset(data, 0, sizeof data);
-    if (prctl(PR_SET_SECUREBITS, CELL_SECUREBITS, 0, 0, 0) < 0) die(fd, ST_PRIVS, errno, "securebits", NULL);
+    data[0].permitted = data[0].effective = (uint32_t)keep;
+    data[1].permitted = data[1].effective = (uint32_t)(keep >> 32);
+    if (prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) < 0) die(fd, ST_PRIVS, errno, "securebits", NULL);
     for (int cap = 0; cap <= cap_last; cap++) {
+        if (keep & (1ull << cap)) continue;
         if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
             die(fd, ST_PRIVS, errno, "dropping capability ", digits_of(number, (unsigned long)cap), NULL);
     }
@@ -788,7 +854,7 @@ static int cell_init(void *arg) {
     if (sethostname("stockade", 8) < 0) die(fd, ST_HOSTNAME, errno, "sethostname", NULL);
     loopback_up(fd);
     if (chdir(s->workdir) < 0) die(fd, ST_WORKDIR, errno, "workdir ", s->workdir, NULL);
-    drop_privileges(fd, s->cap_last);
+    drop_privileges(fd, s->cap_last, s->keep_caps);
     /* The init is inside every layer it gives the command: it creates the
      * Landlock domain (the audit reader attributes the domain to this pid)
      * and loads seccomp; a hijacked command that reached it would gain
@@ -907,6 +973,24 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
         struct cell_mount_attr attr = {.attr_set = CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV};
         struct stat st;
         int tree;
+        if (op->kind == K_OVERLAY) {
+            /* The image, read-only, and the run's upper: both idmapped (the
+             * image's ids on disk are the cell's inside) while this is host root. */
+            struct cell_mount_attr lower = {.attr_set = CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV |
+                                                        CELL_MOUNT_ATTR_RDONLY | CELL_MOUNT_ATTR_IDMAP,
+                                            .userns_fd = (uint64_t)op->userns_fd};
+            struct cell_mount_attr upper = lower;
+            upper.attr_set &= ~(uint64_t)CELL_MOUNT_ATTR_RDONLY;
+            op->tree_fd = (int)syscall(SYS_open_tree, AT_FDCWD, op->src, CELL_OPEN_TREE_CLONE | O_CLOEXEC);
+            if (op->tree_fd < 0) die(fd, ST_GRANTS, errno, "open_tree of the image ", op->src, NULL);
+            if (syscall(SYS_mount_setattr, op->tree_fd, "", AT_EMPTY_PATH, &lower, sizeof lower) < 0)
+                die(fd, ST_GRANTS, errno, "idmapping the image ", op->src, NULL);
+            op->upper_fd = (int)syscall(SYS_open_tree, AT_FDCWD, op->data, CELL_OPEN_TREE_CLONE | O_CLOEXEC);
+            if (op->upper_fd < 0) die(fd, ST_GRANTS, errno, "open_tree of the upper layer ", op->data, NULL);
+            if (syscall(SYS_mount_setattr, op->upper_fd, "", AT_EMPTY_PATH, &upper, sizeof upper) < 0)
+                die(fd, ST_GRANTS, errno, "idmapping the upper layer ", op->data, NULL);
+            continue;
+        }
         if (op->kind != K_BIND || op->from_view) continue;
         tree = (int)syscall(SYS_open_tree, AT_FDCWD, op->src, CELL_OPEN_TREE_CLONE | O_CLOEXEC);
         if (tree < 0) {
@@ -952,9 +1036,9 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
     while (got < 0 && errno == EINTR);
     if (got != 1 || g != 'G') _exit(127); /* the parent gave up */
     must_close(fd, go, ST_PREPARING, "the go pipe");
-    if (syscall(SYS_setresgid, CELL_UID, CELL_UID, CELL_UID) < 0)
+    if (syscall(SYS_setresgid, s->cell_gid, s->cell_gid, s->cell_gid) < 0)
         die(fd, ST_PREPARING, errno, "setresgid", NULL);
-    if (syscall(SYS_setresuid, CELL_UID, CELL_UID, CELL_UID) < 0)
+    if (syscall(SYS_setresuid, s->cell_uid, s->cell_uid, s->cell_uid) < 0)
         die(fd, ST_PREPARING, errno, "setresuid", NULL);
     /* prctl(2): a change of effective uid or gid clears the parent-death
      * signal. Arm it again, or a SIGKILLed daemon would leave this cell
@@ -1157,6 +1241,20 @@ static int parse_op(struct spec *s, PyObject *item, Py_ssize_t i, struct op *op)
     op->n_names = (size_t)n;
     if (to_long(PyTuple_GET_ITEM(item, 6), -1, INT_MAX, "mounts.userns_fd", &userns) < 0) return -1;
     op->userns_fd = (int)userns;
+    op->upper_fd = -1;
+    if (op->kind == K_OVERLAY) {
+        /* src: the image's rootfs; data: the upper's host directory (NUL-free,
+         * absolute); names: (upper, work) inside it; userns_fd: the id range. */
+        if (op->src[0] != '/' || op->data_len == 0 || op->data[0] != '/' || op->data_len >= PATH_ROOM ||
+            memchr(op->data, '\0', op->data_len) != NULL || n != 2 || op->name_is_dir[0] ||
+            op->name_is_dir[1] || strchr(op->names[0], '/') || strchr(op->names[1], '/') ||
+            strlen(op->names[0]) + strlen(op->names[1]) > 512 || op->userns_fd < 0 || i != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "mounts[%zd] is an overlay without an absolute image and upper, the names of "
+                         "its upper and work directories, and an id range, or not the first mount", i);
+            return -1;
+        }
+    }
     return to_bool(PyTuple_GET_ITEM(item, 7), "mounts.from_view", i, &op->from_view);
 }
 
@@ -1349,6 +1447,17 @@ static int parse_spec(struct spec *s, PyObject **a) {
         s->notify.filter = copy;
         s->notify_sock = (int)value;
     }
+    s->cell_uid = s->cell_gid = CELL_UID;
+    if (a[16] != Py_None) {
+        /* identity: (uid, gid, kept capabilities) of the command inside. */
+        long caps_lo;
+        if (tuple_of(a[16], "identity", 3) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[16], 0), 0, 65534, "identity uid", &s->cell_uid) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[16], 1), 0, 65534, "identity gid", &s->cell_gid) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[16], 2), 0, (long)UINT32_MAX, "identity capabilities", &caps_lo) < 0)
+            return -1;
+        s->keep_caps = (uint64_t)caps_lo;
+    }
     s->session_fd = -1;
     if (a[15] != Py_None) {
         /* session: a descriptor that must also be one of keep_fds (checked below). */
@@ -1413,10 +1522,11 @@ static int parse_spec(struct spec *s, PyObject **a) {
 
 static const char *const SPAWN_KEYWORDS[] = {
     "argv", "env", "workdir", "mounts", "landlock", "seccomp", "cgroup_procs", "loginuid",
-    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "notify", "userns_owner", "session", NULL};
+    "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "notify", "userns_owner", "session",
+    "identity", NULL};
 
 static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
-    PyObject *a[16] = {NULL};
+    PyObject *a[17] = {NULL};
     struct spec s;
     sigset_t all, old;
     pid_t pid;
@@ -1424,13 +1534,14 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
     (void)module;
     /* All keyword-only; the format can only make them optional ("|$"), so
      * their presence is checked below. */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
                                      &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], &a[10],
-                                     &a[11], &a[12], &a[13], &a[14], &a[15]))
+                                     &a[11], &a[12], &a[13], &a[14], &a[15], &a[16]))
         return NULL;
     if (a[13] == NULL) a[13] = Py_None; /* notify is optional */
     if (a[14] == NULL) a[14] = Py_None; /* userns_owner is optional */
     if (a[15] == NULL) a[15] = Py_None; /* session is optional */
+    if (a[16] == NULL) a[16] = Py_None; /* identity is optional: the agent, uid 1000 */
     for (int i = 0; i < 13; i++)
         if (a[i] == NULL)
             return PyErr_Format(PyExc_TypeError, "spawn() missing required keyword argument '%s'",
@@ -1464,7 +1575,7 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
 PyDoc_STRVAR(spawn_doc,
              "spawn(*, argv, env, workdir, mounts, landlock, seccomp, cgroup_procs, loginuid, stdio,\n"
              "      status_pipe, go_pipe, cap_last, keep_fds, notify=None, userns_owner=None,\n"
-             "      session=None) -> int\n\n"
+             "      session=None, identity=None) -> int\n\n"
              "Fork the cell's first child (C1) and return its pid. Everything is checked and\n"
              "converted before the fork (TypeError/ValueError, nothing forked); the children\n"
              "then report on status_pipe as stockade.cell._launch expects.");

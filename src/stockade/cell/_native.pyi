@@ -29,8 +29,14 @@ def spawn(
     userns_owner: tuple[int, int] | None = None,
     notify: tuple[bytes, int] | None = None,
     session: int | None = None,
+    identity: tuple[int, int, int] | None = None,
 ) -> int:
     """Fork the cell's first child and return its pid.
+
+    ``identity``: (uid, gid, kept capabilities) of the command inside, for a
+    workbench (``CellPlan.id_range``); None is the agent, uid 1000, with none.
+    An ``overlay`` mount is (kind, "/", image rootfs, True, upper's host
+    directory, (upper name, work name), id-range user namespace fd, False).
 
     ``notify``: a seccomp filter to load with a user-notification listener, and
     the socket on which the cell's init sends that listener (SCM_RIGHTS).

@@ -16,11 +16,14 @@ import glob
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from stockade.errors import CellError, PolicyError
 from stockade.policy._default import SYSTEM_READ
 from stockade.policy._model import Policy
+
+if TYPE_CHECKING:
+    from stockade.cell._workbench import ImageView
 
 CELL_UID = 1000
 """The uid (and gid) of the agent inside the cell: not root, so nothing in the
@@ -31,7 +34,7 @@ NOBODY = 65534
 no other owner: a cell never runs as host root."""
 
 MountKind = Literal[
-    "bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev", "sysfs"
+    "bind", "tmpfs", "dir", "symlink", "file", "decoy_file", "decoy_dir", "proc", "dev", "sysfs", "overlay"
 ]
 
 
@@ -41,7 +44,9 @@ class MountOp:
 
     ``dst`` is the path inside the cell; ``src`` a host path (for ``bind``), a
     link target (``symlink``) or unused. ``data`` is file content (``file``) or
-    the names a ``decoy_dir`` shows.
+    the names a ``decoy_dir`` shows. An ``overlay`` (a workbench's ``/``,
+    cell/_workbench.py) has the image's root filesystem as ``src``, its
+    read-only lower layer; the run's own upper is filled in at launch.
     """
 
     kind: MountKind
@@ -97,6 +102,19 @@ class CellPlan:
     report watches each, whatever its name."""
     hidden: tuple[str, ...] = field(default=())
     """The paths shown as decoys (for docs and the demo)."""
+    uid: int = CELL_UID
+    """The command's uid inside the cell (and ``gid`` its gid): the agent's
+    1000, or a workbench's user (0 for ``user: root``)."""
+    gid: int = CELL_UID
+    id_range: bool = False
+    """Whether the cell maps a whole range of ids (0-65534 inside, to the
+    leased slot's range on the host: ``_owners``, cell/_workbench.py) rather
+    than its one uid. ``host_uid``/``host_gid`` are then filled in at launch."""
+    keep_caps: int = 0
+    """Capabilities the command keeps, inside its user namespace only (a
+    bit mask; ``user: root`` keeps ``_workbench.ROOT_CAPS``), else none."""
+    image_rootfs: str = ""
+    """The host directory of a workbench's image (its ``/``), or "" for none."""
 
 
 SYSTEM_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -192,8 +210,10 @@ def plan_cell(
     extra_hidden: tuple[str, ...] = (),
     sockets: tuple[tuple[str, str], ...] = (),
     files: tuple[tuple[str, bytes], ...] = (),
+    image: ImageView | None = None,
 ) -> CellPlan:
-    """Compute the plan of one cell for ``policy`` with ``workspace``.
+    """Compute the plan of one cell for ``policy`` with ``workspace``; with
+    ``image``, a workbench whose ``/`` is that image (cell/_workbench.py).
 
     Raises:
         PolicyError: a grant cannot be honoured (e.g. the workspace is a file).
@@ -203,7 +223,24 @@ def plan_cell(
         raise PolicyError(
             f"workspace {workspace!r} is not a directory; create it or omit it to get a fresh one"
         )
+    if image is not None:
+        from stockade.cell._workbench import plan_workbench
+
+        return plan_workbench(
+            policy,
+            image,
+            workspace=workspace,
+            environ=environ,
+            extra_hidden=extra_hidden,
+            sockets=sockets,
+            files=files,
+        )
     host_uid, host_gid = _cell_identity(workspace)
+    uid, gid, id_range = _host_user(policy)
+    if id_range:
+        # The cell's ids are the leased slot's range, known at launch: every
+        # writable grant is idmapped from its owner (-1 matches no owner).
+        host_uid = host_gid = -1
 
     fs = policy.filesystem
     ops: list[MountOp] = []
@@ -259,6 +296,10 @@ def plan_cell(
         entries.append(
             (path, MountOp("bind", path, src=path, writable=True, idmap_owner=_idmap(path, host_uid)))
         )
+    mount_ops = mount_entries(policy, host_uid, host_binds=granted)
+    entries.extend((op.dst, op) for op in mount_ops)
+    mounted_read = [op.dst for op in mount_ops if not op.writable]
+    mounted_write = [op.dst for op in mount_ops if op.writable]
     hidden: list[str] = []
     for path in sorted(set(deny)):
         real = os.path.realpath(path)
@@ -266,6 +307,12 @@ def plan_cell(
             continue  # not in the view at all: nothing to hide
         hidden.append(real)
         entries.append((real, _decoy(real, inside_grant=True)))
+    for path in absent_decoys(policy, [*granted, *mounted_read, *mounted_write]):
+        # Decoys anywhere: a deny entry that names nothing here (/tests,
+        # /var/run/docker.sock) is a stand-in in the cell's own root, so that
+        # a reach for it meets Landlock (and is recorded) rather than ENOENT.
+        hidden.append(path)
+        entries.append((path, _absent_decoy(path)))
     for root in sorted(set(hidden_roots)):
         real = os.path.realpath(root)
         if not _exists(real) or real in granted or real in hidden:
@@ -331,8 +378,14 @@ def plan_cell(
     for link, target in sorted(symlinks.items()):
         ops.append(MountOp("symlink", link, src=target))
 
-    grants = _grants(policy, read_dirs, write_dirs, workspace, hidden, shown_files)
+    grants = _grants(
+        policy, [*read_dirs, *mounted_read], [*write_dirs, *mounted_write], workspace, hidden, shown_files
+    )
     workdir = policy.workdir or workspace
+    env = _environment(policy, workspace, environ, _scratch_dir(read_dirs, hidden))
+    if uid != CELL_UID:
+        name = "root" if uid == 0 else str(uid)
+        env = tuple(sorted({**dict(env), "USER": name, "LOGNAME": name}.items()))
     return CellPlan(
         mounts=tuple(ops),
         grants=grants,
@@ -340,13 +393,139 @@ def plan_cell(
         workdir=workdir,
         host_uid=host_uid,
         host_gid=host_gid,
-        env=_environment(policy, workspace, environ, _scratch_dir(read_dirs, hidden)),
+        env=env,
         # A place that holds a system directory (AgentOS's write: [/]) is not
         # walked: the report would be the host's, and the walk's bound spent there.
-        writable_roots=tuple(r for r in dict.fromkeys(mounted_writes) if not _holds_system(r)),
+        writable_roots=tuple(
+            r
+            for r in dict.fromkeys([*mounted_writes, *mounted_sources(policy)])
+            if not _holds_system(r)
+        ),
         protected=protected,
         hidden=(*hidden, *proc_decoys),
+        uid=uid,
+        gid=gid,
+        id_range=id_range,
+        keep_caps=ROOT_CAPS if id_range and uid == 0 else 0,
     )
+
+
+# <linux/capability.h>: what root of a workbench keeps, inside its user
+# namespace only: what apt-get, dpkg, chown and chmod need (Docker's default
+# set without NET_RAW, MKNOD, SYS_CHROOT, AUDIT_WRITE, SETPCAP, SETFCAP).
+CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_KILL, CAP_SETGID, CAP_SETUID = 0, 1, 3, 4, 5, 6, 7
+CAP_NET_BIND_SERVICE = 10
+ROOT_CAPS = sum(
+    1 << c
+    for c in (
+        CAP_CHOWN,
+        CAP_DAC_OVERRIDE,
+        CAP_FOWNER,
+        CAP_FSETID,
+        CAP_KILL,
+        CAP_SETGID,
+        CAP_SETUID,
+        CAP_NET_BIND_SERVICE,
+    )
+)
+"""The capabilities ``user: root`` keeps: over the cell's own ids only (a
+file of an id the cell does not map, such as host root's, is out of their
+reach: capable_wrt_inode_uidgid), and never CAP_SYS_ADMIN (no mount, no
+namespaces: seccomp refuses those too)."""
+
+
+def _host_user(policy: Policy) -> tuple[int, int, bool]:
+    """(uid, gid, whole range) of a cell without an image: the agent's 1000
+    with the one-id map, or ``user: root``/a uid with the slot's whole range.
+
+    Raises:
+        PolicyError: a user name, which only an image's /etc/passwd can resolve.
+    """
+    user = policy.user
+    if user is None:
+        return CELL_UID, CELL_UID, False
+    if user == "root":
+        return 0, 0, True
+    if user.isdigit():
+        return int(user), int(user), True
+    raise PolicyError(
+        f"user {user!r} is a name, which only an image's /etc/passwd can resolve; "
+        "name an image, or write root or a uid"
+    )
+
+
+def mount_entries(policy: Policy, host_uid: int, *, host_binds: list[str]) -> list[MountOp]:
+    """The binds of ``filesystem.mounts``: each host source at its target,
+    read-only or read-write (idmapped from its owner, like a write grant).
+
+    ``host_binds`` are the cell paths that show the host at its own paths: a
+    target inside one that does not exist there would need its mount point
+    made on the host, which a cell's view never does.
+
+    Raises:
+        PolicyError: a source is gone, or a target cannot be made.
+    """
+    ops: list[MountOp] = []
+    for mount in policy.filesystem.mounts:
+        source = os.path.realpath(mount.source)
+        if not os.path.lexists(source):
+            raise PolicyError(
+                f"filesystem.mounts source {mount.source!r} does not exist (any more); "
+                "create it, or fix the path"
+            )
+        target = os.path.normpath(mount.target)
+        inside = [b for b in host_binds if _is_under(target, b)]
+        if inside and not os.path.lexists(target):
+            raise PolicyError(
+                f"filesystem.mounts target {target!r} lies inside {max(inside, key=len)!r}, a host path "
+                "shown as it is, where it does not exist and cannot be made; choose a target outside it"
+            )
+        writable = mount.mode == "rw"
+        ops.append(
+            MountOp(
+                "bind",
+                target,
+                src=source,
+                writable=writable,
+                idmap_owner=_idmap(source, host_uid) if writable else None,
+            )
+        )
+    return ops
+
+
+def mounted_sources(policy: Policy) -> list[str]:
+    """The host sources of read-write mounts, which the persistence report walks."""
+    return [
+        os.path.realpath(m.source)
+        for m in policy.filesystem.mounts
+        if m.mode == "rw" and os.path.isdir(m.source)
+    ]
+
+
+def absent_decoys(policy: Policy, host_binds: list[str]) -> list[str]:
+    """``filesystem.deny`` entries that name no host path (and no glob): each
+    becomes a decoy of its own, unless it lies in a host path shown as it is,
+    where its stand-in would have to be made on the host."""
+    found: list[str] = []
+    for pattern in policy.filesystem.deny:
+        if glob.has_magic(pattern) or _exists(pattern):
+            continue
+        # The host's own links on the way (/var/run -> /run) are the cell's
+        # too: the stand-in goes where the host would have it.
+        path = os.path.join(os.path.realpath(os.path.dirname(pattern)), os.path.basename(pattern))
+        if path == "/" or any(_is_under(path, b) for b in host_binds):
+            continue
+        found.append(path)
+    return found
+
+
+def _absent_decoy(path: str) -> MountOp:
+    """A stand-in for a path that exists nowhere: a file where the name says
+    so (``docker.sock``, ``secret.txt``: it has a suffix), else a directory."""
+    name = os.path.basename(path)
+    if "." in name.lstrip("."):
+        return MountOp("decoy_file", path)
+    return MountOp("decoy_dir", path)
 
 
 _SYS_HIDDEN = (

@@ -145,11 +145,6 @@ class Session:
         """
         if not isinstance(max_calls, int) or isinstance(max_calls, bool) or not 1 <= max_calls <= 1000:
             raise UsageError(f"max_calls {max_calls!r} is not a number of calls from 1 to 1000; pass e.g. 64")
-        kwargs: dict[str, object] = {}
-        if image is not None:
-            # Cell(image=…) is the workbench layer's (cell/_workbench.py); a
-            # Cell without it refuses the keyword, which says so.
-            kwargs["image"] = image
         self._cell = Cell(
             policy,
             workspace=workspace,
@@ -162,7 +157,7 @@ class Session:
             files=files,
             network=network,
             records=records,
-            **kwargs,
+            image=image,  # a workbench's (cell/_workbench.py)
         )
         self.policy = self._cell.policy
         self.run_id = run_id or ""

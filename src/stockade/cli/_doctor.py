@@ -319,6 +319,8 @@ def layers(facts: HostFacts) -> list[tuple[str, str, str, str | None]]:
         )
     )
     rows.append(("root", "yes" if facts.root.value else "no", facts.root.how, None))
+    if facts.workbench is not None:
+        rows.append(("workbench layers", facts.workbench.value, facts.workbench.how, facts.workbench.fix))
     return rows
 
 

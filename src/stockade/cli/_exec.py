@@ -31,6 +31,10 @@ Options:
   -w, --workspace DIR    the workspace, shown at the same path inside the cell
                          (default: the policy's, else a fresh directory)
   --keep-workspace       keep a fresh workspace after the run and print its path
+  --image REF            run in a workbench: the image's root filesystem as /
+                         (name:tag or sha256:..., see `stockade image ls`)
+  --user USER            who the command runs as inside: root (the cell's own
+                         root, never the host's), a user of the image, a uid
   -e, --env NAME[=VALUE] set NAME in the cell: to VALUE, or without one to its
                          value here (repeatable)
   --events FILE          write the cell's events as JSON lines (mode 0600)
@@ -65,6 +69,8 @@ def _parse(args: list[str]) -> dict[str, object]:
     opts: dict[str, object] = {
         "policy": None,
         "workspace": None,
+        "image": None,
+        "user": None,
         "events": None,
         "timeout": None,
         "json": False,
@@ -81,6 +87,8 @@ def _parse(args: list[str]) -> dict[str, object]:
         "-w": "workspace",
         "--workspace": "workspace",
         "--events": "events",
+        "--image": "image",
+        "--user": "user",
         "-e": "env",
         "--env": "env",
         "-t": "timeout",
@@ -137,6 +145,9 @@ def _parse(args: list[str]) -> dict[str, object]:
         if not seconds > 0:
             raise _Usage(f"--timeout {show(timeout)} is not more than 0 seconds; give a duration such as 30s")
         opts["timeout"] = seconds
+    user = opts["user"]
+    if user is not None and (not str(user) or (str(user).isdigit() and int(str(user)) > 65534)):
+        raise _Usage(f"--user {str(user)!r} is not root, a user name or a uid from 0 to 65534")
     events = opts["events"]
     if events is not None:
         # Checked before the command runs: its events would be lost after it.
@@ -190,6 +201,13 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
         policy = load_policy(str(opts["policy"]))
     else:
         policy = default_policy()
+    if opts["image"] is not None or opts["user"] is not None:
+        # A workbench: the policy's own image and user give way to the flags'.
+        policy = dataclasses.replace(
+            policy,
+            image=str(opts["image"]) if opts["image"] is not None else policy.image,
+            user=str(opts["user"]) if opts["user"] is not None else policy.user,
+        )
     if not command and not policy.command:
         sys.stderr.write(
             f"stockade: no command given and the policy has none; give one after `--`; see `{_HELP} --help`\n"

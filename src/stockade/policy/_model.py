@@ -34,6 +34,21 @@ Mode = Literal["enforce", "audit"]
 Verdict = Literal["allow", "deny", "ask"]
 
 
+MountMode = Literal["ro", "rw"]
+
+
+@dataclass(frozen=True)
+class MountRule:
+    """One ``filesystem.mounts`` entry: the host path ``source`` shown at
+    ``target`` inside the cell, read-only (``ro``) or read-write (``rw``).
+    Both are absolute and normalised; the target is a grant of the cell's
+    view like a ``read`` or ``write`` entry, at another path."""
+
+    source: str
+    target: str
+    mode: MountMode = "ro"
+
+
 @dataclass(frozen=True)
 class FilesystemPolicy:
     """What the cell's filesystem view holds.
@@ -52,6 +67,8 @@ class FilesystemPolicy:
     protect: tuple[str, ...] = ()
     """Read-only inside writable paths, even before they exist; relative
     entries (``.git/hooks``) are taken relative to the workspace."""
+    mounts: tuple[MountRule, ...] = ()
+    """Host paths shown at other paths inside (``MountRule``)."""
 
 
 @dataclass(frozen=True)
@@ -206,3 +223,12 @@ class Policy:
     secrets: tuple[SecretPolicy, ...] = ()
     source: str | None = None
     """The file this policy came from, for messages; ``None`` when built in code."""
+    image: str | None = None
+    """A workbench image reference (``name:tag``, ``sha256:…``) whose root
+    filesystem is the cell's ``/`` (cell/_plan.py, docs/CELL.md); ``None``:
+    the host's own system directories."""
+    user: str | None = None
+    """Who the command runs as inside the cell: ``root`` (uid 0 of the cell's
+    user namespace, an unprivileged range on the host), a user name of the
+    image's ``/etc/passwd`` or a number; ``None``: the image's own user, or
+    the agent (uid 1000) without an image."""

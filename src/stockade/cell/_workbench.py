@@ -1,0 +1,639 @@
+"""Workbench cells: a cell whose ``/`` is an image's root filesystem.
+
+The view is an overlay mounted inside the cell's user namespace: the image's
+rootfs as its read-only lower layer, shown through an idmapped mount so that
+the image's own ids (0 for its root) are the cell's (0 inside, the leased
+slot's unprivileged range on the host: ``_owners``), and a writable upper of
+the run's own (thrown away at the end, or kept when the caller asks: its
+files then hold the image's own ids, with overlay whiteouts, so it can
+become a layer). Every other layer of a cell stays: the workspace, the
+policy's grants and ``filesystem.mounts`` are host paths bound into the
+image's view; Landlock's rules name paths inside the image; seccomp,
+cgroups, the gateway, decoys, protected paths and the record are the same.
+
+The image is untrusted input: its symbolic links are resolved here inside
+its own root (never on the host's), its ``/etc/passwd`` is read with
+``O_NOFOLLOW`` and a size cap, and its setuid files and device nodes are
+harmless in the view (``nosuid``, ``nodev``, ``no_new_privs``, no host ids).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+from stockade.cell._plan import (
+    _DECOY_NAMES_MAX,
+    _PROC_HIDDEN,
+    CELL_UID,
+    ROOT_CAPS,
+    SYSTEM_DEVICES,
+    CellPlan,
+    Grants,
+    MountOp,
+    _environment,
+    _exists,
+    _expand,
+    _idmap,
+    _is_under,
+    _outermost,
+    _proc_decoy,
+    _protect,
+    _refuse_planted_links,
+    _sys_decoys,
+    _tmp_options,
+    mount_entries,
+    mounted_sources,
+)
+from stockade.errors import CellError, PolicyError
+from stockade.policy._default import DEFAULT_PATH, SECRETS_DENY, SYSTEM_READ
+from stockade.policy._model import Policy
+
+ID_COUNT = 65535
+"""Ids a workbench maps: 0-65534 inside, to the slot's range from its second
+id on (the first is the namespace's owner, which no file or process of the
+cell has: ``_owners``). 65535 inside stays unmapped, as it is in most images."""
+
+UPPERS_ROOT = "/var/lib/stockade/uppers"
+"""Where a run's own upper layer is made (root's, 0700; every cell sees
+/var/lib/stockade as a decoy)."""
+
+_PASSWD_MAX = 1 << 20
+"""The most of an image's /etc/passwd or /etc/group read (a real one is a few KiB)."""
+_LINK_HOPS = 40
+"""Symbolic links followed at most in resolving one path (the kernel's MAXSYMLINKS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageView:
+    """What a cell needs of an image (``stockade.image.Image``): its root
+    filesystem and the defaults of its config."""
+
+    rootfs: str
+    digest: str = ""
+    env: tuple[str, ...] = ()
+    workdir: str = ""
+    user: str = ""
+
+    @classmethod
+    def of(cls, image: Any) -> ImageView:
+        """From a ``stockade.image.Image`` (or anything shaped like one)."""
+        config = getattr(image, "config", None)
+        return cls(
+            rootfs=os.fspath(image.rootfs),
+            digest=str(getattr(image, "digest", "")),
+            env=tuple(getattr(config, "env", ()) or ()),
+            workdir=str(getattr(config, "workdir", "") or ""),
+            user=str(getattr(config, "user", "") or ""),
+        )
+
+
+# ------------------------------------------------------------ inside the image
+
+
+def resolve_in_image(rootfs: str, path: str) -> tuple[str, bool]:
+    """``path`` as the image resolves it, every symbolic link followed inside
+    its own root (an absolute target starts again at the image's ``/``, ``..``
+    never climbs above it), and whether it exists there.
+
+    Only ever ``lstat``s host paths whose every directory was found a real
+    directory of the image, so no link of the image leads the host anywhere.
+
+    Raises:
+        PolicyError: a loop of links (more than 40 on the way).
+    """
+    todo = [p for p in path.split("/") if p]
+    done: list[str] = []
+    hops = 0
+    while todo:
+        name = todo.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            if done:
+                done.pop()
+            continue
+        host = os.path.join(rootfs, *done, name)
+        try:
+            st = os.lstat(host)
+        except OSError:
+            rest = os.path.normpath("/".join([name, *todo])) if todo else name
+            return "/" + "/".join([*done, *[p for p in rest.split("/") if p not in ("", ".")]]), False
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > _LINK_HOPS:
+                raise PolicyError(
+                    f"{path!r} leads through more than {_LINK_HOPS} symbolic links in the image; "
+                    "fix the image's links, or choose another path"
+                )
+            target = os.readlink(host)
+            if target.startswith("/"):
+                done = []
+            todo = [p for p in target.split("/") if p] + todo
+            continue
+        if todo and not stat.S_ISDIR(st.st_mode):
+            return "/" + "/".join([*done, name, *todo]), False
+        done.append(name)
+    return "/" + "/".join(done), True
+
+
+def _host_path(rootfs: str, resolved: str) -> str:
+    return os.path.join(rootfs, resolved.lstrip("/"))
+
+
+def _read_image_file(rootfs: str, relative: tuple[str, ...]) -> bytes | None:
+    """A small file of the image, opened one component at a time without
+    following any link (an image's /etc pointing at the host's is refused)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for part in relative[:-1]:
+            nxt = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        file_fd = os.open(relative[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    os.close(fd)
+    try:
+        if not stat.S_ISREG(os.fstat(file_fd).st_mode):
+            return None
+        return os.read(file_fd, _PASSWD_MAX)
+    finally:
+        os.close(file_fd)
+
+
+@dataclass(frozen=True, slots=True)
+class CellUser:
+    """A workbench's user, resolved."""
+
+    uid: int
+    gid: int
+    name: str
+    home: str
+
+
+def _table(rootfs: str, name: str) -> list[list[str]]:
+    data = _read_image_file(rootfs, ("etc", name))
+    if data is None:
+        return []
+    rows = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        fields = line.split(":")
+        if len(fields) >= 4 and fields[0] and not line.startswith("#"):
+            rows.append(fields)
+    return rows
+
+
+def _id(text: str) -> int | None:
+    if text.isdigit() and int(text) < ID_COUNT:
+        return int(text)
+    return None
+
+
+def resolve_user(spec: str | None, rootfs: str) -> CellUser:
+    """The cell's user for ``user:`` (or the image's ``USER``): ``root``, a
+    name of the image's ``/etc/passwd``, a uid, each with ``:GROUP`` allowed
+    as Docker reads it; ``None`` or "" is the agent (uid 1000).
+
+    Raises:
+        PolicyError: a name the image does not have, or an id outside 0-65534.
+    """
+    if not spec:
+        return CellUser(CELL_UID, CELL_UID, "agent", "")
+    user, _, group = spec.partition(":")
+    passwd = _table(rootfs, "passwd")
+    entry = None
+    uid = _id(user)
+    if uid is None and user.isdigit():
+        raise PolicyError(
+            f"user {spec!r} is outside the cell's ids 0 to {ID_COUNT - 1}; write a uid in that range"
+        )
+    for fields in passwd:
+        if (uid is None and fields[0] == user) or (uid is not None and _id(fields[2]) == uid):
+            entry = fields
+            break
+    if entry is None and uid is None:
+        if user == "root":
+            return CellUser(0, 0, "root", "/root")
+        raise PolicyError(
+            f"user {user!r} is not in the image's /etc/passwd; write root, a uid, or a user the image has"
+        )
+    if entry is not None:
+        uid = _id(entry[2])
+        gid = _id(entry[3])
+        if uid is None or gid is None:
+            raise PolicyError(
+                f"user {user!r} has ids {entry[2]}:{entry[3]} in the image's /etc/passwd, outside the "
+                f"cell's 0 to {ID_COUNT - 1}; use another user"
+            )
+        name, home = entry[0], entry[5] if len(entry) > 5 else "/"
+    else:
+        assert uid is not None
+        gid, name, home = uid, str(uid), "/"
+    if group:
+        found = _id(group)
+        if found is None:
+            found = next((_id(g[2]) for g in _table(rootfs, "group") if g[0] == group), None)
+        if found is None:
+            raise PolicyError(
+                f"group {group!r} of user {spec!r} is not in the image's /etc/group; write a gid"
+            )
+        gid = found
+    return CellUser(uid, gid, name, home or "/")
+
+
+# ----------------------------------------------------------------- the plan
+
+
+def plan_workbench(
+    policy: Policy,
+    image: ImageView,
+    *,
+    workspace: str,
+    environ: dict[str, str] | os._Environ[str],
+    extra_hidden: tuple[str, ...] = (),
+    sockets: tuple[tuple[str, str], ...] = (),
+    files: tuple[tuple[str, bytes], ...] = (),
+) -> CellPlan:
+    """The plan of a workbench: the image as ``/``, the host's grants in it.
+
+    Raises:
+        PolicyError: the policy cannot be honoured with this image.
+    """
+    del extra_hidden  # the host's places are not in the image's view at all
+    rootfs = os.path.realpath(image.rootfs)
+    if not os.path.isdir(rootfs):
+        raise PolicyError(
+            f"image {image.digest or rootfs!r} has no root filesystem at {rootfs!r}; import or build it again"
+        )
+    if policy.exec.allow:
+        raise PolicyError(
+            "exec.allow names host programs, and a workbench runs the image's; remove exec.allow "
+            "from a policy with an image"
+        )
+    user = resolve_user(policy.user or image.user or None, rootfs)
+    fs = policy.filesystem
+
+    def where(path: str) -> str:
+        return resolve_in_image(rootfs, path)[0]
+
+    # The host's grants, minus the system directories that base: system adds
+    # (a workbench's /usr and /etc are the image's).
+    reads = [p for pattern in fs.read if pattern not in SYSTEM_READ for p in _expand(pattern) if _exists(p)]
+    writes = [p for pattern in fs.write for p in _expand(pattern) if _exists(p)]
+    _refuse_planted_links([*reads, *writes], [workspace, *writes], -1)
+    read_dirs = [os.path.realpath(p) for p in reads]
+    write_dirs = _outermost([os.path.realpath(p) for p in writes], [workspace])
+    read_dirs = [p for p in _outermost(read_dirs, []) if p not in write_dirs and p != workspace]
+
+    entries: list[tuple[str, MountOp]] = [("/", MountOp("overlay", "/", src=rootfs, writable=True))]
+    binds: dict[str, str] = {}  # in the cell -> on the host
+    for path in read_dirs:
+        binds[where(path)] = path
+        entries.append((where(path), MountOp("bind", where(path), src=path, writable=False)))
+    for path in sorted({*write_dirs, workspace}):
+        binds[where(path)] = path
+        entries.append(
+            (where(path), MountOp("bind", where(path), src=path, writable=True, idmap_owner=_idmap(path, -1)))
+        )
+    host_reads = [where(p) for p in read_dirs]
+    host_writes = [where(p) for p in [*write_dirs, workspace]]
+    for op in mount_entries(policy, -1, host_binds=[]):
+        dst = where(op.dst)
+        binds[dst] = op.src
+        entries.append(
+            (dst, MountOp("bind", dst, src=op.src, writable=op.writable, idmap_owner=op.idmap_owner))
+        )
+        (host_writes if op.writable else host_reads).append(dst)
+
+    hidden: list[str] = []
+    # Deny entries: inside a host bind, the host's own (as without an image);
+    # elsewhere the image's, shown as decoys whether or not the image has them
+    # (/tests, /solution). base: system's secrets name the host's /etc: the
+    # image's own /etc/shadow is the image's business.
+    for pattern in fs.deny:
+        for path in _expand(pattern):
+            inside = [c for c, h in binds.items() if _is_under(path, c)]
+            if inside:
+                top = max(inside, key=len)
+                host = os.path.join(binds[top], os.path.relpath(path, top)) if path != top else binds[top]
+                if _exists(host) and path != top:
+                    hidden.append(path)
+                    entries.append((path, _decoy_from(host, path)))
+                continue
+            if pattern in SECRETS_DENY:
+                continue
+            dst, exists = resolve_in_image(rootfs, path)
+            if dst == "/":
+                continue
+            hidden.append(dst)
+            if exists:
+                entries.append((dst, _decoy_from(_host_path(rootfs, dst), dst)))
+            else:
+                name = os.path.basename(dst)
+                kind = "decoy_file" if "." in name.lstrip(".") else "decoy_dir"
+                entries.append((dst, MountOp(kind, dst, writable=True)))  # type: ignore[arg-type]
+    # Protected paths of the workspace and write grants, as without an image
+    # (their binds are at their own paths: the image's links never lead there).
+    mounted_writes = [workspace, *(p for p in write_dirs if os.path.isdir(p))]
+    granted_writes = [p for p in dict.fromkeys(os.path.realpath(w) for w in writes) if os.path.isdir(p)]
+    protected, protect_ops = _protect(policy, workspace, granted_writes, mounted_writes)
+    entries.extend((op.dst, op) for op in protect_ops)
+
+    tmp = where("/tmp")
+    entries.append((tmp, MountOp("tmpfs", tmp, writable=True, data=_tmp_options(policy))))
+    entries.append(("/dev", MountOp("dev", "/dev")))
+    entries.append(("/proc", MountOp("proc", "/proc")))
+    if os.path.isdir("/sys"):
+        entries.append(("/sys", MountOp("sysfs", "/sys")))
+        for op in _sys_decoys():
+            hidden.append(op.dst)
+            entries.append((op.dst, op))
+    proc_decoy = _proc_decoy()
+    proc_decoys = [p for p in _PROC_HIDDEN if _exists(p)]
+    for path in proc_decoys:
+        if proc_decoy is not None:
+            entries.append((path, MountOp("bind", path, src=proc_decoy, writable=False)))
+        else:
+            entries.append((path, MountOp("decoy_file", path)))
+    for inside_path, host in sockets:
+        dst = where(inside_path)
+        entries.append((dst, MountOp("bind", dst, src=host, writable=True)))
+    shown_files: list[str] = []
+    for inside_path, content in files:
+        dst = where(inside_path)
+        if any(_is_under(dst, w) for w in host_writes):
+            continue  # never inside a writable grant (the host's file would be covered)
+        shown_files.append(dst)
+        entries.append((dst, MountOp("file", dst, data=content)))
+    workdir = where(policy.workdir or image.workdir or workspace)
+    made_dirs: list[str] = []
+    if not resolve_in_image(rootfs, workdir)[1] and not any(_is_under(workdir, c) for c in binds):
+        made_dirs.append(workdir)
+        entries.append((workdir, MountOp("dir", workdir)))
+    entries.sort(key=lambda e: e[0].rstrip("/").count("/") if e[0] != "/" else -1)
+
+    grants = _image_grants(
+        rootfs, host_reads, host_writes, hidden, shown_files, [tmp, *made_dirs], [d for d, _ in sockets]
+    )
+    env = dict(_environment(policy, workspace, environ, tmp))
+    policy_set = dict(policy.env.set)
+    for entry in image.env:
+        key, sep, value = entry.partition("=")
+        if not sep or not key or key in ("TMPDIR", "STOCKADE_CELL", "PYTHONPYCACHEPREFIX"):
+            continue
+        if key not in policy_set or (key == "PATH" and policy_set[key] == DEFAULT_PATH):
+            env[key] = value
+    env["USER"] = env["LOGNAME"] = user.name
+    if user.home and not any(e.startswith("HOME=") for e in image.env):
+        env["HOME"] = user.home
+    return CellPlan(
+        mounts=tuple(op for _, op in entries),
+        grants=grants,
+        workspace=workspace,
+        workdir=workdir,
+        host_uid=-1,
+        host_gid=-1,
+        env=tuple(sorted(env.items())),
+        writable_roots=tuple(dict.fromkeys([*mounted_writes, *mounted_sources(policy)])),
+        protected=protected,
+        hidden=(*hidden, *proc_decoys),
+        uid=user.uid,
+        gid=user.gid,
+        id_range=True,
+        keep_caps=ROOT_CAPS if user.uid == 0 else 0,
+        image_rootfs=rootfs,
+    )
+
+
+def _decoy_from(host: str, dst: str) -> MountOp:
+    """A decoy at ``dst`` for what ``host`` is (a directory mirrors its names,
+    on a tmpfs of its own, so that nothing is made in the upper layer)."""
+    from stockade.cell._plan import _mirror
+
+    if os.path.isdir(host) and not os.path.islink(host):
+        return MountOp("decoy_dir", dst, names=tuple(sorted(_mirror(host))[:_DECOY_NAMES_MAX]), writable=True)
+    return MountOp("decoy_file", dst)
+
+
+_OWN = ("proc", "sys", "dev")
+"""Top-level places of the cell's own making, granted apart."""
+
+
+def _image_grants(
+    rootfs: str,
+    reads: list[str],
+    writes: list[str],
+    hidden: list[str],
+    shown_files: list[str],
+    own_writes: list[str],
+    sockets: list[str],
+) -> Grants:
+    """Landlock for a workbench: the image's tree is the cell's to read, write
+    and run (its upper is the run's own), entry by entry from ``/`` so that
+    the host's read-only binds, the decoys and the files shown are holes in
+    it; the host's write binds and the cell's /tmp are granted as they are.
+
+    A name the cell creates at the top of ``/`` (or in a directory with a
+    hole) is not granted: Landlock rights name what exists when the cell
+    starts. ``/`` itself may be listed.
+    """
+    del sockets  # no Landlock right concerns connecting to a unix socket
+    holes = [*hidden, *reads, *shown_files]
+    read: list[str] = []
+    write: list[str] = []
+    list_dirs: list[str] = ["/"]
+
+    def add(path: str, bucket: list[str]) -> None:
+        inner = [h for h in holes if _is_under(h, path)]
+        if not inner:
+            bucket.append(path)
+            return
+        if path in inner:
+            return
+        list_dirs.append(path)
+        try:
+            names = os.listdir(_host_path(rootfs, path))
+        except OSError:
+            names = []
+        for name in names:
+            child = os.path.join(path, name)
+            if not os.path.islink(_host_path(rootfs, child)):
+                add(child, bucket)
+            else:
+                bucket.append(child)  # a link: the rule binds its target, the image's
+
+    try:
+        top = sorted(os.listdir(rootfs))
+    except OSError as exc:
+        raise CellError(f"cannot list the image's root filesystem {rootfs!r}: {exc.strerror}") from exc
+    for name in top:
+        if name in _OWN or "/" + name in own_writes:
+            continue
+        add("/" + name, write)
+    for path in reads:
+        read.append(path)
+    write.extend(writes)
+    write.extend(own_writes)
+    read.append("/proc")
+    if os.path.isdir("/sys"):
+        sys_holes = [h for h in hidden if _is_under(h, "/sys")]
+        _add_host("/sys", sys_holes, read, list_dirs)
+    devices = (*(f"/dev/{name}" for name in SYSTEM_DEVICES), "/dev/pts", "/dev/ptmx")
+    write.append("/dev/shm")
+    for path in shown_files:
+        parent = os.path.dirname(path)
+        if parent not in list_dirs:
+            list_dirs.append(parent)
+    return Grants(
+        read_exec=tuple(read),
+        write_exec=tuple(dict.fromkeys(write)),
+        list_dirs=tuple(dict.fromkeys(list_dirs)),
+        devices=devices,
+        read=tuple(shown_files),
+    )
+
+
+def _add_host(path: str, holes: list[str], bucket: list[str], list_dirs: list[str]) -> None:
+    """``path`` of the host (the cell's own sysfs shows the host's tree) with holes."""
+    inner = [h for h in holes if _is_under(h, path)]
+    if not inner:
+        bucket.append(path)
+        return
+    if path in inner or not os.path.isdir(path):
+        return
+    list_dirs.append(path)
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        _add_host(os.path.join(path, name), holes, bucket, list_dirs)
+
+
+# ----------------------------------------------------------- the run's upper
+
+
+@dataclass(frozen=True, slots=True)
+class Upper:
+    """A run's writable layer: ``upper`` and overlay's ``work``, in ``base``
+    (one directory: overlayfs wants both on one mount)."""
+
+    base: str
+    upper: str
+    work: str
+    keep: bool
+
+
+def make_upper(upper_dir: str | None) -> Upper:
+    """A fresh upper layer for one run, or the caller's ``upper_dir`` (made
+    if missing; a kept upper of an earlier run continues from where it was).
+
+    On disk its files have the image's own ids (0 for files of the cell's
+    root): the layer is shown through an idmapped mount.
+
+    Raises:
+        CellError: the directories cannot be made.
+    """
+    try:
+        if upper_dir is None:
+            os.makedirs(UPPERS_ROOT, mode=0o700, exist_ok=True)
+            base = ""
+            while not base:
+                candidate = os.path.join(UPPERS_ROOT, "up-" + os.urandom(6).hex())
+                try:
+                    os.mkdir(candidate, 0o700)
+                    base = candidate
+                except FileExistsError:
+                    continue
+            upper = os.path.join(base, "upper")
+            os.mkdir(upper, 0o755)
+            keep = False
+        else:
+            upper = os.path.realpath(upper_dir)
+            os.makedirs(upper, mode=0o755, exist_ok=True)
+            base = os.path.dirname(upper)
+            keep = True
+        work = os.path.join(base, f".{os.path.basename(upper)}.work-{os.urandom(4).hex()}")
+        os.mkdir(work, 0o700)
+        for path in (upper, work):
+            os.chown(path, 0, 0)  # the image's root, through the idmapped mount
+    except OSError as exc:
+        raise CellError(
+            f"cannot make the upper layer {upper_dir or UPPERS_ROOT!r}: {exc.strerror}; "
+            "give a directory on a local filesystem that root may write"
+        ) from exc
+    return Upper(base=base, upper=upper, work=work, keep=keep)
+
+
+def finish_upper(upper: Upper, plan: CellPlan) -> None:
+    """After the run: remove a thrown-away upper, or tidy a kept one (the
+    empty mount points the view made in it, where the image has nothing, are
+    stockade's, not the run's), and overlay's work directory either way."""
+    shutil.rmtree(upper.work, ignore_errors=True)
+    if not upper.keep:
+        shutil.rmtree(upper.base, ignore_errors=True)
+        return
+    points = sorted({op.dst for op in plan.mounts if op.dst != "/"}, key=len, reverse=True)
+    for point in points:
+        path = point
+        while path not in ("/", ""):
+            if resolve_in_image(plan.image_rootfs, path)[1]:
+                break
+            host = os.path.join(upper.upper, path.lstrip("/"))
+            try:
+                st = os.lstat(host)
+                if stat.S_ISDIR(st.st_mode):
+                    os.rmdir(host)  # only if empty: what the run put there stays
+                elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                    os.unlink(host)
+                else:
+                    break
+            except OSError:
+                break
+            path = os.path.dirname(path)
+
+
+# ------------------------------------------------------------ the id ranges
+
+
+_RANGE_USERNS: dict[int, int] = {}
+
+
+def range_userns(base: int) -> int:
+    """A user namespace fd mapping ids 0-65534 to ``base``-…, for the
+    idmapped mounts of a workbench's layers (on disk the image's ids, in
+    the cell the same ids). One per slot, kept.
+
+    Raises:
+        CellError: the namespace could not be made.
+    """
+    fd = _RANGE_USERNS.get(base)
+    if fd is None:
+        from stockade.cell._launch import userns_with_maps
+
+        fd = userns_with_maps(f"0 {base} {ID_COUNT}\n", f"0 {base} {ID_COUNT}\n")
+        _RANGE_USERNS[base] = fd
+    return fd
+
+
+__all__ = [
+    "ID_COUNT",
+    "CellUser",
+    "ImageView",
+    "Upper",
+    "finish_upper",
+    "make_upper",
+    "plan_workbench",
+    "range_userns",
+    "resolve_in_image",
+    "resolve_user",
+]

@@ -1,0 +1,200 @@
+"""Workbench cells: an image as the cell's ``/`` (cell/_workbench.py).
+
+Real cells on this host over a small image of the host's own programs
+(tests/cell/_image.py): the overlay, the idmapped layers, root inside a
+user namespace, the upper layer thrown away or kept in the image's ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from stockade.cell import Cell
+from stockade.cell._owners import OWNER_BASE
+from stockade.cell._workbench import ImageView, resolve_in_image, resolve_user
+from stockade.errors import PolicyError
+from stockade.policy import MountRule, Policy, default_policy
+from tests.cell._image import PYTHON, build_rootfs, make_image
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="a workbench maps an id range: needs root (CAP_SETUID)"
+)
+
+
+def _policy(**changes: object) -> Policy:
+    return dataclasses.replace(default_policy(), **changes)  # type: ignore[arg-type]
+
+
+def _run(policy: Policy, script: str, **cell: object) -> tuple[int, str, str, list[str]]:
+    with Cell(policy, image=cell.pop("image", make_image()), **cell) as c:  # type: ignore[arg-type]
+        r = c.run(["/bin/sh", "-c", script])
+    return r.exit_code, r.stdout.decode(), r.stderr.decode(), [e.summary for e in r.denials]
+
+
+def test_the_image_is_the_root_and_its_config_the_defaults() -> None:
+    image = make_image(env=("PATH=/usr/bin:/bin", "IMAGE_VAR=from-image"), workdir="/opt/app")
+    code, out, err, _ = _run(
+        _policy(), "pwd; echo $IMAGE_VAR; cat /etc/hostname data.txt; id -u", image=image
+    )
+    assert code == 0, err
+    assert out.split("\n")[:5] == ["/opt/app", "from-image", "task-image", "image data", "1000"]
+
+
+def test_root_inside_owns_the_image_and_nothing_of_the_host(tmp_path: Path) -> None:
+    code, out, err, _ = _run(
+        _policy(user="root"),
+        "id -u; grep CapEff /proc/self/status; echo new > /etc/new; chown 1234:50 /etc/new; "
+        "stat -c '%u:%g' /etc/new /home/builder/notes.txt; chmod 600 /etc/hostname && echo chmod-ok; "
+        "rm /opt/app/data.txt && echo rm-ok",
+    )
+    assert code == 0, err
+    lines = out.split("\n")
+    assert lines[0] == "0"
+    caps = int(lines[1].split()[1], 16)
+    assert caps and not caps & (1 << 21), "CAP_SYS_ADMIN must never be kept"
+    assert lines[2:6] == ["1234:50", "1234:1234", "chmod-ok", "rm-ok"]
+    # The lower layer is never written: the image is as it was.
+    rootfs = build_rootfs()
+    assert (rootfs / "opt/app/data.txt").read_text() == "image data\n"
+    assert not (rootfs / "etc/new").exists()
+    assert stat.S_IMODE((rootfs / "etc/hostname").stat().st_mode) == 0o644
+
+
+def test_the_upper_is_thrown_away_by_default() -> None:
+    image = make_image()
+    with Cell(_policy(user="root"), image=image) as cell:
+        first = cell.run(["/bin/sh", "-c", "echo one > /etc/run-file"])
+        second = cell.run(["/bin/sh", "-c", "cat /etc/run-file"])
+    assert first.exit_code == 0
+    assert second.exit_code != 0 and b"No such file" in second.stderr
+
+
+def test_a_kept_upper_holds_the_image_ids_and_whiteouts(tmp_path: Path) -> None:
+    upper = tmp_path / "layer"
+    with Cell(_policy(user="root"), image=make_image(), upper_dir=upper) as cell:
+        r = cell.run(
+            [
+                "/bin/sh",
+                "-c",
+                "echo x > /etc/kept; chown 1234:1234 /etc/kept; rm /opt/app/data.txt; mkdir /srv/d",
+            ]
+        )
+        again = cell.run(["/bin/sh", "-c", "cat /etc/kept"])
+    assert r.exit_code == 0, r.stderr
+    assert again.stdout == b"x\n"  # the next run continues from the kept upper
+    kept = os.lstat(upper / "etc/kept")
+    assert (kept.st_uid, kept.st_gid) == (1234, 1234)  # the image's own ids, not the host range's
+    assert os.lstat(upper / "srv/d").st_uid == 0
+    whiteout = os.lstat(upper / "opt/app/data.txt")
+    assert stat.S_ISCHR(whiteout.st_mode) and whiteout.st_rdev == 0  # overlayfs's whiteout
+    # The view's own mount points (the workspace's) were tidied away.
+    assert not (upper / "var/lib/stockade").exists()
+    assert not list(tmp_path.glob(".layer.work-*"))
+
+
+def test_the_cell_ids_are_the_slot_range_on_the_host(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.chown(workspace, 4321, 4321)
+    code, out, err, _ = _run(
+        _policy(user="root"),
+        f"echo hi > {workspace}/made; stat -c %u {workspace}/made; cat /proc/self/uid_map",
+        workspace=workspace,
+    )
+    assert code == 0, err
+    inside, start, count = out.split("\n")[1].split()
+    assert inside == "0" and int(start) > OWNER_BASE and count == "65535"
+    # Written as root inside, the workspace's file is its owner's on the host (idmapped).
+    assert os.stat(workspace / "made").st_uid == 4321
+    assert out.split("\n")[0] == "0"
+
+
+def test_root_inside_cannot_write_host_files_it_is_shown(tmp_path: Path) -> None:
+    shown = tmp_path / "host-data"
+    shown.mkdir()
+    (shown / "f").write_text("host's\n")
+    policy = _policy(
+        user="root",
+        filesystem=dataclasses.replace(
+            default_policy().filesystem, mounts=(MountRule(str(shown), "/data", "ro"),)
+        ),
+    )
+    code, out, err, denials = _run(
+        policy, "cat /data/f; echo x > /data/f; echo rc=$?; chmod 777 /data/f; echo rc=$?; echo ok > /tmp/t"
+    )
+    assert code == 0, err  # the control: the cell's own /tmp stays writable
+    assert "host's" in out and "rc=0" not in out, (out, err)
+    assert err.count("Read-only file system") == 2, err
+    assert (shown / "f").read_text() == "host's\n"
+    assert stat.S_IMODE((shown / "f").stat().st_mode) == 0o644
+    assert [d for d in denials if "/data/f" in d and "EROFS" in d], denials
+
+
+def test_user_by_name_from_the_image_passwd() -> None:
+    code, out, err, _ = _run(_policy(user="builder"), "id -u; id -g; echo $HOME; cat ~/notes.txt")
+    assert code == 0, err
+    assert out.split("\n")[:4] == ["1234", "1234", "/home/builder", "the image user's own file"]
+
+
+def test_an_image_user_that_claims_uid_0_is_root_of_the_cell_only() -> None:
+    # The image's passwd says "agent" is uid 0: inside it is, and so only the
+    # cell's own root (the slot's range on the host), with the same limits.
+    code, out, err, denials = _run(
+        _policy(user="agent"), "id -u; cat /proc/self/uid_map; mount -t tmpfs x /mnt"
+    )
+    assert out.split("\n")[0] == "0", err
+    assert int(out.split("\n")[1].split()[1]) > OWNER_BASE
+    assert code != 0 and any("mount" in d for d in denials), denials
+
+
+def test_user_root_without_an_image_keeps_the_host_read_only(tmp_path: Path) -> None:
+    with Cell(_policy(user="root")) as cell:
+        r = cell.run(["/bin/sh", "-c", "id -u; touch /usr/x; echo rc=$?; echo ok > $HOME/w; cat $HOME/w"])
+    assert r.stdout.split(b"\n")[:3] == [b"0", b"rc=1", b"ok"], r.stderr
+    assert not os.path.exists("/usr/x")
+    assert any("in /usr refused by landlock" in e.summary for e in r.denials), r.denials
+
+
+def test_resolve_in_image_never_leaves_the_image() -> None:
+    rootfs = str(build_rootfs())
+    assert resolve_in_image(rootfs, "/bin/cat") == ("/usr/bin/cat", True)
+    # A link of the image to "/etc/shadow" is the image's own /etc/shadow;
+    # one climbing with .. stops at the image's root.
+    assert resolve_in_image(rootfs, "/opt/app/host-shadow") == ("/etc/shadow", True)
+    assert resolve_in_image(rootfs, "/opt/app/climb-shadow") == ("/etc/shadow", True)
+    assert resolve_in_image(rootfs, "/tests/x") == ("/tests/x", False)
+
+
+def test_resolve_user_errors_name_the_user() -> None:
+    rootfs = str(build_rootfs())
+    assert resolve_user("root", rootfs).uid == 0
+    assert resolve_user("1234:50", rootfs).gid == 50
+    with pytest.raises(PolicyError, match="'nosuch' is not in the image's /etc/passwd"):
+        resolve_user("nosuch", rootfs)
+
+
+def test_a_user_name_without_an_image_is_a_policy_error() -> None:
+    with (
+        Cell(_policy(user="builder")) as cell,
+        pytest.raises(PolicyError, match="only an image's /etc/passwd"),
+    ):
+        cell.run(["/bin/true"])
+
+
+def test_exec_allow_with_an_image_is_a_policy_error() -> None:
+    policy = _policy(exec=dataclasses.replace(default_policy().exec, allow=("/usr/bin/true",)))
+    with (
+        Cell(policy, image=ImageView(str(build_rootfs()))) as cell,
+        pytest.raises(PolicyError, match=r"exec\.allow"),
+    ):
+        cell.run(["/bin/true"])
+
+
+def test_python_runs_in_the_image() -> None:
+    code, out, err, _ = _run(_policy(), f"{PYTHON} -c 'import json, os; print(json.dumps(os.getuid()))'")
+    assert (code, out) == (0, "1000\n"), err
