@@ -348,3 +348,98 @@ def test_a_replay_is_labelled_and_serves_the_record_without_a_daemon(
             expect(page.locator("#approvals-empty")).to_contain_text("replay", timeout=WAIT_MS)
             if path == bundle:
                 shot(page, "replay")
+
+
+def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> None:
+    """``stockade demo --dashboard``'s hooks, with the real demo: its agent's
+    35 refusals land live, each kernel refusal paired with the same tool call
+    the demo's own report pairs it with, and the debrief of the halted run
+    agrees with its record."""
+    import queue
+    import socket
+
+    from stockade.daemon._client import Client
+    from stockade.dashboard import attach
+    from stockade.demo import DemoOptions, run_agent_demo
+
+    # The demo's daemon lives in the demo's network namespace; the page's
+    # socket is made here, in the host's, as `stockade demo --dashboard` does.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    told: queue.Queue[Any] = queue.Queue()
+    go, done = threading.Event(), threading.Event()
+    result: dict[str, Any] = {}
+
+    def on_daemon(thread: Any) -> None:
+        attach(thread.daemon, sock=sock)
+        with Client(thread.socket_path, timeout=30) as client:
+            told.put(client.call("dashboard.open")["url"])
+        assert go.wait(60), "the test never opened the page"
+
+    def before_stop(report: Any) -> None:
+        told.put(report)
+        assert done.wait(120), "the test never finished with the page"
+
+    def main() -> None:
+        try:
+            result["report"] = run_agent_demo(
+                DemoOptions(out_dir=str(tmp_path / "demo")), on_daemon=on_daemon, before_stop=before_stop
+            )
+        except BaseException as exc:  # handed to the test below
+            result["error"] = exc
+            told.put(exc)
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    try:
+        url = told.get(timeout=120)
+        assert isinstance(url, str), url
+        base = url.split("/login", 1)[0]
+        with page_of(browser, url) as page:
+            go.set()
+            row = page.locator("tr[data-run]")
+            expect(row).to_have_count(1, timeout=WAIT_MS)
+            run = row.get_attribute("data-run")
+            page.goto(f"{base}/#/run/{run}")
+            enforcement = page.locator("#enforcement-pane")
+            expect(page.locator("#agent-pane [data-kind='tool.call']").first).to_be_visible(timeout=WAIT_MS)
+            expect(enforcement.locator("[data-kind='run.halted']")).to_have_count(1, timeout=60_000)
+            report = told.get(timeout=120)
+            assert not isinstance(report, BaseException), report
+            shot(page, "demo-run")
+            # Each kernel refusal the demo's report ties to a call (by its own
+            # clock: the agent's printed times) is tied here to the tool.call
+            # record of that same call (same tool, same arguments). The ids
+            # differ: the demo knows the model's call id, the record the SDK's.
+            expected = {
+                e["seq"]: c
+                for c in report.calls
+                for e in c.events
+                if e.get("layer") in ("landlock", "seccomp") and e.get("kind") == "cell.denied"
+            }
+            assert len(expected) >= 10, "the demo made fewer kernel refusals than it does"
+            for seq, call in expected.items():
+                kernel_row = enforcement.locator(f'[data-seq="{seq}"]')
+                expect(kernel_row).to_have_attribute("data-pair", "cell+time", timeout=WAIT_MS)
+                paired = kernel_row.get_attribute("data-paired-with")
+                detail = json.loads(
+                    page.locator(f'#agent-pane [data-tool-call="{paired}"] pre').text_content() or "{}"
+                )
+                assert (detail["name"], detail["args"]) == (call.tool, call.arguments), (seq, call.tool)
+            page.goto(f"{base}/#/debrief/{run}")
+            expect(page.locator("#grade")).to_have_text("A", timeout=WAIT_MS)
+            expect(page.locator("#verified")).to_contain_text("Verified")
+            expect(page.locator("#persistence")).to_contain_text(".envrc")
+            shot(page, "demo-debrief")
+            page.goto(f"{base}/#/runs")
+            expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("halted", timeout=WAIT_MS)
+            expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("35/35")
+            shot(page, "demo-runs")
+    finally:
+        go.set()
+        done.set()
+        thread.join(120)
+        sock.close()
+    assert "error" not in result, result.get("error")
+    assert result["report"].contained

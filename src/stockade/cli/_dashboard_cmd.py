@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import webbrowser
+from typing import Any
 
 import click
 
@@ -75,4 +76,48 @@ def dashboard(
     return 0
 
 
-__all__ = ["dashboard"]
+def demo_hooks(open_browser: bool = False) -> dict[str, Any]:
+    """``stockade demo --dashboard``: the hooks that attach the dashboard to the
+    demo's in-process daemon (``run_agent_demo``'s ``on_daemon`` and
+    ``before_stop``), wait for the operator to open it before the run starts,
+    and keep it up once the run ended until they press Enter.
+
+    The demo's daemon lives in the demo's network namespace, every thread of
+    it: the page's socket is made here, in the host's, so a browser on this
+    machine reaches it."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    opened: dict[str, str] = {}
+
+    def on_daemon(thread: Any) -> None:
+        from stockade.daemon._client import Client
+        from stockade.dashboard import attach
+
+        attach(thread.daemon, sock=sock)
+        with Client(thread.socket_path, timeout=30.0) as client:
+            opened["url"] = url = str(client.call("dashboard.open")["url"])
+        opened["base"] = url.split("/login", 1)[0]
+        click.echo(f"stockade: the demo's dashboard: {url}", err=True)
+        if open_browser:
+            webbrowser.open(url)
+        click.prompt("Open it, then press Enter to start the run", default="", show_default=False, err=True)
+
+    def before_stop(report: Any) -> None:
+        run = report.setup.get("run", "")
+        click.echo(
+            f"stockade: the run ended; its debrief: {opened.get('base', '')}/#/debrief/{run}", err=True
+        )
+        click.prompt(
+            "Press Enter to stop the demo's daemon and its dashboard",
+            default="",
+            show_default=False,
+            err=True,
+        )
+
+    return {"on_daemon": on_daemon, "before_stop": before_stop}
+
+
+__all__ = ["dashboard", "demo_hooks"]

@@ -85,6 +85,12 @@ _STYLE = {
     metavar="VAR",
     help="The environment variable holding the key for --model-url (none: no key).",
 )
+@click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="Serve the live dashboard from the demo's daemon: print its URL, wait for Enter to start.",
+)
 def demo(
     as_json: bool,
     no_color: bool,
@@ -92,6 +98,7 @@ def demo(
     model_url: str | None,
     model: str | None,
     model_key_env: str | None,
+    with_dashboard: bool,
 ) -> None:
     """Watch a prompt-injected agent try every way out of its cell, and each layer stop it.
 
@@ -114,14 +121,19 @@ def demo(
     if model_key_env is not None and not os.environ.get(model_key_env):
         raise click.UsageError(f"--model-key-env names {model_key_env}, which is not set; export it first")
     options = DemoOptions(out_dir=out_dir, model_url=model_url, model=model, model_key_env=model_key_env)
+    hooks: dict[str, Any] = {}
+    if with_dashboard:
+        from stockade.cli._dashboard_cmd import demo_hooks
+
+        hooks = demo_hooks()
     if as_json:
         import json
 
-        report = run_agent_demo(options)
+        report = run_agent_demo(options, **hooks)
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         view = _View(_console(no_color))
-        report = run_agent_demo(options, on_start=view.start, on_call=view.call, on_halt=view.halt)
+        report = run_agent_demo(options, on_start=view.start, on_call=view.call, on_halt=view.halt, **hooks)
         view.finish(report)
     if not report.contained:
         raise click.exceptions.Exit(1)

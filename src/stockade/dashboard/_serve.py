@@ -52,7 +52,17 @@ class _QuietServer(uvicorn.Server):
 class DashboardServer:
     """One dashboard's web server on the running loop (``start``, ``close``)."""
 
-    def __init__(self, source: Source, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, source: Source, *, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None
+    ) -> None:
+        """
+        Args:
+            sock: a listening loopback socket to serve on instead of binding
+                ``host``:``port``: one made in the host's network namespace for
+                a daemon whose threads live in another (``stockade demo``'s).
+        """
+        if sock is not None:
+            host, port = sock.getsockname()[:2]
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise DaemonError(
                 f"the dashboard listens on loopback only, not {host!r}; "
@@ -63,6 +73,7 @@ class DashboardServer:
         self.port = port
         self.operators = Operators()
         self.listening = Listening()
+        self._sock = sock
         self._server: _QuietServer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -76,19 +87,8 @@ class DashboardServer:
         Raises:
             DaemonError: the port cannot be bound.
         """
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-            sock.listen(128)
-            sock.setblocking(False)
-        except OSError as exc:
-            sock.close()
-            raise DaemonError(
-                f"the dashboard cannot listen on {self.host}:{self.port}: {exc.strerror}; "
-                "give another --port (0 picks a free one)"
-            ) from exc
+        sock = self._sock if self._sock is not None else self._listen()
+        sock.setblocking(False)
         self.port = sock.getsockname()[1]
         self.listening.set_port(self.port)
         config = uvicorn.Config(
@@ -110,6 +110,21 @@ class DashboardServer:
             sock.close()
             raise DaemonError(f"the dashboard's server did not start: {self._task.exception()!r}")
 
+    def _listen(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            raise DaemonError(
+                f"the dashboard cannot listen on {self.host}:{self.port}: {exc.strerror}; "
+                "give another --port (0 picks a free one)"
+            ) from exc
+        return sock
+
     def url(self, operator: str) -> str:
         """A fresh token for ``operator``, in the URL that logs in with it."""
         token = self.operators.mint(operator)
@@ -127,9 +142,12 @@ class DashboardServer:
             await asyncio.wait_for(task, 5.0)
 
 
-def attach(daemon: Daemon, *, port: int = 0) -> Callable[[], DashboardServer | None]:
+def attach(
+    daemon: Daemon, *, port: int = 0, sock: socket.socket | None = None
+) -> Callable[[], DashboardServer | None]:
     """Give ``daemon`` the ``dashboard.open`` request (module docstring), on its loop.
 
+    ``sock``: serve on this listening socket (``DashboardServer``), not a port.
     Returns a function that says the server once it started (for tests)."""
     holder: dict[str, DashboardServer] = {}
     starting = asyncio.Lock()
@@ -141,7 +159,7 @@ def attach(daemon: Daemon, *, port: int = 0) -> Callable[[], DashboardServer | N
         async with starting:
             server = holder.get("server")
             if server is None:
-                server = DashboardServer(LiveSource(daemon), port=wanted)
+                server = DashboardServer(LiveSource(daemon), port=wanted, sock=sock)
                 try:
                     await server.start()
                 except DaemonError as exc:

@@ -89,8 +89,15 @@ def run_agent_demo(
     on_start: OnStart | None = None,
     on_call: OnCall | None = None,
     on_halt: Callable[[str], None] | None = None,
+    on_daemon: Callable[[Any], None] | None = None,
+    before_stop: Callable[[DemoReport], None] | None = None,
 ) -> DemoReport:
     """Run the demo end to end and return its report.
+
+    ``on_daemon`` gets the in-process daemon (a ``DaemonThread``) once it
+    listens, before the run starts (``stockade demo --dashboard`` attaches the
+    dashboard there); ``before_stop`` gets the report while that daemon still
+    runs, so a dashboard can show the ended run before it goes.
 
     Raises:
         HostError: this host cannot run it (not root, no ``ip``, no audit log,
@@ -130,6 +137,8 @@ def run_agent_demo(
         other_before = stack.enter_context(_other_agent())
         workspace = stack.enter_context(_workspace())
         daemon = stack.enter_context(_daemon(world, tmp))
+        if on_daemon is not None:
+            on_daemon(daemon)
         from stockade.daemon._client import Client
 
         client = stack.enter_context(Client(daemon.socket_path, timeout=60.0))
@@ -193,6 +202,8 @@ def run_agent_demo(
             persistence=persistence_changes(stored),
         )
         report.files = _write_files(out, stored, transcript, report)
+        if before_stop is not None:
+            before_stop(report)
     return report
 
 

@@ -53,7 +53,7 @@ const PAIRED_BY_TIME = new Set(["cell.denied", "cell.audited", "http.request"]);
 // A kernel record's stamp is the kernel's coarse clock: up to a tick before
 // the agent's own; one between two calls belongs to the next (the agent makes
 // one call at a time).
-const EARLY = 0.02, LATE = 0.005;
+const EARLY = 0.02, LATE = 0;
 const ROWS_MAX = 4000;
 
 function stateBadge(state) { return el("span", { class: `badge state-${state}` }, state); }
