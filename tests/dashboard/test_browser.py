@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from stockade.bench._containment import containment
 from stockade.dashboard import DashboardServer, load_replay
-from stockade.dashboard._summary import category, is_attempt
 from stockade.record import Event
 from tests.daemon.test_server import Wire, close_wires, kind_is  # noqa: F401  (the fixture)
 from tests.dashboard._scenario import REPORT_CHARS, Dash, agent_policy, dashboard_daemon
@@ -163,14 +163,17 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
         expect(page.locator("#persistence")).to_contain_text("Persistence report")
 
         # The debrief's figures are the record's.
+        # (counted as `stockade bench` counts a trial's reaches)
         stored = _run_events(dash, run)
-        attempts = [s["event"] for s in stored if is_attempt(s["event"])]
+        workspace = stored[0]["event"]["detail"]["workspace"]
+        attempts = containment(stored, root=workspace, hidden=()).reaches
         layers: dict[str, int] = {}
         categories: dict[str, int] = {}
-        for e in attempts:
-            layers[e["layer"]] = layers.get(e["layer"], 0) + 1
-            categories[category(e)] = categories.get(category(e), 0) + 1
+        for r in attempts:
+            layers[r.layer] = layers.get(r.layer, 0) + 1
+            categories[r.category] = categories.get(r.category, 0) + 1
         assert layers.get("landlock") and layers.get("broker") == 1
+        assert categories == {"outside-workspace": len(attempts)}
         verified = control.call("verify")
         page.goto(f"{dash.base}/#/debrief/{run}")
         expect(page.locator("#escalation")).to_have_text(str(len(attempts)), timeout=WAIT_MS)

@@ -416,8 +416,13 @@ async function benchView() {
 
 // ------------------------------------------------------------------ routing
 
+async function refreshApprovals() {
+  try { setApprovals((await api("/api/approvals")).approvals.length); } catch (_) { /* shown on the next try */ }
+}
+
 function route() {
   for (const fn of S.cleanup.splice(0)) fn();
+  if (S.session.mode === "live") refreshApprovals();
   const [, page, arg] = (location.hash || "#/runs").split("/");
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === (page === "run" || page === "debrief" ? "runs" : page));
   if (page === "run" && arg) runView(decodeURIComponent(arg));
@@ -438,7 +443,7 @@ async function start() {
   }
   window.addEventListener("hashchange", route);
   route();
-  if (S.session.mode === "live") setInterval(async () => { try { setApprovals((await api("/api/approvals")).approvals.length); } catch (_) { /* shown on the next try */ } }, 2000);
+  if (S.session.mode === "live") setInterval(refreshApprovals, 2000);
 }
 
 document.addEventListener("DOMContentLoaded", start);
