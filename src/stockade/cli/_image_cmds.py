@@ -207,10 +207,11 @@ def rm_cmd(refs: tuple[str, ...], force: bool, state: str | None) -> int:
 
 @image.command("prune")
 @click.option("-n", "--dry-run", is_flag=True, help="Say what would be removed, and remove nothing.")
+@click.option("--all", "all_cache", is_flag=True, help="Remove the cached Debian bases too.")
 @_state_option
-def prune_cmd(dry_run: bool, state: str | None) -> int:
-    """Remove unnamed images (not those a named one was built from), stale build cache and abandoned work."""
-    report = _store(state).prune(dry_run=dry_run)
+def prune_cmd(dry_run: bool, all_cache: bool, state: str | None) -> int:
+    """Remove unnamed images (not what a named one was built from, nor bases), stale cache, old work."""
+    report = _store(state).prune(dry_run=dry_run, all_cache=all_cache)
     verb = "would remove" if dry_run else "removed"
     for digest in report.images:
         click.echo(f"{verb} image {digest}")

@@ -94,7 +94,10 @@ def build_policy(*, user: str = "root", extra_hosts: Sequence[str] = ()) -> Poli
     from stockade.policy._model import EnvPolicy, HostRule, NetworkPolicy
 
     base = default_policy("image-build")
-    rules = tuple(HostRule(h, ports=(80, 443)) for h in (*BUILD_HOSTS, *extra_hosts))
+    # ``paths: ["/"]`` allows every path and makes the gateway terminate TLS
+    # (with the run's own CA, which only the cell trusts): it then sees, and
+    # records, each URL of an HTTPS fetch, where a tunnel shows only the host.
+    rules = tuple(HostRule(h, ports=(80, 443), paths=("/",)) for h in (*BUILD_HOSTS, *extra_hosts))
     rules += tuple(HostRule(n, ports=(80, 443)) for n in BUILD_NETWORKS)
     fields = {f.name for f in dataclasses.fields(base)}
     changes: dict[str, object] = {

@@ -368,11 +368,23 @@ class ImageStore:
                 todo.append(parent)
         return keep
 
-    def prune(self, *, dry_run: bool = False) -> PruneReport:
-        """Remove unnamed images (not the ancestors of a named one), cache
-        entries whose image is gone, and abandoned ``tmp/`` work."""
+    def bases(self) -> set[str]:
+        """The images the base cache holds (mmdebstrap bases: ~40 s each to make again)."""
+        folder = self.cache_dir / "base"
+        out: set[str] = set()
+        for entry in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                out.add(str(json.loads(entry.read_text(encoding="utf-8"))["digest"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def prune(self, *, dry_run: bool = False, all_cache: bool = False) -> PruneReport:
+        """Remove unnamed images (not the ancestors of a named one, nor the
+        cached bases unless ``all_cache``), cache entries whose image is gone,
+        and abandoned ``tmp/`` work."""
         with self.locked():
-            keep = self.kept()
+            keep = self.kept() | (set() if all_cache else self.bases())
             images = [d for d in self.digests() if d not in keep]
             total = 0
             for digest in images:
