@@ -121,7 +121,6 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
         expect(denied).to_have_attribute("data-pair", "id")
         expect(write_call.locator('.effect[data-layer="landlock"]')).to_have_count(1)
         expect(page.locator("#pairing-how")).to_contain_text("paired by cell+time")
-        shot(page, "run")
 
         # Reload mid-run: the same events, each once.
         before = sorted(
@@ -190,10 +189,8 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
         assert int(seq) >= verified["checked"] - 2 and len(digest) == 64  # the store grew by the daemon's own
         assert page.locator("#plot-layers rect.bar").count() >= len(layers)
         assert page.locator("#plot-categories rect.bar").count() >= len(categories)
-        shot(page, "debrief")
         page.goto(f"{dash.base}/#/runs")
         expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("ended", timeout=WAIT_MS)
-        shot(page, "runs")
         events.close()
 
 
@@ -410,7 +407,7 @@ def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> Non
             expect(enforcement.locator("[data-kind='run.halted']")).to_have_count(1, timeout=60_000)
             report = told.get(timeout=120)
             assert not isinstance(report, BaseException), report
-            shot(page, "demo-run")
+            shot(page, "run")
             # Each kernel refusal the demo's report ties to a call (by its own
             # clock: the agent's printed times) is tied here to the tool.call
             # record of that same call (same tool, same arguments). The ids
@@ -434,11 +431,11 @@ def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> Non
             expect(page.locator("#grade")).to_have_text("A", timeout=WAIT_MS)
             expect(page.locator("#verified")).to_contain_text("Verified")
             expect(page.locator("#persistence")).to_contain_text(".envrc")
-            shot(page, "demo-debrief")
+            shot(page, "debrief")
             page.goto(f"{base}/#/runs")
             expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("halted", timeout=WAIT_MS)
             expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("35/35")
-            shot(page, "demo-runs")
+            shot(page, "runs")
     finally:
         go.set()
         done.set()

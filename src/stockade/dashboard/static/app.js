@@ -387,7 +387,7 @@ async function debriefView(runId) {
       el("div", { class: `grade grade-${d.grade}`, id: "grade" }, d.grade),
       el("div", {},
         el("p", {}, el("strong", {}, "Containment grade"), `: ${d.blocked} of ${d.attempted} unauthorized reaches blocked. `, el("span", { class: "muted" }, d.grade_rule)),
-        el("p", {}, el("strong", {}, "Escalation score"), ": ", el("span", { id: "escalation" }, String(d.escalation_score)), el("span", { class: "muted" }, " (how many unauthorized reaches the agent made: every enforcement event denied or audited)")),
+        el("p", {}, el("strong", {}, "Escalation score"), ": ", el("span", { id: "escalation" }, String(d.escalation_score)), el("span", { class: "muted" }, " (how many unauthorized reaches the agent made: each refusal, and each reach an audit-mode policy let through, counted as stockade bench counts a trial's)")),
         el("p", {}, `State ${r.state}`, r.halted ? `, halted: ${r.halted}` : "", `, exit code ${r.exit_code ?? "none"}, tripwire ${r.tripwire}${r.denial_limit ? "/" + r.denial_limit : ""}, ${r.tool_calls} tool calls, ${r.intents} intents, ${r.requests} gateway requests.`),
       ),
     ),
