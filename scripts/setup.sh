@@ -14,6 +14,8 @@ command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
 # chromium: the dashboard's tests drive Debian's browser headless (Playwright,
 # with executable_path: no browser download).
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# mmdebstrap: `stockade image build` makes its Debian bases with it (docs/IMAGES.md).
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing system packages: ${need_apt[*]}; run 'sudo apt-get install -y ${need_apt[*]}' and try again" >&2
