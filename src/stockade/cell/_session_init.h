@@ -279,7 +279,8 @@ __attribute__((noreturn)) static void session_loop(const struct spec *s, int soc
             if (read(sig, &info, sizeof info) == (ssize_t)sizeof info) {
                 if (info.ssi_signo == SIGCHLD)
                     session_reap(calls);
-                else
+                else if (info.ssi_signo != SIGPIPE) /* the init's own: its 'W' to a call whose host end
+                                                     * had closed (every file call); not for the calls */
                     for (size_t i = 0; i < SESSION_MAX_CALLS; i++)
                         if (calls[i].pid > 0) (void)kill(-calls[i].pid, (int)info.ssi_signo);
             }
