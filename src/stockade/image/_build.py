@@ -91,7 +91,7 @@ def build_policy(*, user: str = "root", extra_hosts: Sequence[str] = ()) -> Poli
     """The policy of a build cell: root of its own user namespace, the gateway
     to the registries only, the default policy's limits with half an hour per step."""
     from stockade.policy import default_policy
-    from stockade.policy._model import EnvPolicy, HostRule, NetworkPolicy
+    from stockade.policy._model import EnvPolicy, FilesystemPolicy, HostRule, NetworkPolicy
 
     base = default_policy("image-build")
     # ``paths: ["/"]`` allows every path and makes the gateway terminate TLS
@@ -102,6 +102,10 @@ def build_policy(*, user: str = "root", extra_hosts: Sequence[str] = ()) -> Poli
     fields = {f.name for f in dataclasses.fields(base)}
     changes: dict[str, object] = {
         "network": NetworkPolicy(allow=rules),
+        # None of the host's paths: the image's own /etc/shadow is the
+        # image's, and a deny or protect entry in it would make its directory
+        # a hole in the cell's write grant (apt replaces files in /etc).
+        "filesystem": FilesystemPolicy(),
         "env": EnvPolicy(),
         "limits": dataclasses.replace(base.limits, timeout=STEP_TIMEOUT, output=64 * 1024 * 1024),
     }
