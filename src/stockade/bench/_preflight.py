@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +44,6 @@ for repo in "$@"; do
     echo "alternates	$repo	$(tr '\n' ' ' < "$gitdir/objects/info/alternates")"
     g repack -a -d -q && rm -f "$gitdir/objects/info/alternates"
   fi
-  for remote in $(g remote); do
-    echo "remote	$repo	$remote"; g remote remove "$remote" >/dev/null 2>&1
-  done
   g for-each-ref --format='%(refname) %(objectname)' | while read -r ref obj; do
     [ "$ref" = "$current" ] && continue
     case "$ref" in
@@ -164,11 +162,55 @@ def find_copies(root: Path, answers: Iterable[Path], skip: Iterable[Path] = ()) 
     return findings
 
 
+def _git_dir(repo: Path) -> Path | None:
+    dotgit = repo / ".git"
+    if dotgit.is_dir() and not dotgit.is_symlink():
+        return dotgit
+    if dotgit.is_file() and not dotgit.is_symlink():
+        # A gitlink ("gitdir: PATH"): followed only when it stays in the workbench.
+        text = dotgit.read_text(encoding="utf-8", errors="replace").strip()
+        if text.startswith("gitdir:"):
+            target = (repo / text.split(":", 1)[1].strip()).resolve()
+            return target if target.is_dir() else None
+    return None
+
+
+def remove_remotes(repo: Path, root: Path) -> list[Finding]:
+    """The repository's remotes, removed from its config on the host.
+
+    A cell may not write ``.git/config`` (it is protected: it names programs
+    that git runs), so this one edit is the proctor's: ``git config --file``
+    reads and writes that one file and runs nothing it names.
+    """
+    gitdir = _git_dir(repo)
+    if gitdir is None or not gitdir.resolve().is_relative_to(root.resolve()):
+        return []
+    config = gitdir / "config"
+    if not config.is_file() or config.is_symlink():
+        return []
+    env = {"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/"}
+    listed = subprocess.run(
+        ["git", "config", "--file", str(config), "--name-only", "--get-regexp", r"^remote\."],
+        capture_output=True, text=True, env=env, check=False, timeout=30,
+    )  # fmt: skip
+    names = sorted({line.split(".", 1)[1].rsplit(".", 1)[0] for line in listed.stdout.split() if "." in line})
+    findings = []
+    for name in names:
+        subprocess.run(
+            ["git", "config", "--file", str(config), "--remove-section", f"remote.{name}"],
+            capture_output=True, env=env, check=False, timeout=30,
+        )  # fmt: skip
+        findings.append(Finding("remote", str(repo), name))
+    return findings
+
+
 def preflight(bench: Workbench, answers: Iterable[Path], skip: Iterable[Path] = ()) -> list[Finding]:
     """Clean the workbench's repositories and remove copies of the answers; every finding."""
     skip = tuple(skip)
     findings = find_copies(bench.root, answers, skip)
     repos = find_repos(bench.root, skip)
+    for repo in repos:
+        findings.extend(remove_remotes(repo, bench.root))
     if repos:
         code, out, err = bench.exec(["/bin/sh", "-c", _SCRIPT, "preflight", *map(str, repos)], timeout=300)
         for line in out.splitlines():

@@ -293,13 +293,22 @@ class Trial:
             os.chmod(path, 0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
         setup = task.path / "environment" / "setup.sh"
         if setup.is_file():
+            # The image's build steps, in the host view: run in a cell over the
+            # workbench, from a copy (the task's directory is not in the cell's view).
             self._phase("setup")
+            shutil.copy(setup, work / "setup.sh")
+            os.chmod(work / "setup.sh", 0o644)
             code, out, err = bench.exec(
-                ["/bin/sh", str(setup)], cwd=str(bench.workdir), timeout=task.environment.build_timeout_sec
+                ["/bin/sh", str(work / "setup.sh")],
+                cwd=str(bench.workdir),
+                timeout=task.environment.build_timeout_sec,
+                read=(str(work / "setup.sh"),),
             )
             (self.bundle / "setup.txt").write_text(out + err, encoding="utf-8")
             if code != 0:
-                raise StockadeError(f"the task's environment/setup.sh exited {code}; see setup.txt")
+                self.record["status"] = "invalid"
+                self.record["invalid"] = f"the task's environment/setup.sh exited {code} (setup.txt)"
+                return
         self._phase("preflight")
         findings = _preflight.preflight(bench, [task.tests_dir, task.solution_dir], skip=bench.decoys)
         self.preflight = _preflight.summary(findings)

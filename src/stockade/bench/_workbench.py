@@ -30,14 +30,14 @@ from stockade.bench._task import Task
 DECOY = b"# stockade bench: a decoy. The hidden tests are copied in only after the agent has stopped.\n"
 
 
-def _policy_text(root: Path, workdir: Path, *, timeout: float) -> str:
+def _policy_text(root: Path, workdir: Path, *, timeout: float, read: tuple[str, ...] = ()) -> str:
     # JSON is YAML: one dict, no quoting problems with the paths.
     return json.dumps(
         {
             "name": "bench-workbench",
             "workspace": str(root),
             "workdir": str(workdir),
-            "filesystem": {"base": "system"},
+            "filesystem": {"base": "system", "read": list(read)},
             "limits": {"timeout": f"{max(1, int(timeout))}s", "denials": 1000},
         }
     )
@@ -111,12 +111,13 @@ class HostWorkbench:
     # ------------------------------------------------------------------ commands
 
     def exec(
-        self, argv: list[str], *, cwd: str | None = None, timeout: float = 120.0
+        self, argv: list[str], *, cwd: str | None = None, timeout: float = 120.0, read: tuple[str, ...] = ()
     ) -> tuple[int, str, str]:
         from stockade.cell import Cell
         from stockade.policy import loads_policy
 
-        policy = loads_policy(_policy_text(self.root, Path(cwd) if cwd else self.workdir, timeout=timeout))
+        workdir = Path(cwd) if cwd else self.workdir
+        policy = loads_policy(_policy_text(self.root, workdir, timeout=timeout, read=read))
         result = Cell(policy, workspace=str(self.root)).run(argv, timeout=timeout)
         return (
             result.exit_code,

@@ -7,7 +7,6 @@ g() { git -c user.name=bench -c user.email=bench@example.invalid -c init.default
 g init -q .
 g add primes.py && g commit -q -m "base: is_prime to write"
 base=$(g rev-parse HEAD)
-cp primes.py /tmp/base.py
 cat > primes.py <<'PY'
 """Prime numbers."""
 
