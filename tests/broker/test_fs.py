@@ -651,3 +651,29 @@ def test_openat2_reports_the_kernels_error_and_refuses_a_nul(tree: Path) -> None
             os.close(fd)
     finally:
         os.close(root)
+
+
+# ------------------------------------------------------------ filesystem.mounts
+
+
+def test_a_mount_target_is_its_source_granted_as_mounted(tree: Path) -> None:
+    from stockade.policy import MountRule
+
+    policy = Policy(
+        name="t",
+        filesystem=FilesystemPolicy(
+            mounts=(
+                MountRule(str(tree / "data"), "/mnt/data", "ro"),
+                MountRule(str(tree / "out"), "/mnt/out", "rw"),
+            )
+        ),
+    )
+    (tree / "ws").mkdir(exist_ok=True)
+    fa = FileAccess(policy, workspace=str(tree / "ws"))
+    assert fa.read("/mnt/data/a.txt") == b"hello"
+    assert fa.read("/mnt/data/sub/b.txt") == b"deep"
+    refused(fa.write, "/mnt/data/new.txt", b"x", "create")  # a read-only mount stays read-only
+    fa.write("/mnt/out/new.txt", b"made", "create")
+    assert (tree / "out" / "new.txt").read_bytes() == b"made"
+    refused(fa.read, "/mnt/other/x")  # beside the targets: no grant
+    refused(fa.read, f"{tree}/outside/secret")

@@ -232,8 +232,19 @@ class FileAccess:
             hidden: more places never reachable (the daemon's state directory).
         """
         fs = policy.filesystem
-        self._read = tuple(os.path.normpath(e) for e in fs.read)
-        self._write = tuple(os.path.normpath(e) for e in fs.write)
+        # filesystem.mounts: a path the cell sees at a mount's target is its
+        # source on the host, granted read-only or read-write as mounted.
+        self._mounts = tuple(
+            (tuple(_parts(os.path.normpath(m.target))), os.path.realpath(m.source)) for m in fs.mounts
+        )
+        self._read = tuple(
+            os.path.normpath(e)
+            for e in (*fs.read, *(os.path.realpath(m.source) for m in fs.mounts if m.mode == "ro"))
+        )
+        self._write = tuple(
+            os.path.normpath(e)
+            for e in (*fs.write, *(os.path.realpath(m.source) for m in fs.mounts if m.mode == "rw"))
+        )
         self._workspace = os.path.realpath(workspace)
         self._writable_trees = tuple(
             _parts(t) for t in dict.fromkeys((os.path.normpath(workspace), self._workspace, *self._write))
@@ -445,6 +456,10 @@ class FileAccess:
         if not path.startswith("/") or "\x00" in path:
             raise FsFailure("refused", f"{_show(path)!r} is not an absolute path; name the file from '/'")
         parts = _parts(os.path.normpath(path))
+        for target, source in self._mounts:
+            if tuple(parts[: len(target)]) == target:
+                parts = [*_parts(source), *parts[len(target) :]]
+                break
         best: tuple[int, bool, str] | None = None
         for writable, entries in ((False, self._read), (True, self._write)):
             for entry in entries:
