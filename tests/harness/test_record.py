@@ -14,7 +14,11 @@ from stockade.record._journaled import open_journaled_store
 
 def _refusal(n: int) -> Event:
     return Event(
-        kind="cell.denied", cell="c-1", layer="landlock", outcome="denied", summary=f"write to /etc/x{n} refused"
+        kind="cell.denied",
+        cell="c-1",
+        layer="landlock",
+        outcome="denied",
+        summary=f"write to /etc/x{n} refused",
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Union, overload
@@ -34,18 +35,25 @@ from inspect_ai.util import (
     SandboxEnvironmentConfigType,
     SandboxEnvironmentLimits,
     SandboxUnavailableError,
+    SandboxUserUnsupportedError,
     concurrency,
     sandboxenv,
 )
 from pydantic import BaseModel
 
 from stockade.daemon import _paths
+from stockade.errors import UsageError
 from stockade.harness import _compose
 from stockade.harness._record import SampleRecord, containment_report, land
-from stockade.harness._workbench import Workbench, open_workbench
+from stockade.harness._workbench import ExecFiles, Workbench, open_workbench
 from stockade.policy import Policy, default_policy, load_policy
 
 T = TypeVar("T")
+
+ARGV_IN_REQUEST = 768 << 10
+"""Bytes of argv sent with a session call as they are; a longer one (Inspect
+checks 1 MiB, the session takes 1 MiB of argv, env and cwd in all) is
+written to a file in the cell and read back there by bash (``_staged_argv``)."""
 
 _THREADS = anyio.CapacityLimiter(256)
 """Threads that wait on cells. anyio's default limiter (40) would make the
@@ -114,6 +122,7 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
     def __init__(self, workbench: Workbench, record: SampleRecord, cwd: str, state: str | None) -> None:
         super().__init__()
         self._workbench = workbench
+        self._files = ExecFiles(workbench)
         self.record = record
         self._cwd = cwd
         self._state = state
@@ -257,14 +266,33 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         where = self._resolve(cwd) if cwd is not None else self._cwd
         workbench = self._workbench
+        files = self._files
 
         def run() -> Any:
+            uid = None if user is None else _uid_of(workbench, user)
+            if user is not None and uid is None:
+                return None  # no such user: a failed command, as docker exec says it
+            argv = list(cmd)
+            if sum(len(a.encode()) + 1 for a in argv) > ARGV_IN_REQUEST:
+                argv = _staged_argv(files, argv, uid)
             return workbench.exec(
-                cmd, input=data, cwd=where, env=env, user=user, timeout=timeout, output_limit=limit
+                argv, input=data, cwd=where, env=env, user=uid, timeout=timeout, output_limit=limit
             )
 
-        async with _throttled(concurrency):
-            result = await _in_thread(run)
+        try:
+            async with _throttled(concurrency):
+                result = await _in_thread(run)
+        except UsageError as exc:
+            if user is not None and "only a root workbench" in str(exc):
+                raise SandboxUserUnsupportedError(str(exc)) from exc
+            raise
+        if result is None:
+            return ExecResult(
+                success=False,
+                returncode=1,
+                stdout="",
+                stderr=f"stockade: no user {user!r} in the cell's /etc/passwd\n",
+            )
         stdout = result.stdout.decode("utf-8", "replace")
         stderr = result.stderr.decode("utf-8", "replace")
         if result.timed_out:
@@ -308,15 +336,20 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         path = self._resolve(file)
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         workbench = self._workbench
-        data = await _in_thread(lambda: workbench.read_file(path, limit=limit + 1))
-        if len(data) > limit:
-            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
+        try:
+            data = await _in_thread(lambda: workbench.read_file(path, limit=limit))
+        except UsageError as exc:
+            # The path is a non-empty str and the limit a count (checked
+            # here): what is left to refuse is a file over the limit.
+            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None) from exc
         if text:
             # newline="" semantics: bytes decoded as they are, CRLF kept.
             return data.decode("utf-8")
         return data
 
     def _resolve(self, path: str) -> str:
+        if not path or "\0" in path:
+            raise FileNotFoundError(errno.ENOENT, "not a path", path)
         return path if os.path.isabs(path) else os.path.join(self._cwd, path)
 
     def _check_open(self) -> None:
@@ -325,6 +358,33 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
                 f"the stockade session of run {self.record.run_id} has ended; a sandbox is usable "
                 "only between its sample's init and cleanup"
             )
+
+
+def _uid_of(workbench: Workbench, user: str) -> int | str | None:
+    """``user`` as the session takes it: root, a number, or a name looked up
+    in the cell's own /etc/passwd (an image's users, one adduser made a
+    moment ago); None when no such user is there."""
+    if user == "root" or user.isdigit():
+        return user
+    try:
+        passwd = workbench.read_file("/etc/passwd", limit=16 << 20)
+    except OSError:
+        return None
+    for line in passwd.decode("utf-8", "replace").splitlines():
+        fields = line.split(":")
+        if len(fields) > 2 and fields[0] == user and fields[2].isdigit():
+            return int(fields[2])
+    return None
+
+
+def _staged_argv(files: ExecFiles, argv: list[str], uid: int | str | None) -> list[str]:
+    """An argv too long for one session call: its words go to a file in the
+    cell (NUL-separated, as the caller's user), and bash reads them back and
+    execs them, so the command sees exactly ``argv``."""
+    path = f"/tmp/.stockade-argv-{os.urandom(6).hex()}"
+    files.write_file(path, b"\0".join(a.encode() for a in argv) + b"\0", user=uid)
+    script = 'mapfile -d "" -t a < "$0" && rm -f -- "$0" && exec "${a[@]}"'
+    return ["/bin/bash", "-c", script, path]
 
 
 async def _in_thread(fn: Callable[[], T]) -> T:

@@ -51,15 +51,15 @@ class Workbench(Protocol):
         input: bytes | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        user: str | None = None,
+        user: str | int | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
     ) -> ExecResult: ...
 
-    def read_file(self, path: str, *, user: str | None = None, limit: int | None = None) -> bytes: ...
+    def read_file(self, path: str, *, user: str | int | None = None, limit: int | None = None) -> bytes: ...
 
     def write_file(
-        self, path: str, data: bytes, *, user: str | None = None, mode: int | None = None
+        self, path: str, data: bytes, *, user: str | int | None = None, mode: int | None = None
     ) -> None: ...
 
     def close(self) -> CellResult: ...
@@ -102,7 +102,7 @@ class ExecFiles:
         result: CellResult = self._session.close()
         return result
 
-    def read_file(self, path: str, *, user: str | None = None, limit: int | None = None) -> bytes:
+    def read_file(self, path: str, *, user: str | int | None = None, limit: int | None = None) -> bytes:
         argv = ["/bin/cat", "--", path] if limit is None else ["/usr/bin/head", "-c", str(limit), "--", path]
         result = self._session.exec(argv, user=user)
         if result.returncode != 0:
@@ -110,7 +110,9 @@ class ExecFiles:
         data: bytes = result.stdout
         return data
 
-    def write_file(self, path: str, data: bytes, *, user: str | None = None, mode: int | None = None) -> None:
+    def write_file(
+        self, path: str, data: bytes, *, user: str | int | None = None, mode: int | None = None
+    ) -> None:
         script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
         if mode is not None:
             script += f' && chmod {mode:o} -- "$1"'

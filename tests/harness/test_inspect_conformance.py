@@ -1,0 +1,94 @@
+"""Inspect's own conformance suite (``inspect_ai.util._sandbox.self_check``)
+against the ``stockade`` sandbox, found through the entry point as Inspect
+finds it. Every check passes, or is an xfail whose reason names a limit of
+the design (``XFAIL`` below)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from inspect_ai.util import SandboxEnvironment
+from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
+from inspect_ai.util._sandbox.self_check import *  # noqa: F403
+
+pytestmark = pytest.mark.anyio
+
+XFAIL: dict[str, str] = {
+    "test_exec_as_user": (
+        "the default policy's cell is not a root workbench and shows the host's system "
+        "directories read-only: `user='root'` is refused (SandboxUserUnsupportedError) and adduser "
+        "could not write /etc/passwd; it needs a policy with `image:` and `user: root`"
+    ),
+}
+"""Checks this sandbox cannot pass with the default policy, and why."""
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+async def _shared_env(state_dir: Path) -> AsyncIterator[SandboxEnvironment]:
+    # As Inspect does it: the type by name from the registry, which loads the
+    # `inspect_ai` entry points when the name is not yet known.
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    assert sandbox_type.__module__ == "stockade.harness._inspect"
+    config = sandbox_type.config_deserialize({"state": str(state_dir)})
+    await sandbox_type.task_init("conformance", config)
+    envs = await sandbox_type.sample_init("conformance", config, {"sample_id": "1"})
+    env = envs["default"]
+    try:
+        yield env
+    finally:
+        await sandbox_type.sample_cleanup("conformance", config, envs, False)
+        assert env.report is not None and env.report["record"]["store"] is not None
+
+
+@pytest.fixture
+async def sandbox_env(request: pytest.FixtureRequest, _shared_env: SandboxEnvironment) -> SandboxEnvironment:
+    reason = XFAIL.get(request.node.originalname)
+    if reason:
+        request.node.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    return _shared_env
+
+
+def test_the_entry_point_names_the_provider() -> None:
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="inspect_ai") if e.name == "stockade"]
+    assert ep.value == "stockade.harness._inspect_registry"
+    assert os.path.basename(ep.load().__file__) == "_inspect_registry.py"
+
+
+async def test_the_sample_record_lands_in_the_store(state_dir: Path) -> None:
+    # A sample of its own (the shared one's record lands at the module's end):
+    # a refused write leaves a kernel refusal in the store, under the
+    # sample's run, and in the containment report.
+    from stockade.record import open_store
+
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    config = sandbox_type.config_deserialize({"state": str(state_dir)})
+    envs = await sandbox_type.sample_init("record", config, {"sample_id": "r1"})
+    env = envs["default"]
+    refused = await env.exec(["sh", "-c", "echo x >> /etc/passwd"])
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr
+    written = await env.exec(["sh", "-c", "echo ok > done.txt && cat done.txt"])  # the control
+    assert written.stdout == "ok\n"
+    await sandbox_type.sample_cleanup("record", config, envs, False)
+    report = env.report
+    assert report["refusals"] >= 1
+    assert any("/etc/passwd" in a["summary"] for a in report["attempts"])
+    with open_store(report["record"]["store"], readonly=True) as store:
+        kinds = [s.event.kind for s in store.query(run=report["run"])]
+    assert kinds[0] == "harness.sample.start" and kinds[-1] == "harness.sample.end"
+    assert "session.exec" in kinds and len(kinds) == report["events"]
