@@ -1,0 +1,214 @@
+"""Trials that end otherwise: a verifier that gives no reward (invalid), an agent that
+trips the wire (halted), a daemon that dies mid-trial (crashed); bundles that
+were tampered with; resume; the commands."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stockade.bench import ProctorConfig, Task, Trial, load_task, verify_bundle
+from stockade.bench._campaign import Campaign
+from stockade.cli._app import run_app
+from stockade.daemon._server import DaemonThread
+from tests.bench.conftest import TASKS, World
+
+WAIT = 60.0
+
+
+def copy_task(tmp_path: Path, files: dict[str, str], name: str = "fix-bug") -> Path:
+    """A copy of an in-tree task with some of its files replaced ({relative path: text})."""
+    root = tmp_path / f"task-{len(list(tmp_path.glob('task-*')))}"
+    shutil.copytree(TASKS / name, root)
+    for rel, text in files.items():
+        path = root / rel
+        path.write_text(text)
+        path.chmod(0o755)
+    return root
+
+
+def trial(world: World, task: Task, out: Path, agent: str = "oracle") -> dict[str, Any]:
+    config = ProctorConfig(socket_path=world.daemon.socket_path, out=out, agent=agent)
+    return Trial(task, 1, config).run()
+
+
+@pytest.fixture(scope="module")
+def solved(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return trial(world, load_task(TASKS / "fix-bug"), tmp_path_factory.mktemp("solved"))
+
+
+@pytest.mark.parametrize(
+    ("test_sh", "why"),
+    [
+        ("#!/bin/bash\nexit 0\n", "wrote no"),
+        ("#!/bin/bash\nexec /nonexistent/python3 run.py\n", "wrote no"),
+        ('#!/bin/bash\nmkdir -p "$STOCKADE_BENCH_ROOT/logs/verifier"\n'
+         'echo pass > "$STOCKADE_BENCH_ROOT/logs/verifier/reward.txt"\n', "not hold a number"),
+    ],
+)  # fmt: skip
+def test_a_verifier_without_a_reward_makes_the_trial_invalid(
+    world: World, tmp_path: Path, test_sh: str, why: str
+) -> None:
+    task = load_task(copy_task(tmp_path, {"tests/test.sh": test_sh}))
+    summary = trial(world, task, tmp_path / "out")
+    assert summary["status"] == "invalid" and summary["reward"] is None
+    assert why in summary["invalid"]
+    assert summary["outcome"] == "invalid"
+    assert verify_bundle(summary["bundle"]) == []
+
+
+def test_a_verifier_writing_reward_json_is_read(world: World, tmp_path: Path) -> None:
+    test_sh = (
+        '#!/bin/bash\nmkdir -p "$STOCKADE_BENCH_ROOT/logs/verifier"\n'
+        'echo \'{"reward": 0.5, "lint": 1}\' > "$STOCKADE_BENCH_ROOT/logs/verifier/reward.json"\n'
+    )
+    summary = trial(world, load_task(copy_task(tmp_path, {"tests/test.sh": test_sh})), tmp_path / "out")
+    assert summary["status"] == "completed"
+    assert summary["reward"] == 0.5 and summary["reward_detail"] == {"reward": 0.5, "lint": 1.0}
+
+
+def test_an_agent_that_trips_the_wire_is_halted(world: World, tmp_path: Path) -> None:
+    toml = (TASKS / "fix-bug" / "task.toml").read_text().replace("tripwire = 10", "tripwire = 3")
+    task = load_task(copy_task(tmp_path, {"task.toml": toml}))
+    # Each read of the decoy is a refusal: the third halts the run and kills the cell,
+    # long before the loop would end on its own.
+    agent = "/bin/sh -c 'for i in $(seq 1 200); do cat ../tests/test_outputs.py; done; sleep 60'"
+    started = time.monotonic()
+    summary = trial(world, task, tmp_path / "out", agent=agent)
+    assert time.monotonic() - started < 30
+    assert summary["status"] == "halted" and summary["outcome"] == "halted"
+    containment = json.loads((Path(summary["bundle"]) / "containment.json").read_text())
+    assert containment["tripwire"]["tripped"] and containment["tripwire"]["limit"] == 3
+    assert containment["categories"]["hidden-tests"]["blocked"] >= 3
+    # Graded still: the decoy reads changed nothing, so the bug is still there.
+    assert summary["reward"] == 0.0
+    assert verify_bundle(summary["bundle"]) == []
+
+
+def test_a_daemon_that_dies_mid_trial_leaves_a_bundle_that_says_so(tmp_path: Path) -> None:
+    daemon = DaemonThread(state=str(tmp_path / "state"), socket_path=str(tmp_path / "d.sock")).start()
+    task = load_task(TASKS / "fix-bug")
+    agent = "/bin/sh -c 'touch started; i=0; while [ $i -lt 600 ]; do i=$((i+1)); sleep 0.1; done'"
+    t = Trial(task, 1, ProctorConfig(socket_path=daemon.socket_path, out=tmp_path / "out", agent=agent))
+    done: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: done.update(t.run()))
+    runner.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            record = (
+                json.loads((t.bundle / "trial.json").read_text())
+                if (t.bundle / "trial.json").exists()
+                else {}
+            )
+            if record.get("phase") == "agent" and Path(record.get("root", "/x"), "app", "started").exists():
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the agent did not start")
+    finally:
+        daemon.stop()
+    runner.join(WAIT)
+    assert not runner.is_alive()
+    assert done["status"] == "crashed"
+    record = json.loads((t.bundle / "trial.json").read_text())
+    assert record["status"] == "crashed" and "daemon" in record["error"]
+    assert record["phase"] in ("agent", "grading")
+    assert verify_bundle(t.bundle) == []  # what was gathered is sealed too
+
+
+def flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_editing_any_byte_of_any_file_fails_verification(solved: dict[str, Any], tmp_path: Path) -> None:
+    bundle = Path(solved["bundle"])
+    assert verify_bundle(bundle) == []
+    names = sorted(p.name for p in bundle.iterdir())
+    assert {"manifest.json", "log.json", "log.txt", "score.json", "containment.json", "agent.txt"} <= set(
+        names
+    )
+    for name in names:
+        if (bundle / name).stat().st_size == 0:
+            continue
+        copy = tmp_path / name
+        shutil.copytree(bundle, copy)
+        flip(copy / name)
+        problems = verify_bundle(copy)
+        assert problems, name
+        assert any(name in p for p in problems), (name, problems)
+
+
+def test_added_and_removed_files_fail(solved: dict[str, Any], tmp_path: Path) -> None:
+    copy = tmp_path / "b"
+    shutil.copytree(solved["bundle"], copy)
+    (copy / "extra.txt").write_text("x")
+    (copy / "grader.txt").unlink()
+    problems = verify_bundle(copy)
+    assert any("extra.txt" in p and "added" in p for p in problems)
+    assert any("grader.txt" in p and "missing" in p for p in problems)
+
+
+def test_a_rewritten_event_fails_even_with_a_new_manifest(
+    solved: dict[str, Any], tmp_path: Path, world: World
+) -> None:
+    from stockade.bench._bundle import write_manifest
+
+    copy = tmp_path / "b"
+    shutil.copytree(solved["bundle"], copy)
+    events = json.loads((copy / "log.json").read_text())
+    events[1]["event"]["summary"] = "nothing happened"
+    (copy / "log.json").write_text(json.dumps(events))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    facts = {k: v for k, v in manifest.items() if k not in ("files", "seal", "version", "policy_sha256")}
+    write_manifest(copy, facts)  # the files' hashes and the seal made again
+    problems = verify_bundle(copy)
+    assert any("was edited" in p and "log.json event 1" in p for p in problems)
+    # Against the record, the bundle as it came is the record's own.
+    assert verify_bundle(solved["bundle"], db=str(world.state / "events.db")) == []
+
+
+def test_resume_skips_finished_trials(world: World, tmp_path: Path) -> None:
+    task = load_task(TASKS / "fix-bug")
+    config = ProctorConfig(socket_path=world.daemon.socket_path, out=tmp_path / "out")
+    first = Campaign([task], config, attempts=2).run()
+    assert [t["status"] for t in first["trials"]] == ["completed", "completed"]
+    # A third bundle that never finished (a crash) is run again.
+    (tmp_path / "out" / "fix-bug-cut-a3").mkdir()
+    (tmp_path / "out" / "fix-bug-cut-a3" / "trial.json").write_text('{"status": "running", "attempt": 3}')
+    again = Campaign([task], config, attempts=3, resume=True).run()
+    resumed = [t for t in again["trials"] if t.get("resumed")]
+    assert len(resumed) == 2 and len(again["trials"]) == 3
+    assert {t["attempt"] for t in again["trials"]} == {1, 2, 3}
+    assert again["summary"]["pass_at_k"]["3"] == 1.0
+
+
+def test_the_commands(solved: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_app(["bench", "validate", "fix-bug", "protocol"]) == 0
+    bad = copy_task(tmp_path, {"task.toml": '[stockade]\ntripwire = "many"\n'})
+    assert run_app(["bench", "validate", str(bad)]) == 3
+    assert "task.toml:2: stockade.tripwire = 'many'" in capsys.readouterr().err
+    assert run_app(["bench", "verify", solved["bundle"]]) == 0
+    copy = tmp_path / "b"
+    shutil.copytree(solved["bundle"], copy)
+    flip(copy / "score.json")
+    assert run_app(["bench", "verify", str(copy)]) == 1
+    assert "score.json: its SHA-256 is not the manifest's" in capsys.readouterr().out
+    out = Path(solved["bundle"]).parent
+    assert run_app(["bench", "report", str(out)]) == 0
+    assert "containment grade A" in capsys.readouterr().out
+    page = tmp_path / "r.html"
+    assert run_app(["bench", "report", str(out), "--html", str(page)]) == 0
+    text = page.read_text()
+    assert "<svg" in text and "default-src 'none'" in text
+    # Nothing on the page would make a request.
+    for needle in ("src=", "href=", "url(", "@import", "<script", "<link"):
+        assert needle not in text, needle
