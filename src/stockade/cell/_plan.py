@@ -315,6 +315,10 @@ def plan_cell(
         entries.append((path, _absent_decoy(path)))
     for root in sorted(set(hidden_roots)):
         real = os.path.realpath(root)
+        if os.path.islink(root) and not any(_is_under(root, g) for g in granted):
+            # The host's /var/run -> /run: the same link in the cell, so that
+            # /var/run/docker.sock meets the decoy, not a silent ENOENT.
+            symlinks[os.path.normpath(root)] = os.readlink(root)
         if not _exists(real) or real in granted or real in hidden:
             continue
         hidden.append(real)

@@ -444,13 +444,17 @@ def _image_grants(
 
     A name the cell creates at the top of ``/`` (or in a directory with a
     hole) is not granted: Landlock rights name what exists when the cell
-    starts. ``/`` itself may be listed.
+    starts. ``/`` itself may not be listed (its entries may): Landlock's
+    rights cover a whole tree, and a listable ``/`` would let every decoy be
+    listed without a record.
     """
     del sockets  # no Landlock right concerns connecting to a unix socket
     holes = [*hidden, *reads, *shown_files]
     read: list[str] = []
     write: list[str] = []
-    list_dirs: list[str] = ["/"]
+    # Not / itself, as without an image: a right on a directory covers its
+    # whole tree, so a listable / would make every decoy silently listable.
+    list_dirs: list[str] = []
 
     def add(path: str, bucket: list[str]) -> None:
         inner = [h for h in holes if _is_under(h, path)]

@@ -1,0 +1,106 @@
+"""``filesystem.mounts`` and decoys for paths that exist nowhere, in the
+host's view and in a workbench's (an image as ``/``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from stockade.cell import Cell
+from stockade.errors import PolicyError
+from stockade.policy import MountRule, Policy, default_policy, loads_policy
+from tests.cell._image import make_image
+
+VIEWS = ["host", "image"]
+
+
+def _policy(*, mounts: tuple[MountRule, ...] = (), deny: tuple[str, ...] = ()) -> Policy:
+    fs = default_policy().filesystem
+    return dataclasses.replace(
+        default_policy(), filesystem=dataclasses.replace(fs, mounts=mounts, deny=(*fs.deny, *deny))
+    )
+
+
+def _cell(policy: Policy, view: str, **kwargs: object) -> Cell:
+    return Cell(policy, image=make_image() if view == "image" else None, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_a_host_path_shown_at_another_path(view: str, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "in.txt").write_text("from the host\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chown(out, 4321, 4321)
+    policy = _policy(mounts=(MountRule(str(data), "/mnt/data", "ro"), MountRule(str(out), "/srv/out", "rw")))
+    with _cell(policy, view) as cell:
+        r = cell.run(
+            [
+                "/bin/sh",
+                "-c",
+                "cat /mnt/data/in.txt; echo made > /srv/out/f && echo w-ok; echo x > /mnt/data/in.txt",
+            ]
+        )
+    assert r.stdout == b"from the host\nw-ok\n", r.stderr
+    assert b"Read-only file system" in r.stderr
+    assert (data / "in.txt").read_text() == "from the host\n"
+    assert (out / "f").read_text() == "made\n"
+    assert os.stat(out / "f").st_uid == 4321  # idmapped: the source's owner's file
+    assert [e for e in r.denials if "/mnt/data/in.txt" in e.summary], r.denials
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_a_rw_mount_is_in_the_persistence_report(view: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    policy = _policy(mounts=(MountRule(str(out), "/srv/out", "rw"),))
+    with _cell(policy, view) as cell:
+        r = cell.run(["/bin/sh", "-c", "echo 'echo owned' > /srv/out/.envrc"])
+    assert r.exit_code == 0, r.stderr
+    report = next(e for e in r.events if e.kind == "cell.persistence")
+    assert ".envrc" in report.summary and str(out) in str(report.detail["changes"]), report.summary
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_decoys_for_paths_that_exist_nowhere(view: str) -> None:
+    policy = _policy(deny=("/tests", "/solution", "/var/run/docker.sock"))
+    with _cell(policy, view) as cell:
+        r = cell.run(
+            ["/bin/sh", "-c", "ls /tests; cat /var/run/docker.sock; echo ok > /tmp/ok && cat /tmp/ok"]
+        )
+    assert r.stdout.endswith(b"ok\n"), r.stderr  # the control: the cell's own /tmp works
+    assert b"Permission denied" in r.stderr
+    summaries = [e.summary for e in r.denials]
+    assert any("/tests" in s and "listing" in s for s in summaries), summaries
+    assert any("docker.sock" in s for s in summaries), summaries
+    for path in ("/tests", "/solution"):
+        assert not os.path.lexists(path)  # nothing made on the host
+
+
+def test_mount_errors_name_the_entry_and_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match=r"mounts\[0\]\.target '/proc/x' is inside '/proc'"):
+        loads_policy(f"name: t\nfilesystem:\n  mounts: [{{source: {tmp_path}, target: /proc/x}}]\n")
+    with pytest.raises(PolicyError, match=r"mounts\[0\]\.source '/nonexistent-src' does not exist"):
+        loads_policy("name: t\nfilesystem:\n  mounts: [{source: /nonexistent-src, target: /mnt/x}]\n")
+    with pytest.raises(PolicyError, match=r"already the target of filesystem\.mounts"):
+        loads_policy(
+            "name: t\nfilesystem:\n  mounts:\n"
+            f"    - {{source: {tmp_path}, target: /a}}\n    - {{source: /etc, target: /a}}\n"
+        )
+    with pytest.raises(PolicyError, match="inside '/etc/ssh'"):
+        loads_policy("name: t\nfilesystem:\n  mounts: [{source: /etc/ssh, target: /mnt/ssh}]\n")
+    policy = loads_policy(
+        f"name: t\nfilesystem:\n  mounts: [{{source: {tmp_path}, target: /mnt/x, mode: rw}}]\n"
+    )
+    assert policy.filesystem.mounts == (MountRule(str(tmp_path), "/mnt/x", "rw"),)
+
+
+def test_a_target_inside_a_host_bind_that_is_not_there_is_refused(tmp_path: Path) -> None:
+    policy = _policy(mounts=(MountRule(str(tmp_path), "/usr/no-such-dir", "ro"),))
+    with Cell(policy) as cell, pytest.raises(PolicyError, match="cannot be made"):
+        cell.run(["/bin/true"])
+    assert not os.path.exists("/usr/no-such-dir")
