@@ -138,3 +138,44 @@ def dashboard_daemon(tmp_path: Path) -> Iterator[Dash]:
         yield Dash(dt, server, url)
     finally:
         dt.stop()
+
+
+def campaign(root: Path, stored: list[dict[str, Any]], run: str) -> Path:
+    """A bench campaign directory as ``stockade bench run`` writes one: a
+    results.json and one trial bundle sealed by the bench's own manifest
+    writer, whose log.json holds ``stored``."""
+    from stockade.bench._bundle import write_json, write_manifest
+    from stockade.bench._containment import containment
+
+    out = root / "campaign"
+    bundle = out / "fix-bug-20261201-000000"
+    bundle.mkdir(parents=True)
+    c = containment(stored, root="/workspace", hidden=())
+    score = {
+        "task": "fix-bug",
+        "attempt": 1,
+        "status": "completed",
+        "reward": 1.0,
+        "outcome": "solved",
+        "attempted": c.attempted,
+        "blocked": c.blocked,
+        "grade": "A",
+        "expected": {"met": True, "problems": []},
+    }
+    write_json(bundle / "score.json", score)
+    write_json(bundle / "containment.json", {"categories": c.by_category(), "attempted": c.attempted})
+    write_json(bundle / "trial.json", {"status": "completed", "task": "fix-bug", "runs": {"agent": run}})
+    write_json(bundle / "log.json", stored)
+    write_manifest(bundle, {"task": {"name": "fix-bug"}})
+    summary = {
+        "trials": 1,
+        "valid": 1,
+        "pass_rate": 1.0,
+        "containment_grade": "A",
+        "escalation_score": c.attempted,
+    }
+    write_json(
+        out / "results.json",
+        {"agent": "oracle", "trials": [{**score, "bundle": str(bundle)}], "summary": summary},
+    )
+    return out

@@ -26,7 +26,7 @@ from stockade.bench._containment import containment
 from stockade.dashboard import DashboardServer, load_replay
 from stockade.record import Event
 from tests.daemon.test_server import Wire, close_wires, kind_is  # noqa: F401  (the fixture)
-from tests.dashboard._scenario import REPORT_CHARS, Dash, agent_policy, dashboard_daemon
+from tests.dashboard._scenario import REPORT_CHARS, Dash, agent_policy, campaign, dashboard_daemon
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cells under the daemon need root on this host")
 
@@ -282,10 +282,12 @@ def test_thousands_of_events_are_drawn_in_batches_and_said_when_cut(browser: Bro
 
 
 @contextlib.contextmanager
-def replay_server(path: Path) -> Iterator[tuple[DashboardServer, str]]:
+def replay_server(path: Path, bench: Path | None = None) -> Iterator[tuple[DashboardServer, str]]:
     """A replay's server on a loop of its own, as ``stockade dashboard --replay`` runs it."""
     loop = asyncio.new_event_loop()
     server = DashboardServer(load_replay(path))
+    if bench is not None:
+        server.campaigns.add(bench)
     started = threading.Event()
 
     def main() -> None:
@@ -335,9 +337,10 @@ def test_a_replay_is_labelled_and_serves_the_record_without_a_daemon(
         bundle.write_bytes(http.get(f"/api/runs/{run}/download", params={"format": "bundle"}).content)
         export = tmp_path / "run.jsonl"
         export.write_bytes(http.get(f"/api/runs/{run}/download", params={"format": "jsonl"}).content)
+        bench = campaign(tmp_path, [json.loads(line) for line in export.read_text().splitlines()], run)
     # The daemon is gone: the replays need none.
     for path in (bundle, export):
-        with replay_server(path) as (server, url), page_of(browser, url) as page:
+        with replay_server(path, bench) as (server, url), page_of(browser, url) as page:
             expect(page.locator("#replay-banner")).to_contain_text("REPLAY", timeout=WAIT_MS)
             expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("kept", timeout=WAIT_MS)
             page.goto(f"http://127.0.0.1:{server.port}/#/debrief/{run}")
@@ -348,6 +351,16 @@ def test_a_replay_is_labelled_and_serves_the_record_without_a_daemon(
             expect(page.locator("#approvals-empty")).to_contain_text("replay", timeout=WAIT_MS)
             if path == bundle:
                 shot(page, "replay")
+                # The bench pages: the campaign's table, its trial's bundle re-checked.
+                page.goto(f"http://127.0.0.1:{server.port}/#/bench")
+                trial_row = page.locator('tr[data-task="fix-bug"]')
+                expect(trial_row).to_contain_text("completed", timeout=WAIT_MS)
+                expect(page.locator(".campaign-summary")).to_contain_text("containment grade A")
+                shot(page, "bench")
+                trial_row.locator("a").click()
+                expect(page.locator("#bundle-check")).to_contain_text("The bundle verifies", timeout=WAIT_MS)
+                expect(page.locator("#bundle-files")).to_contain_text("log.json")
+                expect(page.locator('#trial-categories tr[data-key="privilege"] td.num')).to_have_text("1/1")
 
 
 def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> None:

@@ -196,3 +196,43 @@ def test_unknown_static_files_and_formats(tmp_path: Path) -> None:
         text = http.get("/api/runs/r-000000000001/download", params={"format": "text"})
         assert text.status_code == 200 and "note 1" in text.text
         assert httpx.get(f"{dash.base}/api/runs", timeout=5).status_code == 401
+
+
+def test_the_bench_pages_read_a_campaign_and_recheck_its_bundles(tmp_path: Path) -> None:
+    from tests.dashboard._scenario import campaign
+
+    run = "r-00000000beef"
+    with dashboard_daemon(tmp_path) as dash, dash.authed() as http:
+        _note(dash, 3, run)
+        stored = http.get("/api/events", params={"run": run}).json()["events"]
+        out = campaign(tmp_path, stored, run)
+        assert http.get("/api/bench").json()["campaigns"] == []
+        with dash.control() as control:  # `stockade dashboard --bench DIR`
+            control.call("dashboard.open", bench=[str(out)])
+        [found] = http.get("/api/bench").json()["campaigns"]
+        [trial] = found["trials"]
+        assert (trial["task"], trial["status"], trial["bundle"]) == (
+            "fix-bug",
+            "completed",
+            "fix-bug-20261201-000000",
+        )
+        page = http.get(f"/api/bench/0/{trial['bundle']}").json()
+        assert page["problems"] == [] and page["runs"] == {"agent": run}
+        assert "log.json" in page["files"] and "score.json" in page["files"]
+        score = http.get(f"/api/bench/0/{trial['bundle']}/files/score.json")
+        assert score.status_code == 200 and score.json()["task"] == "fix-bug"
+        # Only what the manifest lists is served: not the campaign's other files.
+        (out / trial["bundle"] / "planted.txt").write_text("not in the manifest")
+        for bad in ("planted.txt", "../results.json", "%2e%2e/results.json"):
+            assert http.get(f"/api/bench/0/{trial['bundle']}/files/{bad}").status_code == 404, bad
+        assert http.get("/api/bench/0/no-such-trial").status_code == 404
+        assert http.get(f"/api/bench/7/{trial['bundle']}").status_code == 404
+        # A bundle edited afterwards is said not to verify.
+        (out / trial["bundle"] / "score.json").write_text('{"task": "fix-bug", "reward": 0}')
+        problems = http.get(f"/api/bench/0/{trial['bundle']}").json()["problems"]
+        assert any("score.json" in p for p in problems), problems
+    # The trial's bundle replays: its log.json is the record's events.
+    from stockade.dashboard import load_replay
+
+    replay = load_replay(out / trial["bundle"])
+    assert [s["seq"] for s in replay.stored] == [s["seq"] for s in stored]

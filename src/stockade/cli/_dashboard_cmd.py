@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import webbrowser
 from typing import Any
 
@@ -26,10 +27,23 @@ from stockade.errors import DaemonError
     show_default=True,
     help="The loopback TCP port (0: a free one). A daemon already serving its dashboard keeps its own.",
 )
+@click.option(
+    "--bench",
+    "bench",
+    metavar="DIR",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="A bench campaign's directory (its results.json and trial bundles) for the bench pages; repeatable.",
+)
 @click.option("--socket", "socket_path", metavar="PATH", default=None, help="The daemon's socket.")
 @click.option("--state", "state", metavar="DIR", default=None, help="The daemon's state directory.")
 def dashboard(
-    open_browser: bool, replay: str | None, port: int, socket_path: str | None, state: str | None
+    open_browser: bool,
+    replay: str | None,
+    port: int,
+    bench: tuple[str, ...],
+    socket_path: str | None,
+    state: str | None,
 ) -> int:
     """Print the URL of the live dashboard, with the operator token it carries once.
 
@@ -48,7 +62,7 @@ def dashboard(
             if open_browser:
                 webbrowser.open(url)
 
-        return serve_replay(source, port=port, ready=ready)
+        return serve_replay(source, port=port, ready=ready, bench=[os.path.abspath(d) for d in bench])
 
     from stockade.daemon import _paths
     from stockade.daemon._client import Client, RemoteError
@@ -56,7 +70,7 @@ def dashboard(
     sock = _paths.socket_path(socket_path, state=_paths.state_dir(state))
     with Client(sock, timeout=30.0) as client:
         try:
-            opened = client.call("dashboard.open", port=port)
+            opened = client.call("dashboard.open", port=port, bench=[os.path.abspath(d) for d in bench])
         except RemoteError as exc:
             if exc.code == "unknown_method":
                 raise DaemonError(

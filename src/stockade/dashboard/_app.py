@@ -47,6 +47,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stockade.dashboard._bench import Campaigns
 from stockade.dashboard._source import DecideError, Source
 from stockade.dashboard._summary import debrief
 
@@ -141,8 +142,11 @@ class _SecurityHeaders:
 Handler = Callable[[Request, str, str], Awaitable[Response]]
 
 
-def build_app(source: Source, operators: Operators, listening: Listening) -> ASGIApp:
+def build_app(
+    source: Source, operators: Operators, listening: Listening, campaigns: Campaigns | None = None
+) -> ASGIApp:
     """The ASGI app of one dashboard (see the module docstring)."""
+    bench_dirs = campaigns if campaigns is not None else Campaigns()
 
     def guard(handler: Handler, *, post: bool = False) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -316,7 +320,23 @@ def build_app(source: Source, operators: Operators, listening: Listening) -> ASG
         return JSONResponse({"approval": result})
 
     async def bench(request: Request, operator: str, token: str) -> Response:
-        return JSONResponse({"campaigns": [], "note": "no proctored benchmark results in this dashboard yet"})
+        found = await asyncio.to_thread(bench_dirs.listing)
+        note = "" if found else "no campaign: give its directory with `stockade dashboard --bench DIR`"
+        return JSONResponse({"campaigns": found, "note": note})
+
+    async def bench_trial(request: Request, operator: str, token: str) -> Response:
+        index, name = request.path_params["index"], request.path_params["name"]
+        found = await asyncio.to_thread(bench_dirs.trial, index, name)
+        if found is None:
+            return JSONResponse({"error": f"no trial bundle {name!r} in campaign {index}"}, status_code=404)
+        return JSONResponse(found)
+
+    async def bench_file(request: Request, operator: str, token: str) -> Response:
+        index, name, file = (request.path_params[k] for k in ("index", "name", "file"))
+        data = await asyncio.to_thread(bench_dirs.file, index, name, file)
+        if data is None:
+            return PlainTextResponse(f"no file {file!r} in the manifest of {name!r}", status_code=404)
+        return _attachment(data, file.rsplit("/", 1)[-1], "application/octet-stream")
 
     routes = [
         Route("/login", login),
@@ -332,6 +352,8 @@ def build_app(source: Source, operators: Operators, listening: Listening) -> ASG
         Route("/api/approvals", guard(approvals)),
         Route("/api/approvals/{id}", guard(decide, post=True), methods=["POST"]),
         Route("/api/bench", guard(bench)),
+        Route("/api/bench/{index:int}/{name}", guard(bench_trial)),
+        Route("/api/bench/{index:int}/{name}/files/{file:path}", guard(bench_file)),
     ]
     return _SecurityHeaders(Starlette(routes=routes))
 

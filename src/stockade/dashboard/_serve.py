@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from stockade.dashboard._app import Listening, Operators, build_app
+from stockade.dashboard._bench import Campaigns
 from stockade.dashboard._source import LiveSource, Source
 from stockade.errors import DaemonError, RequestError
 
@@ -72,6 +74,8 @@ class DashboardServer:
         self.host = "127.0.0.1" if host == "localhost" else host
         self.port = port
         self.operators = Operators()
+        self.campaigns = Campaigns()
+        """The bench campaigns the bench pages show (``--bench DIR``)."""
         self.listening = Listening()
         self._sock = sock
         self._server: _QuietServer | None = None
@@ -92,7 +96,7 @@ class DashboardServer:
         self.port = sock.getsockname()[1]
         self.listening.set_port(self.port)
         config = uvicorn.Config(
-            build_app(self.source, self.operators, self.listening),
+            build_app(self.source, self.operators, self.listening, self.campaigns),
             lifespan="off",
             log_level="warning",
             access_log=False,
@@ -156,6 +160,11 @@ def attach(
         wanted = params.get("port", port)
         if isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted <= 65535:
             raise RequestError("bad_params", "'port' must be a TCP port, 0 to 65535 (0: a free one)")
+        bench = params.get("bench", [])
+        if not isinstance(bench, list) or not all(isinstance(d, str) and os.path.isabs(d) for d in bench):
+            raise RequestError(
+                "bad_params", "'bench' must be a list of absolute paths of campaign directories"
+            )
         async with starting:
             server = holder.get("server")
             if server is None:
@@ -165,6 +174,8 @@ def attach(
                 except DaemonError as exc:
                     raise RequestError("unavailable", str(exc)) from exc
                 holder["server"] = server
+        for directory in bench:
+            server.campaigns.add(directory)
         return {"url": server.url(peer.who), "port": server.port, "operator": peer.who}
 
     async def close() -> None:
@@ -183,6 +194,7 @@ def serve_replay(
     port: int = 0,
     operator: str = "operator",
     ready: Callable[[str], None] | None = None,
+    bench: list[str] | None = None,
 ) -> int:
     """Serve ``source`` (a replay) in the foreground until Ctrl-C; the exit code.
 
@@ -194,6 +206,8 @@ def serve_replay(
 
     async def main() -> None:
         server = DashboardServer(source, port=port)
+        for directory in bench or []:
+            server.campaigns.add(directory)
         await server.start()
         if ready is not None:
             ready(server.url(operator))

@@ -299,14 +299,9 @@ def load_replay(path: str | os.PathLike[str]) -> ReplaySource:
     transcripts: dict[str, str] = {}
     infos: dict[str, dict[str, Any]] = {}
     if p.is_dir():
-        record = next(
-            (
-                p / n
-                for n in ("events.jsonl", "record.jsonl", "record.json", "events.json")
-                if (p / n).is_file()
-            ),
-            None,
-        )
+        # a run's export, the demo's run directory, a bench trial's bundle
+        names = ("events.jsonl", "record.jsonl", "record.json", "events.json", "log.json")
+        record = next((p / n for n in names if (p / n).is_file()), None)
         if record is None:
             raise ReplayError(
                 f"{p} holds no record (events.jsonl, record.json); give a bundle or an export file"

@@ -411,7 +411,48 @@ async function debriefView(runId) {
 
 async function benchView() {
   show(el("h1", {}, "Bench"), el("p", { class: "muted", id: "bench-note" }, "Reading…"));
-  try { const b = await api("/api/bench"); document.getElementById("bench-note").textContent = b.note || `${b.campaigns.length} campaigns`; } catch (e) { document.getElementById("bench-note").textContent = e.message; }
+  let b;
+  try { b = await api("/api/bench"); } catch (e) { document.getElementById("bench-note").textContent = e.message; return; }
+  const fmt = (v) => (v === null || v === undefined ? "–" : typeof v === "number" && !Number.isInteger(v) ? v.toFixed(2) : String(v));
+  const sections = b.campaigns.map((c) => {
+    if (c.error) return el("section", { class: "campaign" }, el("h2", { class: "mono" }, c.dir), el("p", { class: "error" }, c.error));
+    const s = c.summary || {};
+    return el("section", { class: "campaign", "data-campaign": c.index },
+      el("h2", { class: "mono" }, c.dir),
+      el("p", {}, `agent ${c.agent ?? "–"}, model ${c.model ?? "–"}, stockade ${c.stockade_version ?? "–"}`),
+      el("p", { class: "campaign-summary" },
+        `${s.trials ?? 0} trials (${s.valid ?? 0} valid, ${s.invalid ?? 0} invalid, ${s.halted ?? 0} halted) · pass rate ${fmt(s.pass_rate)} · mean reward ${fmt(s.mean_reward)} · containment grade `,
+        el("strong", {}, fmt(s.containment_grade)), ` · escalation score ${fmt(s.escalation_score)}`),
+      el("table", { class: "trials" },
+        el("thead", {}, el("tr", {}, ...["task", "attempt", "status", "outcome", "reward", "reaches", "blocked", "grade", "as expected", "bundle"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...c.trials.map((t) => el("tr", { "data-task": t.task },
+          el("td", {}, t.task), el("td", { class: "num" }, fmt(t.attempt)), el("td", {}, stateBadge(t.status)), el("td", {}, fmt(t.outcome)),
+          el("td", { class: "num" }, fmt(t.reward)), el("td", { class: "num" }, fmt(t.attempted)), el("td", { class: "num" }, fmt(t.blocked)),
+          el("td", {}, fmt(t.grade)), el("td", {}, t.expected_met === true ? "yes" : t.expected_met === false ? "NO" : "–"),
+          el("td", {}, t.bundle ? el("a", { href: `#/trial/${c.index}/${encodeURIComponent(t.bundle)}` }, t.bundle) : "–"))))),
+    );
+  });
+  document.getElementById("bench-note").textContent = b.note || `${b.campaigns.length} campaign(s)`;
+  view().append(...sections);
+}
+
+async function trialView(index, name) {
+  show(el("p", { class: "muted" }, "Checking the bundle…"));
+  let t;
+  try { t = await api(`/api/bench/${index}/${encodeURIComponent(name)}`); } catch (e) { show(el("p", { class: "error" }, e.message)); return; }
+  const score = t.score || {}, cats = (t.containment || {}).by_category || (t.containment || {}).categories || {};
+  const base = `/api/bench/${index}/${encodeURIComponent(name)}/files/`;
+  show(
+    el("h1", {}, "Trial ", el("span", { class: "mono" }, t.bundle)),
+    el("p", { id: "bundle-check", class: t.problems.length ? "error" : "ok" },
+      t.problems.length ? `The bundle does NOT verify: ${t.problems.join("; ")}` : "The bundle verifies: every file matches its manifest, the seal holds, every event of log.json is chained."),
+    el("p", {}, `status ${score.status ?? "–"}, outcome ${score.outcome ?? "–"}, reward ${score.reward ?? "–"}, grade ${score.grade ?? "–"} (${score.blocked ?? 0} of ${score.attempted ?? 0} reaches blocked)`),
+    el("p", {}, "Runs: ", ...Object.entries(t.runs || {}).map(([k, r]) => [el("a", { href: `#/run/${r}` }, `${k} ${r}`), " "])),
+    el("h2", {}, "Containment by category"),
+    table("trial-categories", Object.entries(cats).map(([k, v]) => [k, typeof v === "object" && v ? `${v.blocked ?? 0}/${v.attempted ?? 0}` : v])),
+    el("h2", {}, "Files"),
+    el("ul", { id: "bundle-files" }, ...t.files.map((f) => el("li", {}, el("a", { href: base + f.split("/").map(encodeURIComponent).join("/"), download: "" }, f)))),
+  );
 }
 
 // ------------------------------------------------------------------ routing
@@ -424,11 +465,12 @@ function route() {
   for (const fn of S.cleanup.splice(0)) fn();
   if (S.session.mode === "live") refreshApprovals();
   const [, page, arg] = (location.hash || "#/runs").split("/");
-  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === (page === "run" || page === "debrief" ? "runs" : page));
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === (page === "run" || page === "debrief" ? "runs" : page === "trial" ? "bench" : page));
   if (page === "run" && arg) runView(decodeURIComponent(arg));
   else if (page === "debrief" && arg) debriefView(decodeURIComponent(arg));
   else if (page === "approvals") approvalsView();
   else if (page === "bench") benchView();
+  else if (page === "trial" && arg) trialView(Number(arg), decodeURIComponent(location.hash.split("/")[3] || ""));
   else runsView();
 }
 
