@@ -47,3 +47,27 @@ fi
 # without this every `stockade exec` would compile its modules again (~40 ms).
 # Quick when nothing changed.
 .venv/bin/python -m compileall -q src >/dev/null
+
+# Harbor (integrations/harbor) needs Python >= 3.12, and Debian 12 has 3.11:
+# machines of this kind carry pyenv's 3.12, so look for a real 3.12 interpreter
+# (never a shim) and build .venv-harbor with harbor, stockade and the
+# environment package. Without one, say how to get it and go on: the Harbor
+# tests then skip, naming the missing interpreter.
+py312=""
+for c in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 \
+  /usr/local/bin/python3.12 /usr/bin/python3.12; do
+  if [ -x "$c" ] && "$c" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then py312=$c; break; fi
+done
+if [ -z "$py312" ]; then
+  echo "setup: no Python 3.12 found for Harbor (integrations/harbor); install one (e.g. 'pyenv install 3.12') and run setup again" >&2
+else
+  hstamp=.venv-harbor/.stockade-installed
+  if [ ! -x .venv-harbor/bin/python ]; then "$py312" -m venv .venv-harbor; fi
+  if [ ! -f "$hstamp" ] || [ integrations/harbor/pyproject.toml -nt "$hstamp" ] || [ pyproject.toml -nt "$hstamp" ] \
+    || [ "$native" -nt "$hstamp" ] || ! .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" 2>/dev/null; then
+    .venv-harbor/bin/python -m pip install -q 'harbor==0.25.0' -e . -e integrations/harbor 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+    .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" \
+      || { echo "setup: installing Harbor into .venv-harbor failed" >&2; exit 1; }
+    touch "$hstamp"
+  fi
+fi

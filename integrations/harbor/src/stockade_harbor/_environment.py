@@ -1,0 +1,328 @@
+"""``StockadeEnvironment``: a Harbor environment whose trial runs in stockade cells.
+
+``harbor run … --env stockade_harbor:StockadeEnvironment`` (options with
+``--ek policy=FILE``, ``--ek image=REF``, ``--ek state=DIR``).
+
+A trial has two phases, and each gets a session (one cell) of its own:
+
+- the **agent phase**, from ``start`` on: the task's ``/tests`` is a decoy
+  (``filesystem.deny``), so that an agent that reaches for the hidden tests is
+  refused by the kernel and the refusal is recorded, instead of finding an
+  empty directory;
+- the **verifier phase**, when the verifier uploads ``/tests``: the agent's
+  session is closed first (every process it left behind ends, so nothing of the
+  agent runs while it is graded), and a fresh one starts without the decoy.
+
+What lasts between them is what Harbor hands over: the task's working
+directory, ``/logs`` and ``/solution``, which are directories of the trial on
+the host mounted read-write into both cells (``filesystem.mounts``). What the
+agent changed elsewhere (a package installed into ``/usr`` of an image) is not
+carried over; docs/HARNESSES.md says so.
+
+Files move through the cell, never around it: uploads and downloads are
+``write_file``/``read_file`` and ``tar`` inside the session, as the cell's
+user, so a symlink the agent planted in ``/logs`` cannot make the harness read
+or write a host file. At ``stop`` the record goes to stockade's store and the
+bundle (``containment.json``, ``events.jsonl``, ``manifest.json``) to
+``<trial>/stockade/`` beside Harbor's own files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
+from harbor.environments.tar_transfer import extract_dir
+from harbor.models.task.config import NetworkMode, TaskOS
+
+from stockade.harness._record import SampleRecord, containment_report, land
+from stockade.harness._workbench import Workbench, open_workbench
+from stockade.policy import MountRule, Policy, default_policy, load_policy
+
+TESTS = "/tests"
+HANDED_OVER = ("/logs", "/solution")
+"""Directories Harbor moves between its phases (besides the task's workdir)."""
+_WORKDIR = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+class StockadeEnvironment(BaseEnvironment):
+    """A Harbor trial in stockade workbench sessions (see the module docstring)."""
+
+    def __init__(
+        self,
+        environment_dir: Path,
+        environment_name: str,
+        session_id: str,
+        trial_paths: Any,
+        task_env_config: Any,
+        *args: Any,
+        policy: str | None = None,
+        image: str | None = None,
+        state: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._policy_file = policy
+        self._image = image
+        self._state = state
+        self._workbench: Workbench | None = None
+        self._phase = "agent"
+        self._record: SampleRecord | None = None
+        self._shell = "/bin/bash"
+        super().__init__(
+            environment_dir, environment_name, session_id, trial_paths, task_env_config, *args, **kwargs
+        )
+
+    @staticmethod
+    def type() -> str:
+        return "stockade"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        # A cell has no network but its own loopback: no-network is what it
+        # always is. An allow list would need the gateway in the session, and
+        # switching policy between phases a gateway that changes its list;
+        # neither is offered here yet, so neither is claimed.
+        return EnvironmentCapabilities(disable_internet=True)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities | None:
+        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True)
+
+    def _validate_definition(self) -> None:
+        if not self.environment_dir.is_dir():
+            raise FileNotFoundError(f"the task has no environment directory {self.environment_dir}")
+        if self.task_env_config.os != TaskOS.LINUX:
+            raise ValueError(f"the stockade environment runs Linux tasks only, not {self.task_env_config.os}")
+        for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
+            if (self.environment_dir / name).exists():
+                raise ValueError(
+                    f"{self.environment_dir / name}: the stockade environment runs one cell per "
+                    "trial, not a compose project; give the task one image (a Dockerfile)"
+                )
+        if self._network_policy.network_mode == NetworkMode.PUBLIC:
+            raise ValueError(
+                "the task asks for network_mode 'public', and a stockade cell reaches no network "
+                "but its gateway's allowed hosts; set network_mode = \"no-network\" under "
+                "[environment] in task.toml"
+            )
+
+    # ------------------------------------------------------------------ the policy
+
+    def _workdir(self) -> str:
+        if self.task_env_config.workdir:
+            return str(self.task_env_config.workdir)
+        dockerfile = self.environment_dir / "Dockerfile"
+        if dockerfile.is_file():
+            found = _WORKDIR.findall(dockerfile.read_text(encoding="utf-8", errors="replace"))
+            if found:
+                return str(found[-1])
+        return "/app"
+
+    def _host_root(self) -> Path:
+        return Path(self.trial_paths.trial_dir) / "stockade" / "root"
+
+    def _policy(self, phase: str) -> Policy:
+        base = load_policy(self._policy_file) if self._policy_file else default_policy("harbor")
+        root = self._host_root()
+        mounts = []
+        for target in (*HANDED_OVER, self._workdir()):
+            source = root / target.strip("/").replace("/", "_")
+            source.mkdir(parents=True, exist_ok=True)
+            mounts.append(MountRule(source=str(source), target=target, mode="rw"))
+        if phase == "verifier":
+            tests = root / "tests"
+            tests.mkdir(parents=True, exist_ok=True)
+            mounts.append(MountRule(source=str(tests), target=TESTS, mode="rw"))
+        fs = dataclasses.replace(
+            base.filesystem,
+            mounts=tuple(base.filesystem.mounts) + tuple(mounts),
+            deny=tuple(base.filesystem.deny) + ((TESTS,) if phase == "agent" else ()),
+        )
+        limits = base.limits
+        memory = self._effective_memory_mb
+        cpus = self._effective_cpus
+        limits = dataclasses.replace(
+            limits,
+            memory=memory * (1 << 20) if memory else limits.memory,
+            cpu=float(cpus) if cpus else limits.cpu,
+            timeout=None,
+        )
+        env = dataclasses.replace(base.env, set=tuple(base.env.set) + tuple(self._persistent_env.items()))
+        return dataclasses.replace(
+            base,
+            filesystem=fs,
+            limits=limits,
+            env=env,
+            image=self._image or self.task_env_config.docker_image or base.image,
+            user=base.user or "root",
+            workdir=self._workdir(),
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, force_build: bool) -> None:
+        self._record = SampleRecord(
+            _new_run_id(), harness="harbor", task=self.environment_name, sample=self.session_id
+        )
+        self._record.harness_event(
+            "harness.trial.start", f"harbor task {self.environment_name}: the agent phase starts"
+        )
+        await self._open("agent")
+
+    async def _open(self, phase: str) -> None:
+        record = self._record
+        assert record is not None
+        policy = self._policy(phase)
+        self._workbench = await asyncio.to_thread(
+            lambda: open_workbench(policy, run_id=record.run_id, on_event=record.add)
+        )
+        self._phase = phase
+        found = await asyncio.to_thread(self._workbench.exec, ["/bin/sh", "-c", "command -v bash"])
+        self._shell = found.stdout.decode().strip() or "/bin/sh"
+        made = await asyncio.to_thread(
+            self._workbench.exec,
+            ["/bin/mkdir", "-p", "/logs/agent", "/logs/verifier", "/logs/artifacts"],
+        )
+        if made.returncode != 0:
+            raise RuntimeError(f"cannot make /logs in the stockade cell: {made.stderr.decode().strip()}")
+
+    async def _close_session(self) -> None:
+        workbench, self._workbench = self._workbench, None
+        if workbench is not None and self._record is not None:
+            result = await asyncio.to_thread(workbench.close)
+            self._record.extend(result.events)
+
+    async def stop(self, delete: bool) -> None:
+        await self._close_session()
+        record = self._record
+        if record is None:
+            return
+        record.harness_event("harness.trial.end", f"harbor task {self.environment_name}: the trial ended")
+        landed = await asyncio.to_thread(land, record, state=self._state)
+        report = containment_report(record, landed=landed)
+        await asyncio.to_thread(_write_bundle, Path(self.trial_paths.trial_dir) / "stockade", record, report)
+        self._record = None
+
+    # ------------------------------------------------------------------ exec and files
+
+    def _bench(self) -> Workbench:
+        if self._workbench is None:
+            raise RuntimeError("the stockade environment is not started; call start() first")
+        return self._workbench
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        bench = self._bench()
+        who = self._resolve_user(user)
+        merged = self._merge_env(env)
+        result = await asyncio.to_thread(
+            lambda: bench.exec(
+                [self._shell, "-c", command],
+                cwd=cwd,
+                env=merged,
+                user=None if who is None else str(who),
+                timeout=timeout_sec,
+            )
+        )
+        stdout = result.stdout.decode("utf-8", "replace")
+        stderr = result.stderr.decode("utf-8", "replace")
+        if result.timed_out:
+            raise TimeoutError(f"the command ran past its timeout of {timeout_sec} s in the stockade cell")
+        return ExecResult(stdout=stdout, stderr=stderr, return_code=result.returncode)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        data = Path(source_path).read_bytes()
+        await self._in_cell(
+            ["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", target_path], data
+        )
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        if target_dir.rstrip("/") == TESTS and self._phase == "agent":
+            await self._verifier_phase()
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            tar.add(str(source_dir), arcname=".")
+        await self._in_cell(
+            ["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -xf - --no-same-owner -C "$1"', "sh", target_dir],
+            buffer.getvalue(),
+        )
+
+    async def _verifier_phase(self) -> None:
+        assert self._record is not None
+        self._record.harness_event(
+            "harness.trial.phase",
+            f"harbor task {self.environment_name}: the agent's cell ends, the verifier's starts",
+            phase="verifier",
+        )
+        await self._close_session()
+        await self._open("verifier")
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        bench = self._bench()
+        data = await asyncio.to_thread(bench.read_file, source_path)
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        out = await self._in_cell(["/bin/tar", "-cf", "-", "-C", source_dir, "."], None)
+        refused = await asyncio.to_thread(extract_dir, io.BytesIO(out), target_dir)
+        for why in refused:
+            self.logger.warning(f"stockade: a member of {source_dir} was not copied out: {why}")
+
+    async def _in_cell(self, argv: list[str], data: bytes | None) -> bytes:
+        bench = self._bench()
+        result = await asyncio.to_thread(lambda: bench.exec(argv, input=data, user="root"))
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"{shlex.join(argv[:3])}… failed in the stockade cell (exit {result.returncode}): "
+                f"{result.stderr.decode('utf-8', 'replace').strip()}"
+            )
+        out: bytes = result.stdout
+        return out
+
+
+def _new_run_id() -> str:
+    from stockade.daemon import _paths
+
+    return _paths.new_run_id()
+
+
+def _write_bundle(directory: Path, record: SampleRecord, report: dict[str, Any]) -> None:
+    """The trial's stockade bundle: the containment report, the log of every
+    event, and a manifest of both files' sha256 (so a copy can be checked)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {
+        "containment.json": json.dumps(report, indent=2, sort_keys=True).encode() + b"\n",
+        "events.jsonl": b"".join(
+            json.dumps(e.to_dict(), sort_keys=True).encode() + b"\n" for e in record.events()
+        ),
+    }
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    manifest = {
+        "run": record.run_id,
+        "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+    }
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.chmod(directory, 0o755)
+
+
+__all__ = ["StockadeEnvironment"]
