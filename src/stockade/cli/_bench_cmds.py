@@ -94,6 +94,11 @@ def validate_cmd(tasks: tuple[str, ...], as_json: bool) -> int:
     "--llm-key-env", default=None, help="The variable holding the model's API key (never enters a cell)."
 )
 @click.option(
+    "--mock",
+    is_flag=True,
+    help="Serve each task's own scripted model ([stockade.expect].solver) offline, for --agent tool-loop.",
+)
+@click.option(
     "--attempts", default=1, show_default=True, type=click.IntRange(1, 1000), help="Trials per task."
 )
 @click.option(
@@ -111,6 +116,7 @@ def run_cmd(
     model: str | None,
     llm_url: str | None,
     llm_key_env: str | None,
+    mock: bool,
     attempts: int,
     concurrency: int,
     out: str,
@@ -131,10 +137,18 @@ def run_cmd(
     from stockade.errors import DaemonError
 
     loaded = [load_task(p) for p in resolve_tasks(tasks)]  # a TaskError is exit 3
-    if agent == "tool-loop" and not llm_url:
+    if mock and agent != "tool-loop":
+        raise click.UsageError("--mock serves the tool loop's model; add --agent tool-loop")
+    if agent == "tool-loop" and not (llm_url or mock):
         raise click.UsageError(
-            "--agent tool-loop needs --llm-url (a model server; `stockade mock-llm` serves one)"
+            "--agent tool-loop needs --llm-url (a model server; `stockade mock-llm` serves one) or --mock"
         )
+    served = None
+    if mock:
+        from stockade.bench._mockmodel import MockModel, routing_script
+
+        served = MockModel(routing_script(loaded)).start()
+        llm_url, model = served.url, model or "mock-llm"
     state_dir, sock = _where(state, socket_path)
     local = None
     try:
@@ -176,6 +190,8 @@ def run_cmd(
     finally:
         if local is not None:
             local.stop()
+        if served is not None:
+            served.close()
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
