@@ -31,7 +31,7 @@ EXIT_USAGE = 2
     "script_spec",
     default="solver",
     show_default=True,
-    help="A built-in script (solver, injected) or a YAML script file.",
+    help="A built-in script (solver, injected, solve-example) or a YAML script file.",
 )
 def mock_llm(host: str, port: int, script_spec: str) -> int:
     """Serve an offline OpenAI-compatible (and Anthropic) model with scripted answers.
