@@ -14,6 +14,7 @@ A ``Client`` is not thread-safe: give each thread its own.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import os
 import socket
@@ -272,6 +273,45 @@ class Client:
         self._subscriptions.add(subscription)
         return subscription
 
+    def open_session(
+        self,
+        *,
+        policy_path: str | None = None,
+        policy_text: str | None = None,
+        image: str | None = None,
+        workspace: str | None = None,
+        run: str | None = None,
+        max_calls: int | None = None,
+    ) -> RemoteSession:
+        """``session.open``: a workbench session the daemon hosts (docs/SESSIONS.md).
+
+        Give a policy (a path on the daemon's host, or its text), or a ``run``
+        to bind to (its policy and workspace by default).
+
+        Raises:
+            DaemonError, ProtocolError: as ``call``.
+            RemoteError: the daemon refused: a bad policy (``bad_params``), no
+                such run (``not_found``), the cell could not start (``unavailable``).
+        """
+        params: dict[str, Any] = {
+            k: v
+            for k, v in {
+                "policy_path": policy_path,
+                "policy_text": policy_text,
+                "image": image,
+                "workspace": workspace,
+                "run": run,
+                "max_calls": max_calls,
+            }.items()
+            if v is not None
+        }
+        return RemoteSession(self, self.call("session.open", **params))
+
+    def sessions(self, run: str | None = None) -> list[dict[str, Any]]:
+        """``session.list``: the open sessions (of ``run``)."""
+        found = self.call("session.list", **({"run": run} if run is not None else {}))
+        return list(found["sessions"])
+
     def _drop(self) -> None:
         if self._channel is not None:
             self._channel.close()
@@ -290,6 +330,170 @@ class Client:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class RemoteSession:
+    """A session the daemon hosts, with ``Session``'s methods (``exec``,
+    ``read_file``, ``write_file``, ``close``) over ``client``'s connection.
+
+    Bytes go as base64, in parts of ``PART`` bytes through the session's blobs
+    when they do not fit one frame. Like its ``Client``, not thread-safe: a
+    thread of its own opens its own ``Client`` and ``RemoteSession.attach``.
+    """
+
+    PART: Final = 512 * 1024
+    INLINE: Final = 384 * 1024
+    MARGIN: Final = 30.0
+    """Seconds a call may take beyond its own timeout (the daemon's side of it)."""
+
+    def __init__(self, client: Client, info: dict[str, Any]) -> None:
+        self.client = client
+        self.info = info
+        self.session_id: str = info["session"]
+        self.cell_id: str = info.get("cell", "")
+        self.workspace: str = info.get("workspace", "")
+
+    @classmethod
+    def attach(cls, client: Client, session_id: str) -> RemoteSession:
+        """The open session ``session_id``, over another ``client``."""
+        for info in client.sessions():
+            if info["session"] == session_id:
+                return cls(client, info)
+        raise RemoteError(
+            f"no open session {session_id!r}; list them with `stockade session ls`",
+            code="not_found",
+            method="session.list",
+        )
+
+    def _call(self, method: str, timeout: float | None, /, **params: Any) -> dict[str, Any]:
+        saved = self.client.timeout
+        if saved is not None:
+            self.client.timeout = None if timeout is None else max(saved, timeout + self.MARGIN)
+        try:
+            return self.client.call(method, session=self.session_id, **params)
+        finally:
+            self.client.timeout = saved
+
+    def _upload(self, data: bytes) -> str:
+        blob: str | None = None
+        for start in range(0, max(len(data), 1), self.PART):
+            part = base64.b64encode(data[start : start + self.PART]).decode()
+            got = self._call("session.blob_put", None, data=part, **({"blob": blob} if blob else {}))
+            blob = got["blob"]
+        assert blob is not None
+        return blob
+
+    def _download(self, result: dict[str, Any], key: str) -> bytes:
+        if result.get(key) is not None:
+            return base64.b64decode(result[key])
+        blob = result.get(f"{key}_blob")
+        if blob is None:
+            return b""
+        parts: list[bytes] = []
+        offset = 0
+        while True:
+            got = self._call("session.blob_get", None, blob=blob, offset=offset)
+            part = base64.b64decode(got["data"])
+            parts.append(part)
+            offset += len(part)
+            if got["end"]:
+                return b"".join(parts)
+
+    def _payload(self, data: bytes, inline: str, blob: str) -> dict[str, Any]:
+        if len(data) <= self.INLINE:
+            return {inline: base64.b64encode(data).decode()}
+        return {blob: self._upload(data)}
+
+    def exec(
+        self,
+        argv: list[str] | tuple[str, ...],
+        *,
+        input: bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | int | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> Any:
+        """``session.exec``; a ``stockade.cell.SessionResult``.
+
+        Raises:
+            RemoteError: ``bad_params`` (a bad argument), ``not_found`` (no such
+                session), ``unavailable`` (its calls are all in flight, or its cell ended).
+            DaemonError, ProtocolError: as ``Client.call``.
+        """
+        from stockade.cell._session import SessionResult
+
+        params: dict[str, Any] = {"argv": list(argv)}
+        if input is not None:
+            params.update(self._payload(bytes(input), "input", "input_blob"))
+        for key, value in (("cwd", cwd), ("env", env), ("user", user), ("timeout", timeout)):
+            if value is not None:
+                params[key] = value
+        if output_limit is not None:
+            params["output_limit"] = output_limit
+        got = self._call("session.exec", timeout if timeout is not None else None, **params)
+        return SessionResult(
+            returncode=got["returncode"],
+            stdout=self._download(got, "stdout"),
+            stderr=self._download(got, "stderr"),
+            timed_out=got["timed_out"],
+            truncated=got["truncated"],
+            call=got.get("call", ""),
+            duration=got.get("duration", 0.0),
+        )
+
+    def read_file(self, path: str, *, user: str | int | None = None, limit: int | None = None) -> bytes:
+        """``session.read_file``.
+
+        Raises:
+            FileNotFoundError, PermissionError, IsADirectoryError, OSError: as
+                inside the cell.
+            RemoteError, DaemonError, ProtocolError: as ``exec``.
+        """
+        params: dict[str, Any] = {"path": path}
+        if user is not None:
+            params["user"] = user
+        if limit is not None:
+            params["limit"] = limit
+        got = self._call("session.read_file", None, **params)
+        _raise_oserror(got)
+        return self._download(got, "data")
+
+    def write_file(
+        self, path: str, data: bytes, *, user: str | int | None = None, mode: int | None = None
+    ) -> None:
+        """``session.write_file``.
+
+        Raises:
+            FileNotFoundError, PermissionError, IsADirectoryError, OSError: as
+                inside the cell.
+            RemoteError, DaemonError, ProtocolError: as ``exec``.
+        """
+        params: dict[str, Any] = {"path": path, **self._payload(bytes(data), "data", "data_blob")}
+        if user is not None:
+            params["user"] = user
+        if mode is not None:
+            params["mode"] = mode
+        _raise_oserror(self._call("session.write_file", None, **params))
+
+    def close(self) -> dict[str, Any]:
+        """``session.close``: what the session's cell left (``persistence``), its counts."""
+        return self._call("session.close", None)
+
+    def __enter__(self) -> RemoteSession:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _raise_oserror(result: dict[str, Any]) -> None:
+    error = result.get("error")
+    if isinstance(error, dict):
+        raise OSError(int(error.get("errno") or 0), str(error.get("strerror", "")), error.get("path"))
 
 
 def _await_result(
@@ -318,4 +522,4 @@ def _await_result(
         return reply.result
 
 
-__all__ = ["Client", "RemoteError", "Subscription"]
+__all__ = ["Client", "RemoteError", "RemoteSession", "Subscription"]

@@ -53,6 +53,7 @@ from stockade.daemon._bus import (
 )
 from stockade.daemon._peer import MAX_BROKER_CONNECTIONS, MAX_INFLIGHT, Peer
 from stockade.daemon._runs import LOG_MAX, RequestError, Run, Runs
+from stockade.daemon._sessions import Sessions
 from stockade.daemon._tools import RecordBudgets, record_tool_call
 from stockade.errors import DaemonError, StockadeError, StoreError
 from stockade.gateway._options import GatewayOptions
@@ -121,6 +122,8 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.recorder: Recorder | None = None
         self.runs: Runs | None = None
+        self.sessions: Sessions | None = None
+        """The sessions it hosts (``session.*`` requests, ``_sessions``)."""
         self.extensions: dict[str, Callable[[Peer, Mapping[str, Any]], Awaitable[dict[str, Any]]]] = {}
         """More requests of the control socket, by method, served on the loop
         (``stockade.dashboard.attach`` adds ``dashboard.open``): what depends on
@@ -162,6 +165,8 @@ class Daemon:
                 intent_budgets=self.intent_budgets,
             )
             self.runs.on_output_dropped = lambda run_id: self._record_drop("output", run_id)
+            self.sessions = Sessions(self.runs)
+            self.extensions.update(self.sessions.methods())
             events = [self._daemon_event("daemon.start", f"daemon started (pid {os.getpid()})")]
             events.extend(self._previous_store_error())
             events.extend(await asyncio.to_thread(self.runs.recover))
@@ -189,6 +194,8 @@ class Daemon:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self.sessions is not None:
+            await self.sessions.close_all()  # recorded before daemon.stop
         if self.runs is not None:
             await self.runs.stop_all(self.stop_grace)
             if self.runs.relay is not None:  # every run ended and is recorded: nothing to relay

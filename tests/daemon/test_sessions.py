@@ -1,0 +1,159 @@
+"""Sessions hosted by the daemon: ``session.*`` requests and ``RemoteSession``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stockade.daemon._client import Client, RemoteSession
+from stockade.errors import RemoteError
+from tests.daemon.test_server import (
+    agent_policy,
+    daemon_at,
+    kind_is,
+    workspace,
+)
+
+
+def _events(client: Client, run: str | None = None) -> list[dict[str, Any]]:
+    params: dict[str, Any] = {"format": "jsonl", "limit": 1000}
+    if run:
+        params["run"] = run
+    out: list[dict[str, Any]] = []
+    while True:
+        page = client.call("events.export", **params)
+        out.extend(json.loads(line)["event"] for line in page["data"].splitlines())
+        if not page["more"]:
+            return out
+        params["after_seq"] = page["last_seq"]
+
+
+def _policy_text(ws: Path) -> str:
+    return json.dumps({"name": "bench", "workspace": str(ws)})
+
+
+def test_open_exec_files_close_and_the_record(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
+        session = client.open_session(policy_text=_policy_text(ws))
+        assert session.workspace == str(ws)
+        listed = client.sessions()
+        assert [s["session"] for s in listed] == [session.session_id]
+        result = session.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+        assert (result.returncode, result.stdout, result.stderr) == (3, b"out\n", b"err\n")
+        binary = bytes(range(256)) * 8
+        assert session.exec(["cat"], input=binary).stdout == binary
+        session.write_file("note.txt", b"kept\n", mode=0o600)
+        assert session.read_file(f"{ws}/note.txt") == b"kept\n"
+        assert session.exec(["stat", "-c", "%a", "note.txt"]).stdout == b"600\n"
+        with pytest.raises(FileNotFoundError):
+            session.read_file("/no/such/file")
+        with pytest.raises(PermissionError):
+            session.write_file("/etc/passwd", b"x")
+        with pytest.raises(IsADirectoryError):
+            session.read_file("/tmp")
+        closed = session.close()
+        assert closed["calls"] >= 6 and closed["exit_code"] == 0
+        assert client.sessions() == []
+        events = _events(client)
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("session.open") == 1 and kinds.count("session.close") == 1
+    execs = [e for e in events if e["kind"] == "session.exec"]
+    assert execs[0]["detail"]["argv"] == ["sh", "-c", "echo out; echo err >&2; exit 3"]
+    assert execs[0]["detail"]["exit_code"] == 3 and execs[0]["detail"]["duration"] > 0
+    assert "cell.persistence" in kinds and "cell.end" in kinds
+    # The refused write of /etc/passwd is in the record, with its call.
+    refused = [
+        e for e in events if e["outcome"] == "denied" and e["detail"].get("session") == closed["session"]
+    ]
+    assert any("/etc" in json.dumps(e["detail"]) for e in refused), refused
+
+
+def test_large_payloads_go_in_parts(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    data = os.urandom(1 << 20) * 3  # over the 1 MiB frame: blobs both ways
+    with (
+        daemon_at(tmp_path) as dt,
+        Client(dt.socket_path, timeout=60) as client,
+        client.open_session(policy_text=_policy_text(ws)) as session,
+    ):
+        echoed = session.exec(["cat"], input=data)
+        assert echoed.stdout == data and not echoed.truncated
+        session.write_file("big.bin", data)
+        assert session.read_file("big.bin") == data
+        assert (ws / "big.bin").read_bytes() == data
+        cut = session.exec(["head", "-c", "5000000", "/dev/zero"], output_limit=1000)
+        assert cut.truncated and len(cut.stdout) == 1000
+
+
+def test_bad_requests_are_refused_with_the_reason(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
+        with pytest.raises(RemoteError) as missing:
+            client.call("session.exec", session="s-000000000000", argv=["true"])
+        assert missing.value.code == "not_found"
+        with pytest.raises(RemoteError) as nopolicy:
+            client.call("session.open")
+        assert nopolicy.value.code == "bad_params"
+        with pytest.raises(RemoteError) as norun:
+            client.call("session.open", run="r-000000000000")
+        assert norun.value.code == "not_found"
+        session = client.open_session(policy_text=_policy_text(ws))
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"argv": "ls"}, "list of strings"),
+            ({"argv": ["ls"], "cwd": "relative"}, "absolute"),
+            ({"argv": ["ls"], "timeout": -1}, "positive"),
+            ({"argv": ["ls"], "input": "not base64!"}, "base64"),
+            ({"argv": ["ls"], "colour": "red"}, "unknown parameter"),
+        ]
+        for params, words in cases:
+            with pytest.raises(RemoteError) as bad:
+                client.call("session.exec", session=session.session_id, **params)
+            assert bad.value.code == "bad_params" and words in str(bad.value), bad.value
+        assert session.exec(["true"]).returncode == 0  # nothing broke
+        session.close()
+
+
+def test_a_session_bound_to_a_run_ends_with_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    policy = agent_policy(tmp_path, [{"op": "block", "fifo": str(fifo)}])
+    with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
+        run = client.call("run.start", policy_path=str(policy), detach=True)
+        with client.subscribe("events.subscribe") as stream:
+            session = client.open_session(run=run["id"])
+            assert session.info["run"] == run["id"]
+            assert session.workspace == run["workspace"]  # the run's own workbench
+            made = session.exec(["sh", "-c", "echo from-session > made.txt"])
+            assert made.returncode == 0
+            assert (Path(run["workspace"]) / "made.txt").read_text() == "from-session\n"
+            client.call("run.stop", run=run["id"], grace=0)
+            for pushed in stream:
+                if kind_is("session.close", run["id"])(pushed):
+                    break
+        assert client.sessions() == []
+        with pytest.raises(RemoteError) as gone:
+            RemoteSession(client, session.info).exec(["true"])
+        assert gone.value.code == "not_found"
+        events = _events(client, run["id"])
+    kinds = [e["kind"] for e in events]
+    assert "session.open" in kinds and "session.exec" in kinds and "session.close" in kinds
+    assert all(e["run"] == run["id"] for e in events)
+
+
+def test_the_daemon_closes_its_sessions_when_it_stops(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
+        session = client.open_session(policy_text=_policy_text(ws))
+        pid = session.exec(["sh", "-c", "sleep 300 > /dev/null 2>&1 & echo $!"]).stdout
+        assert pid.strip().isdigit()
+        cell = session.cell_id
+        assert cell
+        with client.subscribe("events.subscribe") as stream:
+            dt.stop()  # the stream ends when the daemon is gone
+            seen = [e.get("kind") for e in (p.get("event", p) for p in stream) if e.get("cell") == cell]
+    assert "session.close" in seen and "cell.end" in seen
