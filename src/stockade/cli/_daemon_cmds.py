@@ -125,6 +125,7 @@ def daemon(
     from stockade.gateway._options import GatewayOptions
 
     state_dir, sock = _where(state, socket_path)
+    started = time.time()
 
     def ready(served: Any) -> None:
         from stockade.dashboard import attach
@@ -132,6 +133,7 @@ def daemon(
         # `stockade dashboard` asks this daemon for its page (dashboard.open).
         attach(served)
         click.echo(f"stockade: daemon listening on {sock} (state {state_dir}, pid {os.getpid()})", err=True)
+        _say_lost(served, started)
 
     try:
         return serve(
@@ -145,6 +147,23 @@ def daemon(
         # The daemon itself cannot start: a daemon error, not "unreachable".
         click.echo(f"stockade: {exc}", err=True)
         return EXIT_HOST
+
+
+def _say_lost(served: Any, started: float) -> None:
+    """The runs an earlier daemon left running were marked lost as this one
+    started: say which, once, where the operator looks."""
+    past = getattr(getattr(served, "runs", None), "past", None) or {}
+    lost = sorted(
+        str(m.get("id"))
+        for m in past.values()
+        if isinstance(m, dict) and m.get("state") == "lost" and float(m.get("ended") or 0) >= started
+    )
+    if lost:
+        click.echo(
+            f"stockade: {len(lost)} run(s) of the previous daemon never ended and are marked lost: "
+            f"{', '.join(lost)}; `stockade report RUN` shows what each did",
+            err=True,
+        )
 
 
 # --------------------------------------------------------------------------- run
@@ -182,12 +201,17 @@ def run(
     at this terminal, and the exit code is the agent's; Ctrl-C stops the run.
     With no daemon running, one is started in this process for the run.
     """
-    from stockade.daemon._client import Client
+    from stockade.daemon._client import Client, RemoteError
     from stockade.policy import load_policy
 
     path = os.path.abspath(policy_file)
     policy = load_policy(path)  # a bad file is exit 3 here, before any daemon is involved
     names = set(policy.env.passthrough)
+    # The LLM key and the secrets' variables come from this shell, as ${VAR}
+    # does (`OPENAI_API_KEY=… stockade run -f …` works with a daemon running).
+    names.update(s.env for s in policy.secrets if s.env)
+    if policy.llm is not None and policy.llm.api_key_env:
+        names.add(policy.llm.api_key_env)
     try:
         with open(path, encoding="utf-8") as f:
             names.update(_VAR.findall(f.read()))
@@ -216,15 +240,24 @@ def run(
 
         local = DaemonThread(state=state_dir, socket_path=sock).start()
     try:
-        info = client.call("run.start", **params)
+        try:
+            info = client.call("run.start", **params)
+        except RemoteError as exc:
+            if exc.code == "bad_params":
+                # The daemon found the policy wrong (a secret unset there…): exit 3, as here.
+                raise PolicyError(exc.message) from exc
+            raise
         if detach:
             if as_json:
                 _echo_json(info)
             else:
                 click.echo(info["id"])
             return 0
+        if not as_json:
+            click.echo(f"stockade: run {info['id']} started; `stockade logs {info['id']}` shows it", err=True)
         code = _foreground(client, info, as_json=as_json)
         if not as_json:
+            _refusals(client, str(info["id"]))
             _persistence(state_dir, str(info["id"]))
         return code
     finally:
@@ -239,11 +272,14 @@ def _foreground(client: Client, info: dict[str, Any], *, as_json: bool) -> int:
     if not info.get("unattended") and sys.stdin.isatty():
         prompter = _Prompter(client, run_id)
         prompter.start()
+    output: dict[str, list[str]] = {"stdout": [], "stderr": []}
     try:
         logs = client.subscribe("run.logs", run=run_id, follow=True)
         ended: dict[str, Any] | None = None
         with logs:
-            if not as_json:
+            if as_json:
+                output["stdout"].append(str(logs.result.get("data", "")))
+            else:
                 _write(1, logs.result.get("data", ""))
             if logs.result.get("ended"):
                 ended = client.call("run.list", all=True)
@@ -251,7 +287,10 @@ def _foreground(client: Client, info: dict[str, Any], *, as_json: bool) -> int:
             else:
                 for push in logs:
                     kind = push.get("kind")
-                    if kind == "run.output" and not as_json:
+                    if kind == "run.output" and as_json:
+                        stream = "stdout" if push.get("stream") == "stdout" else "stderr"
+                        output[stream].append(str(push.get("data", "")))
+                    elif kind == "run.output":
                         _write(1 if push.get("stream") == "stdout" else 2, str(push.get("data", "")))
                     elif kind == "run.ended":
                         ended = push.get("run")
@@ -268,7 +307,9 @@ def _foreground(client: Client, info: dict[str, Any], *, as_json: bool) -> int:
     if ended is None:
         raise DaemonError(f"the daemon stopped following run {run_id}; see `stockade logs {run_id}`")
     if as_json:
-        _echo_json(ended)
+        # As `exec --json`: the agent's output too (the transcript holds both
+        # streams in one; what came before we subscribed is under stdout).
+        _echo_json({**ended, "stdout": "".join(output["stdout"]), "stderr": "".join(output["stderr"])})
     if ended.get("halted"):
         click.echo(f"stockade: run {run_id} was halted: {ended['halted']}", err=True)
     if ended.get("error"):
@@ -276,6 +317,40 @@ def _foreground(client: Client, info: dict[str, Any], *, as_json: bool) -> int:
         return EXIT_HOST
     code = ended.get("exit_code")
     return int(code) if isinstance(code, int) else EXIT_HOST
+
+
+def run_events(client: Client, run_id: str) -> list[dict[str, Any]]:
+    """Every stored event of ``run_id``, through the daemon (``events.export``, paged)."""
+    events: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = client.call("events.export", run=run_id, after_seq=after, format="jsonl")
+        for line in str(page.get("data", "")).splitlines():
+            if line.strip():
+                events.append(json.loads(line).get("event", {}))
+        after = int(page.get("last_seq", after))
+        if not page.get("more"):
+            return events
+
+
+def _refusals(client: Client, run_id: str) -> None:
+    """What the run was refused, on stderr, as `exec` summarises a cell's."""
+    from stockade.cli._shown import visible
+    from stockade.errors import StockadeError
+
+    try:
+        events = run_events(client, run_id)
+    except StockadeError:
+        return
+    refused = [e for e in events if e.get("outcome") in ("denied", "audited")]
+    if not refused:
+        return
+    lines = [f"stockade: {len(refused)} refusal(s) in run {run_id}"]
+    for event in refused[:10]:
+        lines.append(f"  - {visible(str(event.get('summary', '')))} [{event.get('layer', '')}]")
+    if len(refused) > 10:
+        lines.append(f"  … and {len(refused) - 10} more (see `stockade report {run_id}`)")
+    click.echo("\n".join(lines), err=True)
 
 
 def _persistence(state_dir: str, run_id: str) -> None:
@@ -388,8 +463,21 @@ class _Prompter:
 @_place
 def ps(show_all: bool, as_json: bool, state: str | None, socket_path: str | None) -> int:
     """List the daemon's runs."""
+    lost: list[str] = []
     with _client(state, socket_path) as client:
         runs = client.call("run.list", all=show_all)["runs"]
+        if not show_all and not as_json:
+            # Runs the previous daemon left running were marked lost when this
+            # one started: hidden without -a, so say that they are there.
+            since = time.time() - float(client.call("status").get("uptime") or 0) - 60
+            shown = {r.get("id") for r in runs}
+            lost = [
+                str(r.get("id"))
+                for r in client.call("run.list", all=True)["runs"]
+                if r.get("state") == "lost"
+                and r.get("id") not in shown
+                and float(r.get("ended") or 0) >= since
+            ]
     if as_json:
         _echo_json(runs)
         return 0
@@ -410,11 +498,18 @@ def ps(show_all: bool, as_json: bool, state: str | None, socket_path: str | None
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if lost:
+        click.echo(
+            f"stockade: {len(lost)} run(s) of the previous daemon were lost when it ended "
+            f"({', '.join(lost)}); `stockade ps -a` lists them",
+            err=True,
+        )
     return 0
 
 
 @click.command("stop")
-@click.argument("run_ref", metavar="NAME|ID")
+@click.argument("run_ref", metavar="NAME|ID", required=False)
+@click.option("--all", "stop_all", is_flag=True, help="Stop every live run of the daemon.")
 @click.option(
     "--grace",
     type=Duration(maximum=3600, zero=True),
@@ -424,13 +519,33 @@ def ps(show_all: bool, as_json: bool, state: str | None, socket_path: str | None
 )
 @_JSON
 @_place
-def stop(run_ref: str, grace: float, as_json: bool, state: str | None, socket_path: str | None) -> int:
-    """Stop a run: SIGTERM to the agent, its cell killed after --grace seconds."""
+def stop(
+    run_ref: str | None,
+    stop_all: bool,
+    grace: float,
+    as_json: bool,
+    state: str | None,
+    socket_path: str | None,
+) -> int:
+    """Stop a run (or, with --all, every live run): SIGTERM to the agent, its
+    cell killed after --grace seconds."""
+    if (run_ref is None) == (not stop_all):
+        raise click.UsageError("give a run's NAME or ID, or --all (not both)")
+    stopped: list[dict[str, Any]] = []
     with _client(state, socket_path, timeout=grace + 60.0) as client:
-        info = client.call("run.stop", run=run_ref, grace=grace)
+        if stop_all:
+            refs = [str(r["id"]) for r in client.call("run.list", all=False)["runs"]
+                    if r.get("state") in ("running", "stopping")]
+        else:
+            refs = [str(run_ref)]
+        for ref in refs:
+            stopped.append(client.call("run.stop", run=ref, grace=grace))
     if as_json:
-        _echo_json(info)
-    else:
+        _echo_json(stopped if stop_all else stopped[0])
+        return 0
+    if stop_all and not stopped:
+        click.echo("no run is live")
+    for info in stopped:
         code = info.get("exit_code")
         click.echo(f"{info['id']} {info['state']}" + ("" if code is None else f" (exit code {code})"))
     return 0
@@ -442,13 +557,37 @@ def stop(run_ref: str, grace: float, as_json: bool, state: str | None, socket_pa
 @click.option(
     "-n", "--tail", type=click.IntRange(min=0), default=None, metavar="N", help="Only the last N lines."
 )
+@click.option(
+    "-t", "--timestamps", is_flag=True, help="Start each line with when it was written (UTC, ISO-8601)."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per line: time, stream, line (JSON lines)."
+)
 @_place
-def logs(run_ref: str, follow: bool, tail: int | None, state: str | None, socket_path: str | None) -> int:
-    """Print a run's transcript (the agent's stdout and stderr, capped)."""
+def logs(
+    run_ref: str,
+    follow: bool,
+    tail: int | None,
+    timestamps: bool,
+    as_json: bool,
+    state: str | None,
+    socket_path: str | None,
+) -> int:
+    """Print a run's transcript (the agent's stdout and stderr, capped).
+
+    With -f, until the run ends (exit 0) or the daemon goes away (exit 4).
+    """
+    plain = not (timestamps or as_json)
+    lines = _Lines(timestamps=timestamps, as_json=as_json)
+    state_dir = _where(state, socket_path)[0]
     with _client(state, socket_path) as client:
         if not follow:
             result = client.call("run.logs", run=run_ref, tail=tail)
-            _write(1, result["data"])
+            if plain:
+                _write(1, result["data"])
+            else:
+                lines.stored(state_dir, result)
+                lines.flush()
             if result.get("truncated") and tail is None:
                 click.echo(
                     "stockade: older output left out; see the transcript file in the run's directory",
@@ -456,34 +595,135 @@ def logs(run_ref: str, follow: bool, tail: int | None, state: str | None, socket
                 )
             return 0
         with client.subscribe("run.logs", run=run_ref, tail=tail, follow=True) as stream:
-            _write(1, stream.result.get("data", ""))
+            run_id = str(stream.result.get("run") or run_ref)
+            if plain:
+                _write(1, stream.result.get("data", ""))
+            else:
+                lines.stored(state_dir, stream.result)
             if stream.result.get("ended"):
+                lines.flush()
                 return 0
             try:
                 for push in stream:
                     kind = push.get("kind")
                     if kind == "run.output":
-                        _write(1 if push.get("stream") == "stdout" else 2, str(push.get("data", "")))
+                        fd = 1 if push.get("stream") == "stdout" else 2
+                        if plain:
+                            _write(fd, str(push.get("data", "")))
+                        else:
+                            lines.feed(fd, str(push.get("data", "")), time.time())
                     elif kind == "run.ended":
+                        lines.flush()
                         return 0
                     elif kind == "subscription.dropped":
+                        lines.flush()
                         click.echo(
                             "stockade: fell behind the live output; run `stockade logs` again", err=True
                         )
                         return EXIT_HOST
             except KeyboardInterrupt:
                 return EXIT_INTERRUPTED
-    return 0
+            except DaemonError:
+                pass
+            lines.flush()
+    # The stream ended without the run's end: the daemon went away.
+    raise DaemonError(
+        f"the daemon went away while run {run_id} was still running; "
+        f"`stockade status` says whether it runs, `stockade report {run_id}` what the run did"
+    )
+
+
+def _stamp(when: float | None) -> str:
+    if when is None:
+        return "-"
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(when, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class _Lines:
+    """A transcript cut into lines, each with the time its chunk came and its
+    stream, for ``logs --timestamps`` and ``logs --json``."""
+
+    def __init__(self, *, timestamps: bool, as_json: bool) -> None:
+        self.timestamps = timestamps
+        self.as_json = as_json
+        self._pending: dict[int, str] = {1: "", 2: ""}
+        self._since: dict[int, float | None] = {1: None, 2: None}
+
+    def stored(self, state_dir: str, result: dict[str, Any]) -> None:
+        """What ``run.logs`` answered, split at the chunks the daemon noted
+        (``transcript.log.times``: offset, time, stream); without that file
+        (a run of an older daemon), one chunk of no known time."""
+        from bisect import bisect_right
+
+        from stockade.daemon import _paths
+
+        data = str(result.get("data", "")).encode()
+        end = int(result.get("offset") or len(data))
+        start = end - len(data)
+        marks: list[tuple[int, float, int]] = []
+        try:
+            times = _paths.transcript_path(state_dir, str(result.get("run"))) + ".times"
+            with open(times, encoding="ascii") as f:
+                for row in f:
+                    off, when, stream = row.split()
+                    marks.append((int(off), float(when), int(stream)))
+        except (OSError, ValueError):
+            marks = []
+        if not marks:
+            self.feed(1, data.decode("utf-8", "replace"), None)
+            return
+        offsets = [m[0] for m in marks]
+        cuts = sorted({start, *(o for o in offsets if start < o < end)})
+        for i, cut in enumerate(cuts):
+            upto = cuts[i + 1] if i + 1 < len(cuts) else end
+            mark = marks[max(0, bisect_right(offsets, cut) - 1)]
+            piece = data[cut - start : upto - start].decode("utf-8", "replace")
+            self.feed(2 if mark[2] == 2 else 1, piece, mark[1])
+
+    def feed(self, fd: int, text: str, when: float | None) -> None:
+        if not self._pending[fd]:
+            self._since[fd] = when
+        *done, rest = (self._pending[fd] + text).split("\n")
+        for line in done:
+            self._emit(fd, line, self._since[fd])
+            self._since[fd] = when
+        self._pending[fd] = rest
+
+    def flush(self) -> None:
+        for fd in (1, 2):
+            if self._pending[fd]:
+                self._emit(fd, self._pending[fd], self._since[fd])
+                self._pending[fd] = ""
+
+    def _emit(self, fd: int, line: str, when: float | None) -> None:
+        if self.as_json:
+            item = {"time": when, "stream": "stdout" if fd == 1 else "stderr", "line": line}
+            if self.timestamps:
+                item["timestamp"] = _stamp(when)
+            _write(1, json.dumps(item, ensure_ascii=False) + "\n")
+        else:
+            _write(fd, f"{_stamp(when)} {line}\n")
 
 
 @click.command("status")
 @_JSON
 @_place
 def status(as_json: bool, state: str | None, socket_path: str | None) -> int:
-    """Say whether the daemon runs, where, and what it holds."""
-    with _client(state, socket_path) as client:
-        info = client.call("status")
+    """Say whether the daemon runs, where, and what it holds (exit 4 when it does not)."""
+    try:
+        with _client(state, socket_path) as client:
+            info = client.call("status")
+    except DaemonError as exc:
+        if not as_json:
+            raise
+        # A script that asked for JSON gets JSON, and the same exit code.
+        _echo_json({"running": False, "socket": _where(state, socket_path)[1], "error": str(exc)})
+        return exc.exit_code
     if as_json:
+        info = {"running": True, **info}
         _echo_json(info)
         return 0
     store = info.get("store", {})

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from stockade.errors import StoreError
+from stockade.errors import NotFoundError, StoreError
 from stockade.record._export import FORMATS, ExportFormat, export, export_to_file, parse_since, printable
 from stockade.record._head import Head, head_path, parse_head, read_head
 
@@ -183,7 +183,7 @@ def verify(
     metavar="TIME",
     default=None,
     help="Only events at or after TIME: ISO-8601 (2026-11-30T12:00:00Z; UTC without an offset) "
-    "or a duration back from now (90s, 10m, 2h, 7d).",
+    "or a duration back from now (90s, 10m, 1d2h, 7d).",
 )
 @click.option("--run", "run", metavar="ID", default=None, help="Only the events of run ID.")
 @click.option(
@@ -208,12 +208,32 @@ def export_cmd(
             since_ts = parse_since(since)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--since'") from None
+    if out is not None:
+        # Checked before reading the store, as exec checks --events.
+        directory = os.path.dirname(os.path.abspath(out))
+        if not os.path.isdir(directory):
+            raise click.BadParameter(
+                f"{out!r}: the directory {directory!r} does not exist; create it first", param_hint="'--out'"
+            )
+        if os.path.isdir(out):
+            raise click.BadParameter(f"{out!r} is a directory; name a file in it", param_hint="'--out'")
     with _open(ctx, db) as store:
+        if run is not None and not list(store.query(run=run, limit=1)):
+            raise NotFoundError(
+                f"the record at {store.path} holds no event of run {run!r}; "
+                "`stockade ps -a` lists the runs"
+            )
         events = store.query(since=since_ts, run=run)
         try:
             if out is not None:
                 kept = _Last(events)
-                count = export_to_file(kept, fmt, out)
+                try:
+                    count = export_to_file(kept, fmt, out)
+                except OSError as exc:
+                    raise StoreError(
+                        f"cannot write the export to {out!r}: {exc.strerror}; choose another --out",
+                        path=out,
+                    ) from exc
                 click.echo(f"stockade: {count} event(s) written to {out}", err=True)
                 if kept.last is not None:
                     # The head to keep elsewhere: `verify --expect` checks it later.
