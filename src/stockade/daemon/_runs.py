@@ -375,14 +375,17 @@ class Runs:
                 await asyncio.to_thread(self.relay.ensure)
             watch = _CellWatch(self._audit() if self._audit is not None else _shared_audit(), run, self.relay)
             run.hooks = RunHooks(run, self.recorder, self.intents.count_denial)
-            # The daemon's own environment holds the secrets and the LLM key,
-            # never the run's caller's: a run cannot choose what it is given.
+            # The secrets and the LLM key: an operator's run takes them from
+            # the caller's shell (`stockade run` sends the variables the policy
+            # names), the daemon's own environment filling in; a helper run
+            # (asked for by an agent) never chooses: its daemon's only.
+            given = opts["env"] if parent is None and opts["env"] is not None else {}
             run.gateway = await asyncio.to_thread(
                 make_gateway,
                 run,
                 hooks=run.hooks,
                 loop=self.loop,
-                environ=os.environ,
+                environ={**os.environ, **given},
                 options=self.gateway_options,
             )
             if parent is not None and parent.gateway is not None:
@@ -441,6 +444,12 @@ class Runs:
             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
             0o600,
         )
+        # When each chunk came and from which stream: `stockade logs --timestamps`.
+        times = os.open(
+            _paths.transcript_path(self.state_dir, run.id) + ".times",
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+            0o600,
+        )
 
         def sink(stream: int, data: bytes) -> None:
             room = cap - run.transcript_bytes
@@ -454,6 +463,7 @@ class Runs:
                 view = view[os.write(fd, view) :]
             offset = run.transcript_bytes
             run.transcript_bytes += len(data)
+            os.write(times, f"{offset} {time.time():.6f} {stream}\n".encode())
             self._soon(self._output, run, stream, offset, data)
 
         result: CellResult | None = None
@@ -467,6 +477,7 @@ class Runs:
             error = f"internal error running the cell: {exc!r}"
         finally:
             os.close(fd)
+            os.close(times)
             cell.close()
             if cell.fresh and not run.children:
                 # A fresh workspace is kept for the operator to look at, unless
