@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -699,6 +700,10 @@ class FakeBroker:
                     step = self.script.pop(0)
                     if step == "close":
                         break
+                    if step == "idle":  # the daemon's idle close, the request unread
+                        push = b'{"v":1,"push":"closing","reason":"idle"}'
+                        conn.sendall(struct.pack(">I", len(push)) + push)
+                        break
                     if isinstance(step, tuple):
                         reply = {
                             "v": 1,
@@ -828,6 +833,38 @@ def test_a_broken_connection_is_opened_again_once_and_a_request_never_sent_twice
         with pytest.raises(Unreachable, match="may or may not have been done"):
             broker.read("/a")  # read, then the connection closed without an answer
     assert [(conn, req["id"]) for conn, req in server.requests] == [(1, 1), (2, 1), (2, 2)]
+
+
+def test_a_connection_closed_as_idle_after_the_request_went_is_sent_again(tmp_path: Path) -> None:
+    """The daemon's closing push says it read nothing more: unlike any other
+    broken connection, the request is sent again on a fresh one."""
+    ok = _allow({"path": "/a", "size": 1, "content": "a", "encoding": "utf-8"})
+    with fake(tmp_path, ["idle", ok]) as server:
+        broker = Broker(server.path, "tok")
+        assert broker.read("/a") == b"a"
+        broker.close()
+    assert [(conn, req["id"]) for conn, req in server.requests] == [(1, 1), (2, 1)]
+
+
+def test_the_daemon_closes_an_idle_connection_and_the_sdk_reconnects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stockade.daemon import _peer
+
+    monkeypatch.setattr(_peer, "BROKER_IDLE", 0.2)
+    with live_run(tmp_path) as live:
+        broker = live.broker()
+        assert broker.read(f"{live.granted}/ok.txt") == b"the granted file\n"
+        sock = broker._sock
+        assert sock is not None
+        # Wait on the thing: the daemon's last push, then the end of the connection.
+        ready, _, _ = select.select([sock], [], [], WAIT)
+        assert ready, "the daemon did not close the idle connection"
+        assert broker.read(f"{live.granted}/ok.txt") == b"the granted file\n"
+        assert broker._sock is not sock, "the second read went on a fresh connection"
+        mine = [p for p in live.dt.daemon._peers if p.run is not None and not p.cell]
+        assert len(mine) == 1, "the idle connection is still held by the daemon"
+        assert len(live.recorded("intent")) == 2  # each read once
 
 
 def test_error_codes_map_to_errors(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import os
 import socket
 import struct
 import sys
+import time
 from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -44,6 +45,14 @@ BROKER_BUFFER_BUDGET = 64 * 1024 * 1024
 """Bytes of unfinished frames all of one run's broker connections may hold at
 once; past it the connection that asked for more is closed. A cell cannot make
 the daemon hold more than this for it, whatever its memory limit."""
+BROKER_IDLE = 300.0
+"""Seconds a broker connection may sit with nothing asked and nothing
+pending before the daemon closes it. Each holds a descriptor of the daemon;
+64 a run (``MAX_BROKER_CONNECTIONS``) idle forever are 64 held for nothing.
+The SDK reconnects and sends again when it finds one closed this way, which
+the daemon announces with a last push (``CLOSING_PUSH``): nothing of that
+connection was read or done after it, so sending again is safe."""
+CLOSING_PUSH = b'{"v":1,"push":"closing","reason":"idle"}'
 _UCRED = struct.Struct("3i")
 
 
@@ -122,6 +131,9 @@ class Peer(asyncio.Protocol):
         self._pushes: list[bytes] = []
         """Event pushes not yet written (``push_event``); ``write`` sends them first."""
         self._pushes_size = 0
+        self._active = time.monotonic()
+        """When the peer last sent bytes or was answered (the idle timer's clock)."""
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol
 
@@ -160,8 +172,25 @@ class Peer(asyncio.Protocol):
             self.cell = cell_of_peer(sock)
         elif pid > 0:
             self.cell = _cell_of(pid)
+        if self.run is not None:
+            # One timer per connection, re-armed when it fires, not per request.
+            self._idle_timer = asyncio.get_running_loop().call_later(BROKER_IDLE, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """Close the connection if it has been idle ``BROKER_IDLE`` seconds; else look again then."""
+        if self._closing or self.transport is None:
+            return
+        now = time.monotonic()
+        busy = self._inflight or self._backlog or self.conn.buffered
+        if not busy and now - self._active >= BROKER_IDLE:
+            self.transport.write(struct.pack(">I", len(CLOSING_PUSH)) + CLOSING_PUSH)
+            self.close()
+            return
+        wait = BROKER_IDLE if busy else BROKER_IDLE - (now - self._active)
+        self._idle_timer = asyncio.get_running_loop().call_later(max(wait, 0.01), self._idle_check)
 
     def data_received(self, data: bytes) -> None:
+        self._active = time.monotonic()
         for item in self.conn.receive(data):
             if isinstance(item, ProtocolViolation):
                 self.write(self.conn.fail(item.id, item.code, item.message))
@@ -193,6 +222,8 @@ class Peer(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         self._backlog.clear()
         self.daemon.forget(self)
 
@@ -291,6 +322,7 @@ class Peer(asyncio.Protocol):
             frame = self.conn.fail(req.id, "internal", f"the daemon failed serving {req.method}: {exc!r}")
         self.write(frame)
         self._inflight -= 1
+        self._active = time.monotonic()
         self._pump()
 
     def write(self, frame: bytes) -> None:

@@ -52,6 +52,7 @@ import inspect
 import json
 import os
 import re
+import select
 import socket
 import struct
 import threading
@@ -313,7 +314,10 @@ class Broker:
     not wait behind another's slow ``exec`` or ``ask`` opens a ``Broker`` of its
     own). The connection is opened at the first call; if it is found broken
     when a request is sent, it is opened again once and the request sent on
-    the new one. A reply lost to a broken connection is an ``Unreachable``:
+    the new one. The daemon closes a connection idle for 5 minutes, with a
+    last push saying so and nothing of it read after: found before or after
+    a request was sent, that too is a fresh connection and the request sent
+    again. A reply lost to any other broken connection is an ``Unreachable``:
     the request is never sent twice, since the intent may have been done.
 
     ``timeout`` bounds each call in seconds; ``None`` (the default) waits as
@@ -701,6 +705,19 @@ class Broker:
 
     def _exchange(self, method: str, encoded: bytes) -> dict[str, Any]:
         """Send one request and read its reply (under the lock)."""
+        try:
+            return self._send_and_read(method, encoded)
+        except _ClosedIdle:
+            # The daemon closed the connection as idle and read nothing after
+            # its last push: the request was not done; once more, fresh.
+            self._drop()
+            return self._send_and_read(method, encoded)
+
+    def _send_and_read(self, method: str, encoded: bytes) -> dict[str, Any]:
+        if self._sock is not None and select.select([self._sock], [], [], 0)[0]:
+            # Something came unasked: the daemon's last push before it closed
+            # an idle connection (or its end). Not a connection to send on.
+            self._drop()
         sock = self._ensure()
         self._next_id = self._next_id + 1 if self._next_id < MAX_ID else 1
         request_id = self._next_id
@@ -748,6 +765,7 @@ class Broker:
 
     def _read_reply(self, sock: socket.socket, request_id: int, method: str) -> dict[str, Any]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        closing = False
         while True:
             try:
                 head = _recv_exact(sock, 4, deadline)
@@ -764,6 +782,8 @@ class Broker:
                 ) from exc
             except (OSError, EOFError) as exc:
                 self._drop()
+                if closing:
+                    raise _ClosedIdle from exc
                 raise Unreachable(
                     f"the connection to the broker broke before it answered {method}, which may or may not "
                     "have been done; the run may have ended (a later call connects again)"
@@ -780,7 +800,10 @@ class Broker:
                 self._drop()
                 raise _protocol(method, "a reply is not a protocol version 1 object")
             if "push" in message:
-                continue  # none on a broker socket today; a newer daemon may add some
+                # "closing": the daemon closes this idle connection, having read
+                # nothing after it; the end of the connection follows.
+                closing = closing or message.get("push") == "closing"
+                continue
             if message.get("id") != request_id:
                 if message.get("id") == 0 and message.get("ok") is False:
                     # The daemon could not read the request's id (a broken frame):
@@ -788,6 +811,10 @@ class Broker:
                     return message
                 continue
             return message
+
+
+class _ClosedIdle(Exception):
+    """The daemon closed the connection as idle before it read the request."""
 
 
 class _ToolCallScope:
