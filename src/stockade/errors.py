@@ -205,13 +205,17 @@ class ImageError(StockadeError):
     ``location`` is ``file:line`` of a Dockerfile's offending instruction, when known.
     """
 
-    exit_code = 3
+    exit_code: int = ExitCode.POLICY
+    wire_code = "bad_params"
 
     def __init__(self, message: str, *, location: str | None = None, exit_code: int | None = None) -> None:
         self.location = location
         self.message = message
         if exit_code is not None:
             self.exit_code = exit_code
+            # A daemon answering with it (an image: REF of a session) says the same.
+            wire: dict[int, str] = {ExitCode.NOT_FOUND: "not_found", ExitCode.FAILED: "conflict"}
+            self.wire_code = wire.get(exit_code, "bad_params")
         super().__init__(f"{location}: {message}" if location else message)
 
 
