@@ -952,21 +952,50 @@ def test_many_concurrent_connections(tmp_path: Path) -> None:
     in_world(body, tmp_path)
 
 
-def test_connections_past_the_limit_get_503(tmp_path: Path) -> None:
+def test_connections_past_the_limit_get_503_one_event_and_count_as_denials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap is the run's own doing: each refusal counts toward its
+    tripwire; the first is a ``connection.refused`` event, the later ones
+    one event when the gateway closes; a held connection is still served."""
+    refused: list[Event] = []
+
     async def body(w: World) -> None:
         held = [await w.raw() for _ in range(3)]
         await _until(lambda: w.proxy.connections == 3)
         try:
-            # Answered at once, before the client says anything (what it would send is not read).
-            reader, writer = await w.raw()
-            status, _, text = await read_response(reader)
-            writer.close()
-            assert status == 503 and b"too many connections" in text
+            for _ in range(6):
+                # Answered at once, before the client says anything (what it would send is not read).
+                reader, writer = await w.raw()
+                status, _, text = await read_response(reader)
+                writer.close()
+                assert status == 503 and b"too many connections" in text
+            await _until(lambda: w.hooks.denials == 6)
+            refused.extend(e for e in w.hooks.events if e.kind == "connection.refused")
+            assert len(refused) == 1 and refused[0].layer == "gateway" and refused[0].outcome == "denied"
+            assert refused[0].detail["count"] == 1 and refused[0].detail["max_connections"] == 3
+            assert "3 connections to the gateway open" in refused[0].detail["reason"]
+            # The neighbour: a connection the gateway took is served as ever.
+            reader, writer = held[0]
+            writer.write(f"GET http://{PUBLIC4}/echo HTTP/1.1\r\nHost: {PUBLIC4}\r\n\r\n".encode())
+            status, _, _ = await read_response(reader)
+            assert status == 200
         finally:
             for _, held_writer in held:
                 held_writer.close()
+        refused.clear()
 
+    hooks_seen: list[Hooks] = []
+    real = Hooks.__init__
+
+    def keep(self: Hooks) -> None:
+        real(self)
+        hooks_seen.append(self)
+
+    monkeypatch.setattr(Hooks, "__init__", keep)
     in_world(body, tmp_path, max_connections=3)
+    later = [e for e in hooks_seen[0].events if e.kind == "connection.refused"]
+    assert [e.detail["count"] for e in later] == [1, 5], "the later refusals are one event, at close"
 
 
 # --------------------------------------------------------------------------- curl

@@ -24,6 +24,7 @@ client reads it; an allowed request is recorded when it ends, off its path
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
@@ -33,6 +34,7 @@ from typing import Any, cast
 import h11
 
 from stockade import _fds
+from stockade.errors import StoreError
 from stockade.gateway._answers import MAX_HEADERS, Answers, Client, GatewayHooks
 from stockade.gateway._ca import RunCA
 from stockade.gateway._egress import Destination, Egress, EgressDecision, EgressRefused
@@ -66,6 +68,7 @@ from stockade.gateway._tunnel import (
     sni_mismatch,
 )
 from stockade.gateway._upstream import open_upstream
+from stockade.record._event import Event
 
 log = logging.getLogger("stockade.gateway")
 
@@ -122,6 +125,8 @@ class Proxy(Answers):
         self._connections: set[asyncio.Task[Any]] = set()
         self._pool: dict[tuple[str, int, str, bool], list[Upstream]] = {}
         self._closed = False
+        self.refused = 0
+        """Connections refused past ``max_connections`` or the descriptor reserve."""
 
     @property
     def connections(self) -> int:
@@ -153,6 +158,9 @@ class Proxy(Answers):
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
+        if self.refused > 1:
+            later = self.refused - 1
+            await self._note_refused("", "the later refusals of this run's gateway, counted", later)
         await self._recorded(timeout=5.0)
         for kept in self._pool.values():
             for upstream in kept:
@@ -175,8 +183,12 @@ class Proxy(Answers):
             sock = writer.get_extra_info("socket")
             low = sock is not None and _fds.low(sock.fileno())  # the daemon's reserve (stockade._fds)
             if self._closed or low or len(self._connections) > self._max_connections:
-                # Not a policy decision and not recorded: a bound on the daemon's sockets.
+                # A bound on the daemon's sockets, not a policy decision: the
+                # first refusal is an event, the later ones are counted (one
+                # event at close), so a flood does not flood the record.
                 writer.write(_TOO_MANY)
+                if not self._closed:
+                    await self._refuse_connection(cell, low)
                 return
             await self._requests(client, None)
         except (ConnectionError, TimeoutError, ssl.SSLError, h11.RemoteProtocolError, ClientGone):
@@ -193,6 +205,37 @@ class Proxy(Answers):
             else:
                 writer.close()
             self._connections.discard(task)
+
+    async def _refuse_connection(self, cell: str, low: bool) -> None:
+        self.refused += 1
+        if low:
+            why = "the daemon is near its descriptor limit (its reserve is the operator's)"
+        else:
+            # The run's own doing: it counts toward the tripwire, as a denial.
+            why = f"the run has {self._max_connections} connections to the gateway open; close some"
+            await self._hooks.denied()
+        if self.refused == 1:
+            await self._note_refused(cell, why, 1)
+
+    async def _note_refused(self, cell: str, why: str, count: int) -> None:
+        word = "a connection" if count == 1 else f"{count} connections"
+        event = Event(
+            kind="connection.refused",
+            cell=cell,
+            layer="gateway",
+            outcome="denied",
+            run=self.run_id,
+            summary=f"the gateway refused {word}: {why}",
+            detail={
+                "listener": "gateway",
+                "reason": why,
+                "count": count,
+                "max_connections": self._max_connections,
+                "idle_timeout": self._idle,
+            },
+        )
+        with contextlib.suppress(StoreError):  # the refusal stands whether or not it is stored
+            await self._hooks.record([event])
 
     async def _requests(self, c: Client, tls: Destination | None) -> None:
         """Serve requests on ``c`` until it closes; ``tls``: inside a terminated CONNECT to it."""
