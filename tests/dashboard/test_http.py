@@ -236,3 +236,16 @@ def test_the_bench_pages_read_a_campaign_and_recheck_its_bundles(tmp_path: Path)
 
     replay = load_replay(out / trial["bundle"])
     assert [s["seq"] for s in replay.stored] == [s["seq"] for s in stored]
+
+
+def test_a_stopping_daemon_ends_its_live_streams(tmp_path: Path) -> None:
+    """Open streams do not hold the daemon up: they get the daemon's last
+    event and end, and the server stops without cancelling them."""
+    with dashboard_daemon(tmp_path) as dash, dash.authed() as http:
+        with http.stream("GET", "/api/stream") as s:
+            lines = s.iter_lines()
+            _frames(lines, 1)  # daemon.start
+            dash.thread.stop()
+            rest = list(lines)  # ends: the server closed the stream
+        kinds = [json.loads(line[6:])["event"]["kind"] for line in rest if line.startswith("data: ")]
+        assert kinds[-1:] == ["daemon.stop"], rest

@@ -107,6 +107,16 @@ class Listening:
     """Where the server listens, once it does: the ``Host`` and ``Origin`` it accepts."""
 
     hosts: set[str] = field(default_factory=set)
+    streams: set[Feed] = field(default_factory=set)
+    """The live streams being served, so that closing can end them."""
+    closing: bool = False
+
+    def close_streams(self) -> None:
+        """End every live stream (the server is stopping): each sends what it
+        holds and returns, so the server stops without cancelling them."""
+        self.closing = True
+        for feed in self.streams:
+            feed.wake.set()
 
     def set_port(self, port: int) -> None:
         self.hosts = {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
@@ -237,7 +247,7 @@ def build_app(
         # it reconnects: that is the record's seq, so it resumes just after.
         after = _int(request.headers.get("last-event-id"), _int(request.query_params.get("after"), 0))
         return StreamingResponse(
-            _stream(source, run, after),
+            _stream(source, run, after, listening=listening),
             media_type="text/event-stream",
             headers={"x-accel-buffering": "no"},
         )
@@ -389,7 +399,7 @@ class Feed:
 
 
 async def _stream(
-    source: Source, run: str | None, after: int, feed: Feed | None = None
+    source: Source, run: str | None, after: int, *, listening: Listening, feed: Feed | None = None
 ) -> AsyncIterator[str]:
     """The stored events of ``run`` (all when None) after ``after``, then live, as SSE frames.
 
@@ -398,6 +408,7 @@ async def _stream(
     ``last`` (the highest seq sent) skips the second copy."""
     feed = feed or Feed()
     unsubscribe = source.subscribe(run, feed.send)
+    listening.streams.add(feed)
     last = after
     try:
         yield "retry: 1000\n\n"
@@ -426,6 +437,8 @@ async def _stream(
                 catch_up = True
                 yield f": resync after seq {last}: this reader fell behind; the rest comes from the store\n\n"
                 continue
+            if listening.closing:
+                return
             feed.wake.clear()
             if feed.lines:
                 continue
@@ -434,6 +447,7 @@ async def _stream(
             except TimeoutError:
                 yield ": keepalive\n\n"
     finally:
+        listening.streams.discard(feed)
         if unsubscribe is not None:
             unsubscribe()
 

@@ -140,6 +140,7 @@ class DashboardServer:
         self._server = self._task = None
         if server is None or task is None:
             return
+        self.listening.close_streams()
         server.should_exit = True
         # Live streams never end by themselves: after the grace, uvicorn cancels them.
         with contextlib.suppress(Exception, asyncio.CancelledError):
