@@ -164,7 +164,10 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, SandboxEnvironment]:
         policy, state = resolve_policy(config)
-        sample_id = str(metadata.get("sample_id", "")) if metadata else ""
+        from inspect_ai.solver._task_state import sample_state
+
+        current = sample_state()  # set before the sandbox is (Inspect's task runner)
+        sample_id = f"{current.sample_id}/{current.epoch}" if current is not None else ""
         record = SampleRecord(_paths.new_run_id(), harness="inspect", task=task_name, sample=sample_id)
         record.harness_event(
             "harness.sample.start",
