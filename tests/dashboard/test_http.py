@@ -249,3 +249,46 @@ def test_a_stopping_daemon_ends_its_live_streams(tmp_path: Path) -> None:
             rest = list(lines)  # ends: the server closed the stream
         kinds = [json.loads(line[6:])["event"]["kind"] for line in rest if line.startswith("data: ")]
         assert kinds[-1:] == ["daemon.stop"], rest
+
+
+def test_stockade_dashboard_replay_serves_as_nobody_without_a_daemon(tmp_path: Path) -> None:
+    """``stockade dashboard --replay`` run by an unprivileged user (no root,
+    no daemon, no kernel feature asked for) prints a URL whose token opens
+    the replay, and nothing opens it without the token."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    run = "r-00000000cafe"
+    with dashboard_daemon(tmp_path) as dash, dash.authed() as http:
+        _note(dash, 4, run, summary="kept")
+        export = http.get(f"/api/runs/{run}/download", params={"format": "jsonl"}).content
+    shared = Path(tempfile.mkdtemp(prefix="stockade-replay-"))
+    try:
+        shared.chmod(0o755)
+        (shared / "run.jsonl").write_bytes(export)
+        (shared / "run.jsonl").chmod(0o644)
+        stockade = Path(sys.executable).parent / "stockade"
+        with subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(stockade), "dashboard",
+             "--replay", str(shared / "run.jsonl")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=shared,
+        ) as proc:  # fmt: skip
+            try:
+                assert proc.stdout is not None
+                line = proc.stdout.readline()  # the server listens once it prints this
+                assert "REPLAY of" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+                url = line.split(" at ", 1)[1].strip()
+                base, token = url.split("/login", 1)[0], url.split("token=", 1)[1]
+                assert httpx.get(f"{base}/api/runs", timeout=10).status_code == 401
+                runs = httpx.get(f"{base}/api/runs", headers={"authorization": f"Bearer {token}"}, timeout=10)
+                assert [r["id"] for r in runs.json()["runs"]] == [run]
+                session = httpx.get(
+                    f"{base}/api/session", headers={"authorization": f"Bearer {token}"}, timeout=10
+                )
+                assert session.json()["mode"] == "replay"
+            finally:
+                proc.terminate()  # this test's own child, by its pid
+    finally:
+        shutil.rmtree(shared)
