@@ -105,3 +105,29 @@ def test_a_host_off_the_build_list_is_refused_and_the_step_fails(store: ImageSto
     image = build_image(store, ctx, build_args={"T": os.urandom(4).hex()})
     assert "GET https://pypi.org/simple/six/" in image.provenance["fetches"]  # type: ignore[operator]
     store.prune()
+
+
+def test_a_setuid_root_file_of_an_image_gives_nothing_in_a_cell(store: ImageStore, tmp_path: Path) -> None:
+    from stockade.cell._cell import Cell
+    from stockade.policy import default_policy
+
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    shutil.copy("/usr/bin/id", ctx / "id")
+    (ctx / "Dockerfile").write_text(
+        "FROM python:3.11-slim\nCOPY --chmod=4755 id /usr/local/bin/suid-id\nUSER 1000\n"
+    )
+    name = f"stockade-test/suid:{os.urandom(4).hex()}"
+    image = build_image(store, ctx, name=name)
+    try:
+        st = os.stat(image.rootfs / "usr/local/bin/suid-id")
+        assert st.st_uid == 0 and st.st_mode & 0o4000  # kept as the image has it
+        result = Cell(default_policy(), image=image).run(["/usr/local/bin/suid-id"])
+        assert result.exit_code == 0
+        # nosuid and no_new_privs: the setuid bit raises nothing (no euid=0).
+        assert result.stdout == b"uid=1000 gid=1000 groups=1000\n"
+        # The control: the image's own user runs the same binary as itself.
+        assert Cell(default_policy(), image=image).run(["/usr/bin/id", "-u"]).stdout == b"1000\n"
+    finally:
+        store.rm(name)
+        store.prune()
