@@ -137,3 +137,44 @@ def test_an_existing_workspace_cannot_be_limited(tmp_path: Path) -> None:
         Cell(_limited(DiskLimit(bytes=32 << 20)), workspace=tmp_path, environ={})
     with pytest.raises(PolicyError, match=r"needs limits\.disk\.bytes too"):
         Cell(_limited(DiskLimit(files=500)), environ={})
+
+
+FILL_THEN_EMPTY = r"""
+import os, sys
+try:
+    with open("/tmp/big", "wb") as f:
+        while True:
+            f.write(b"x" * (1 << 20))
+except OSError as exc:
+    print("refused", exc.errno, flush=True)
+with open(sys.argv[1], "rb") as go:  # until the test saw the limit, live
+    go.read()
+os.unlink("/tmp/big")
+print("emptied", os.statvfs("/tmp").f_bavail > 0, flush=True)
+"""
+
+
+def test_a_limit_reached_is_recorded_live_even_if_emptied_before_the_end() -> None:
+    """Not only at the end: the watch sees /tmp full while the cell runs, the
+    event is on ``on_event`` then, and it stays in the record after the agent
+    emptied /tmp (which the end's look alone would have missed)."""
+    live: list[str] = []
+    with Cell(_limited(DiskLimit(bytes=8 << 20)), environ={}) as cell:
+        go = os.path.join(cell.workspace, "go")
+        os.mkfifo(go, 0o666)
+
+        def on_event(event: object) -> None:
+            kind, summary = getattr(event, "kind", ""), getattr(event, "summary", "")
+            if kind == "cell.limit":
+                live.append(summary)
+                with open(go, "wb") as f:  # the agent waits for this
+                    f.write(b"go")
+
+        result = cell.run([PY, "-I", "-c", FILL_THEN_EMPTY, go], timeout=60, on_event=on_event)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.decode().split() == ["refused", str(errno.ENOSPC), "emptied", "True"]
+    sentence = f"disk limit of /tmp reached: {8 << 20} bytes, writes refused (ENOSPC)"
+    assert live == [sentence]
+    limit = [e for e in result.events if e.kind == "cell.limit"]
+    assert [e.summary for e in limit] == [sentence] and limit[0] in result.live
+    assert "disk" in result.limits_hit

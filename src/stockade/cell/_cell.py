@@ -403,6 +403,7 @@ class Cell:
         owner = None
         upper: Upper | None = None
         tmp_watch: TmpWatch | None = None
+        disk_events: dict[str, Event] = {}
         detach: list[Callable[[], None]] = []
         notify_ours, notify_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         watch: CellWatch | None = None
@@ -454,7 +455,16 @@ class Cell:
                 unsubscribe = audit.on_event(live.from_reader)
             launched = launch(spec)
             if limits.disk is not None:
-                tmp_watch = TmpWatch(launched.init_pid, limits.disk)
+                # Watched while the cell runs: a limit reached is in the
+                # record live, even if the agent empties the place again.
+                def disk_reached(sentence: str) -> None:
+                    disk_events[sentence] = event = _limit_event(cell_id, "cell", sentence)
+                    live.start(event)
+
+                tmp_watch = TmpWatch(
+                    launched.init_pid, limits.disk, workspace=self._limited, on_reached=disk_reached
+                )
+                tmp_watch.start()
             os.close(out_w)
             os.close(err_w)
             out_w = err_w = -1
@@ -541,11 +551,9 @@ class Cell:
             limits_hit.append("output")
             events.append(_limit_event(cell_id, "cell", f"output past {limits.output} bytes dropped"))
         disk_full = tmp_watch.reached() if tmp_watch is not None else []
-        if self._limited is not None:
-            disk_full.extend(self._limited.reached())
         if disk_full:
             limits_hit.append("disk")
-            events.extend(_limit_event(cell_id, "cell", sentence) for sentence in disk_full)
+            events.extend(disk_events.get(s) or _limit_event(cell_id, "cell", s) for s in disk_full)
         exit_code = status
         if launched.exec_error is not None:
             _stage, err, message = launched.exec_error

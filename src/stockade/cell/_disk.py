@@ -12,9 +12,12 @@ after the fact: a policy asking for one is refused.
 What stays to do is the record: the launcher opens the cell's ``/tmp``
 through ``/proc/<pid 1>/root`` as soon as the command runs and keeps the
 descriptor, which keeps that filesystem alive after the cell's mount
-namespace is gone; once the cell has ended, ``fstatvfs`` says whether it (or
-the workspace's filesystem) was full. A cell that filled one and emptied it
-again before it ended leaves no such record (the kernel logs no ENOSPC).
+namespace is gone. While the cell runs, a thread looks at both filesystems
+every ``WATCH_INTERVAL`` (an ``fstatvfs`` and a ``statvfs``, a few
+microseconds) and reports a limit the moment it sees it reached, once, so
+the record has it live even if the agent empties the filesystem again; once
+the cell has ended it looks a last time. A fill emptied again within one
+interval can still go unseen (the kernel logs no ENOSPC).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Callable
 
 from stockade.errors import CellError, HostError, PolicyError
 from stockade.policy import DiskLimit
@@ -30,6 +35,10 @@ IMAGES = "/var/lib/stockade/workspaces/.images"
 """Where limited fresh workspaces' images are: inside the directory every
 cell sees as a decoy."""
 
+
+WATCH_INTERVAL = 0.25
+"""Seconds between two looks at a running cell's filesystems: a fill is in
+the record within this, at the cost of eight system calls a second."""
 
 EXT4_SLACK = 1 << 20
 """Bytes still free on a workspace's ext4 when a write meets ENOSPC: ext4
@@ -47,32 +56,86 @@ def _full(st: os.statvfs_result, limit: DiskLimit, where: str, slack: int = 0) -
 
 
 class TmpWatch:
-    """The cell's ``/tmp``, held open from the launcher for one run."""
+    """The cell's ``/tmp`` (and its workspace's own filesystem, if it has
+    one), held open from the launcher for one run and watched while it runs.
 
-    def __init__(self, init_pid: int, limit: DiskLimit) -> None:
+    ``on_reached`` is called from the watching thread with each limit's
+    sentence the first time it is seen reached (``start``).
+    """
+
+    def __init__(
+        self,
+        init_pid: int,
+        limit: DiskLimit,
+        *,
+        workspace: LimitedWorkspace | None = None,
+        on_reached: Callable[[str], None] | None = None,
+    ) -> None:
         self.limit = limit
+        self._workspace = workspace
+        self._on_reached = on_reached
+        self._seen: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         try:
             self._fd = os.open(f"/proc/{init_pid}/root/tmp", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             self._fd = -1  # the cell ended already: nothing to look at
 
+    def start(self) -> None:
+        """Watch while the cell runs (until ``reached`` or ``close``)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="stockade-disk", daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_INTERVAL):
+            for sentence in self._look():
+                callback = self._on_reached
+                if callback is not None:
+                    callback(sentence)
+
+    def _look(self) -> list[str]:
+        """The sentences newly reached since the last look (each once)."""
+        found: list[str] = []
+        with self._lock:
+            if self._fd >= 0:
+                try:
+                    found += _full(os.fstatvfs(self._fd), self.limit, "/tmp")
+                except OSError:
+                    pass
+            if self._workspace is not None:
+                found += self._workspace.reached()
+            new = [f for f in found if f not in self._seen]
+            self._seen += new
+        return new
+
+    def seen(self) -> list[str]:
+        """The sentences already reported to ``on_reached``, while the cell ran."""
+        with self._lock:
+            return list(self._seen)
+
     def reached(self) -> list[str]:
-        """Sentences for each limit the cell's ``/tmp`` is at, e.g. ``"disk limit
-        of /tmp reached: 1048576 bytes"``; then let go of it."""
-        if self._fd < 0:
-            return []
-        try:
-            st = os.fstatvfs(self._fd)
-        except OSError:
-            return []
-        finally:
-            self.close()
-        return _full(st, self.limit, "/tmp")
+        """Sentences for each limit reached during the run or at its end, e.g.
+        ``"disk limit of /tmp reached: 1048576 bytes"``; then let go of ``/tmp``."""
+        self._halt()
+        self._look()
+        seen = self.seen()
+        self.close()
+        return seen
+
+    def _halt(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._halt()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 class LimitedWorkspace:
