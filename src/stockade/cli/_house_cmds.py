@@ -44,8 +44,9 @@ filesystem:
   read: []
   # ... and, beyond the workspace, what it may write:
   write: []
-  # Files in the workspace the agent may read but never change (or create):
-  protect: [.git/hooks, .envrc]
+  # Files in the workspace the agent may read but never change (or create),
+  # beyond those protected already (git hooks and config, shell rc files, .envrc…):
+  protect: []
 
 exec:
   allow: []             # empty: any program the cell can read may run
@@ -93,8 +94,15 @@ def _starter(path: str, name: str, cwd: str) -> str:
 
 
 @click.command("init")
-@click.option("-o", "--out", "out", metavar="FILE", default="stockade.yaml", show_default=True,
-              help="Where to write the starter policy.")
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    metavar="FILE",
+    default="stockade.yaml",
+    show_default=True,
+    help="Where to write the starter policy.",
+)
 @click.option("--name", metavar="NAME", default=None, help="The policy's name (default: this directory's).")
 @click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
 def init(out: str, name: str | None, force: bool) -> int:
@@ -172,8 +180,13 @@ def containment_report(run_id: str, events: list[dict[str, Any]]) -> dict[str, A
     start = next((e for e in events if e.get("kind") == "run.start"), None)
     halted = next((e for e in events if e.get("kind") == "run.halted"), None)
     approvals = [e for e in events if str(e.get("kind", "")).startswith("approval.")]
-    limits = sorted({str(e.get("detail", {}).get("limit", e.get("summary", ""))) for e in events
-                     if e.get("kind") == "cell.limit"})
+    limits = sorted(
+        {
+            str(e.get("detail", {}).get("limit", e.get("summary", "")))
+            for e in events
+            if e.get("kind") == "cell.limit"
+        }
+    )
     return {
         "run": run_id,
         "events": len(events),
@@ -184,8 +197,9 @@ def containment_report(run_id: str, events: list[dict[str, Any]]) -> dict[str, A
         "halted": (halted or {}).get("summary") or None,
         "refusals": len(refusals),
         "by_layer": dict(sorted(by_layer.items())),
-        "refused": [{"layer": e.get("layer"), "summary": e.get("summary"), "time": e.get("time")}
-                    for e in refusals],
+        "refused": [
+            {"layer": e.get("layer"), "summary": e.get("summary"), "time": e.get("time")} for e in refusals
+        ],
         "approvals": len(approvals),
         "limits_hit": limits,
     }
@@ -272,8 +286,12 @@ def _size(path: str) -> int:
     show_default=True,
     help="Only what ended (or was last changed) longer ago than this, such as 7d.",
 )
-@click.option("--workspaces", "workspaces", is_flag=True,
-              help="Also kept fresh workspaces (`exec --keep-workspace`, `run` without --workspace).")
+@click.option(
+    "--workspaces",
+    "workspaces",
+    is_flag=True,
+    help="Also kept fresh workspaces (`exec --keep-workspace`, `run` without --workspace).",
+)
 @click.option("-y", "--yes", is_flag=True, help="Do not ask; remove at once (what a script passes).")
 @_JSON
 @_place
@@ -345,8 +363,11 @@ def prune(
             if not os.path.lexists(str(d["path"])):
                 removed.append(d)
     if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, "items": doomed, "removed": len(removed), "bytes": total},
-                              indent=2))
+        click.echo(
+            json.dumps(
+                {"dry_run": dry_run, "items": doomed, "removed": len(removed), "bytes": total}, indent=2
+            )
+        )
     elif not dry_run and doomed:
         click.echo(f"stockade: removed {len(removed)} of {len(doomed)} item(s)", err=True)
     return ExitCode.OK if dry_run or len(removed) == len(doomed) else ExitCode.FAILED

@@ -85,9 +85,9 @@ def _hint(exc: click.exceptions.BadParameter | click.exceptions.MissingParameter
 def click_message(exc: click.ClickException) -> str:
     """Click's message for ``exc`` as a stockade sentence, without click's jargon."""
     if isinstance(exc, click.exceptions.MissingParameter):
-        what = "argument" if exc.param_type == "argument" or isinstance(
-            exc.param, click.Argument
-        ) else "option"
+        what = (
+            "argument" if exc.param_type == "argument" or isinstance(exc.param, click.Argument) else "option"
+        )
         hint = _hint(exc)
         return f"the {what} {hint} is missing; give it" if hint else "a value is missing"
     if isinstance(exc, click.exceptions.NoSuchOption):
@@ -151,9 +151,7 @@ class Duration(click.ParamType[float, Any]):
             least = format_duration(self.minimum) if self.minimum else "more than 0s"
             self.fail(f"{show(value)} is too short; give {least} or more", param, ctx)
         if self.maximum is not None and seconds > self.maximum:
-            self.fail(
-                f"{show(value)} is too long; give at most {format_duration(self.maximum)}", param, ctx
-            )
+            self.fail(f"{show(value)} is too long; give at most {format_duration(self.maximum)}", param, ctx)
         return seconds
 
 

@@ -40,7 +40,6 @@ def show(value: object) -> str:
     return str(value)
 
 
-
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*([kmgtp]?)(?:i?b|bytes?)?$", re.IGNORECASE)
 SIZE_PATTERN = r"^(\d+(\.\d+)?|\.\d+) *([kKmMgGtTpP]?)([iI]?[bB]|[bB][yY][tT][eE][sS]?)?$"
