@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,12 @@ import pytest
 from stockade.daemon._client import Client, RemoteSession
 from stockade.errors import RemoteError
 from tests.daemon.test_server import (
+    PY,
     agent_policy,
     daemon_at,
     kind_is,
+    release,
+    wait_output,
     workspace,
 )
 
@@ -157,3 +161,91 @@ def test_the_daemon_closes_its_sessions_when_it_stops(tmp_path: Path) -> None:
             dt.stop()  # the stream ends when the daemon is gone
             seen = [e.get("kind") for e in (p.get("event", p) for p in stream) if e.get("cell") == cell]
     assert "session.close" in seen and "cell.end" in seen
+
+
+SESSION_AGENT = textwrap.dedent(
+    """
+    import json, os, select, socket, struct, sys
+    fifo, plan = sys.argv[1], sys.argv[2]
+
+    def frame(obj):
+        body = json.dumps(obj).encode()
+        return struct.pack(">I", len(body)) + body
+
+    def read_frame(s):
+        head = b""
+        while len(head) < 4:
+            head += s.recv(4 - len(head))
+        n = struct.unpack(">I", head)[0]
+        body = b""
+        while len(body) < n:
+            body += s.recv(n - len(body))
+        return json.loads(body)
+
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader now, before saying so
+    print("ready", flush=True)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll()
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["STOCKADE_BROKER"])
+    for i, session in enumerate(json.load(open(plan)), 1):
+        args = {"argv": ["sh", "-c", "echo $$ >> calls; cat calls | wc -l"], "session": session}
+        s.sendall(frame({"v": 1, "id": i, "method": "intent",
+                         "params": {"token": os.environ["STOCKADE_TOKEN"], "intent": "exec", "args": args}}))
+        print(json.dumps(read_frame(s)), flush=True)
+    """
+)
+
+
+def test_the_exec_intent_runs_in_the_runs_own_session_only(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    fifo = shared / "go"
+    os.mkfifo(fifo)
+    plan = shared / "sessions.json"
+    policy = tmp_path / "agent.json"
+    policy.write_text(
+        json.dumps(
+            {
+                "name": "agent",
+                "command": [PY, "-c", SESSION_AGENT, str(fifo), str(plan)],
+                "workspace": str(ws),
+                "filesystem": {"read": [str(shared)]},
+                "tools": [{"id": "exec", "intent": "exec", "verdict": "allow"}],
+            }
+        )
+    )
+    other_fifo = tmp_path / "other"
+    os.mkfifo(other_fifo)
+    other = agent_policy(
+        tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=workspace(tmp_path, "o")
+    )
+    with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
+        run = client.call("run.start", policy_path=str(policy), detach=True)
+        elsewhere = client.call("run.start", policy_path=str(other), detach=True)
+        own = client.open_session(run=run["id"])
+        foreign = client.open_session(run=elsewhere["id"])
+        plan.write_text(json.dumps([own.session_id, own.session_id, foreign.session_id]))
+        wait_output(dt.socket_path, run["id"], "ready")
+        with client.subscribe("events.subscribe", run=run["id"]) as stream:
+            release(fifo)
+            for pushed in stream:
+                if kind_is("run.end", run["id"])(pushed):
+                    break
+        logs = client.call("run.logs", run=run["id"])["data"]
+        replies = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+        events = _events(client, run["id"])
+        client.call("run.stop", run=elsewhere["id"], grace=0)
+    first, second, refused = (r["result"] for r in replies)
+    assert first["verdict"] == "allow" and first["value"]["exit_code"] == 0
+    assert first["value"]["session"] == own.session_id
+    # State lasts between the two intents: the second sees the first's line.
+    assert first["value"]["stdout"]["content"].strip() == "1"
+    assert second["value"]["stdout"]["content"].strip() == "2"
+    assert refused["verdict"] == "deny" and "not an open session of this run" in refused["reason"]
+    denied = [e for e in events if e["outcome"] == "denied" and foreign.session_id in json.dumps(e)]
+    assert denied, [e["kind"] for e in events]
+    calls = [e for e in events if e["kind"] == "session.exec"]
+    assert len(calls) == 2 and all(e["detail"]["session"] == own.session_id for e in calls)

@@ -13,7 +13,7 @@ intent     arguments                                           value
 fs.read    ``path``                                            ``path, size, content, encoding``
 fs.write   ``path, content, mode?, encoding?``                 ``path, bytes, created, mode``
 fs.list    ``path``                                            ``path, entries, truncated``
-exec       ``argv, timeout?, cwd?``                            ``exit_code, stdout, stderr, …``
+exec       ``argv, timeout?, cwd?, session?``                  ``exit_code, stdout, stderr, …``
 ask        ``question``                                        ``answer``
 agent.*    spawn ``policy, argv?, name?``; send ``to, message``; executed by the daemon
            recv ``timeout?``                                   (``daemon._agents``)
@@ -47,6 +47,7 @@ from stockade.policy._model import NetworkPolicy, Policy
 
 if TYPE_CHECKING:
     from stockade.cell._cell import CellResult
+    from stockade.cell._session import SessionResult
 
 INTENTS = (
     "fs.read",
@@ -150,6 +151,10 @@ class ExecArgs(_Args):
     argv: Annotated[list[Word], Field(min_length=1, max_length=MAX_ARGV), AfterValidator(_argv_size)]
     timeout: Annotated[float, Field(gt=0, le=EXEC_TIMEOUT_MAX, allow_inf_nan=False)] | None = None
     cwd: AbsPath | None = None
+    session: Annotated[str, Field(pattern=r"^s-[0-9a-f]{12}$")] | None = None
+    """A workbench session of the same run (``session.open`` with ``run``):
+    the command runs there, where earlier commands' state lasts, instead of in
+    a fresh cell."""
 
 
 class AskArgs(_Args):
@@ -461,6 +466,9 @@ def _redact(value: object, limit: int, depth: int) -> object:
 # ------------------------------------------------------------------- executor
 
 RunWorkbench = Callable[[list[str], Policy], "CellResult"]
+SessionExec = Callable[[str, list[str], float, "str | None", int], "SessionResult | None"]
+"""Runs ``argv`` in the run's session ``session`` with a timeout, a cwd and an
+output cap; None when the run has no open session of that id."""
 Answer = Callable[[str], "str | None"]
 
 
@@ -475,6 +483,7 @@ class IntentExecutor:
         run_workbench: RunWorkbench,
         answer: Answer | None = None,
         hidden: Sequence[str] = (),
+        session_exec: SessionExec | None = None,
     ) -> None:
         """
         Args:
@@ -488,11 +497,15 @@ class IntentExecutor:
                 ``ask`` fails as ``unavailable``.
             hidden: more host places never reachable by fs intents (the
                 daemon's state directory).
+            session_exec: runs an ``exec`` that names a ``session`` there
+                (the daemon's, ``_sessions``); without it such an exec fails
+                as ``unavailable``.
         """
         self.policy = policy
         self.workspace = workspace
         self._run_workbench = run_workbench
         self._answer = answer
+        self._session_exec = session_exec
         self._files = FileAccess(policy, workspace=workspace, hidden=hidden)
 
     def execute(self, intent: str, args: Mapping[str, object]) -> dict[str, object]:
@@ -557,6 +570,8 @@ class IntentExecutor:
         )
 
     def _exec(self, args: ExecArgs) -> dict[str, object]:
+        if args.session is not None:
+            return self._exec_in_session(args)
         if args.cwd is not None:
             try:
                 self._files.check(args.cwd, write=False)
@@ -576,6 +591,40 @@ class IntentExecutor:
             "denials": len(result.denials),
             "duration": round(result.duration, 6),
             "cell": result.cell_id,
+        }
+
+    def _exec_in_session(self, args: ExecArgs) -> dict[str, object]:
+        """``exec`` in the run's own workbench session. The session's cell
+        has its own view (its policy, its workspace), so the cwd is checked
+        there, not against this run's grants; a session that is not this
+        run's is the broker's refusal (recorded, counted as a denial)."""
+        assert args.session is not None
+        if self._session_exec is None:
+            return failure("unavailable", "this broker has no sessions; leave 'session' out for a fresh cell")
+        limits = self.workbench_policy(args).limits
+        timeout = limits.timeout if limits.timeout is not None else EXEC_TIMEOUT
+        output = limits.output if limits.output is not None else EXEC_OUTPUT_MAX
+        try:
+            result = self._session_exec(args.session, list(args.argv), timeout, args.cwd, output)
+        except StockadeError as exc:
+            return failure("failed", f"the command could not run in session {args.session}: {exc}")
+        if result is None:
+            return failure(
+                "refused",
+                f"session {args.session} is not an open session of this run; open one bound to it "
+                "(session.open with run), or leave 'session' out for a fresh cell",
+            )
+        return {
+            "exit_code": result.returncode,
+            "stdout": blob(result.stdout),
+            "stderr": blob(result.stderr),
+            "timed_out": result.timed_out,
+            "limits_hit": [
+                n for n, hit in (("timeout", result.timed_out), ("output", result.truncated)) if hit
+            ],
+            "duration": round(result.duration, 6),
+            "session": args.session,
+            "call": result.call,
         }
 
     def _ask(self, args: AskArgs) -> dict[str, object]:

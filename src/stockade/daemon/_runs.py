@@ -76,6 +76,7 @@ from stockade.sdk import IN_CELL_DIR, MODULE_PATH
 if TYPE_CHECKING:
     from stockade.cell._audit import AuditReader
     from stockade.cell._cell import Cell, CellResult
+    from stockade.cell._session import SessionResult
     from stockade.gateway import Gateway, GatewayOptions
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
@@ -195,6 +196,12 @@ class Runs:
             64, thread_name_prefix="stockade-workbench"
         )
         self.on_output_dropped: Callable[[str], None] = lambda run_id: None
+        self.session_exec: Callable[[str, str, list[str], float, str | None, int], SessionResult | None] = (
+            lambda run_id, session, argv, timeout, cwd, output: None
+        )
+        """An ``exec`` intent naming a session: the daemon's sessions run it
+        (``_sessions.Sessions.exec_for_run``); None when ``session`` is not
+        an open session of that run."""
         self.refusing: str = ""
         """Set when new runs are refused (the store failed): the reason."""
         self.agents = Agents(
@@ -403,6 +410,9 @@ class Runs:
                 run_workbench=lambda argv, p: self._workbench(run, argv, p),
                 answer=lambda question: self._answer(run, question),
                 hidden=(self.state_dir,),
+                session_exec=lambda session, argv, timeout, cwd, output: self.session_exec(
+                    run.id, session, argv, timeout, cwd, output
+                ),
             )
             uid, gid = _cell_identity(cell.workspace)
             run.close_broker = await self.host.open_broker(run, sock_path, uid, gid)

@@ -348,6 +348,23 @@ class Sessions:
             del hosted.blobs[cast(str, name)]
         return {"session": session_id, "blob": name, "data": base64.b64encode(part).decode(), "end": end}
 
+    def exec_for_run(
+        self, run_id: str, session_id: str, argv: list[str], timeout: float, cwd: str | None, output: int
+    ) -> SessionResult | None:
+        """An ``exec`` intent of run ``run_id`` in its session ``session_id``,
+        from the intent's worker thread; None when that is not an open
+        session bound to that run (the broker refuses it, and records so).
+
+        Raises:
+            UsageError: a bad argument (the session's message).
+            CellError: the session's cell is gone.
+        """
+        hosted = self._hosted.get(session_id)
+        if hosted is None or not run_id or hosted.run != run_id or hosted.closing:
+            return None
+        hosted.calls += 1
+        return hosted.session.exec(argv, cwd=cwd, timeout=timeout, output_limit=output)
+
     # ------------------------------------------------------------------ helpers
 
     async def _call(self, hosted: _Hosted, fn: Callable[[], object]) -> object:
