@@ -27,7 +27,7 @@ FROM python:3.11-slim
 ARG TOKEN
 ENV STOCKADE_TEST_TOKEN=$TOKEN
 RUN apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/*
-RUN pip install --no-cache-dir six==1.17.0
+RUN pip install --no-cache-dir six==1.17.0 && echo $TOKEN > /etc/stockade-test-token
 COPY hello.py /usr/local/bin/hello.py
 CMD ["python3", "/usr/local/bin/hello.py"]
 """
@@ -55,6 +55,8 @@ def test_build_with_apt_and_pip_through_the_gateway(store: ImageStore, tmp_path:
         assert (root / "usr/bin/tini").is_file()
         assert (root / "usr/local/lib/python3.11/dist-packages/six.py").is_file()
         assert (root / "usr/local/bin/hello.py").is_file()
+        # A new name directly in /etc (as useradd's files, a package's conffile).
+        assert (root / "etc/stockade-test-token").read_text() == token + "\n"
         # apt's lists were removed in the same step: they are in no layer.
         assert not any((root / "var/lib/apt/lists").glob("*Packages*"))
         prov = image.provenance

@@ -731,7 +731,8 @@ def _run_cell(
     image = dataclasses.replace(state.image, config=state.config)
     # Build arguments are in RUN's environment and in no image (as Docker).
     extra = {k: v for k, v in state.args.items() if k not in state.config.env_map()}
-    with _gateway(policy) as (network, events):
+    with _gateway(policy) as (gateway, events):
+        network = _OutsideEtc(gateway)
         cell = Cell(
             policy,
             image=image,
@@ -778,6 +779,27 @@ def _fetch_urls(events: Sequence[Event]) -> list[str]:
         path = str(d.get("path") or "") if d.get("scheme") != "tunnel" else ""
         urls.append(f"{d.get('method')} {scheme}://{host}{path}")
     return urls
+
+
+class _OutsideEtc:
+    """The gateway as a build cell sees it: its CA bundle only where the
+    variables it sets point (``/run/stockade/…``: ``SSL_CERT_FILE``,
+    ``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``NODE_EXTRA_CA_CERTS``…), not also
+    over the image's ``/etc/ssl/certs/ca-certificates.crt``. A file shown in
+    ``/etc`` makes ``/etc`` a directory of holes in the cell's write grant,
+    and a build's ``useradd`` or a package's new ``/etc/foo`` must write there."""
+
+    def __init__(self, inner: CellNetwork) -> None:
+        self._inner = inner
+
+    def env(self) -> Mapping[str, str]:
+        return self._inner.env()
+
+    def files(self) -> Mapping[str, bytes]:
+        return {path: data for path, data in self._inner.files().items() if not path.startswith("/etc/")}
+
+    def attach(self, cell_id: str, netns_fd: int) -> Callable[[], None]:
+        return self._inner.attach(cell_id, netns_fd)
 
 
 @contextlib.contextmanager
