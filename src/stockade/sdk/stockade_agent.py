@@ -245,6 +245,8 @@ class ExecResult:
     """How many times the workbench cell's kernel layers refused the command something."""
     duration: float = 0.0
     cell: str = ""
+    session: str = ""
+    """The workbench session it ran in (``exec(session=…)``), else empty."""
 
     @property
     def ok(self) -> bool:
@@ -436,13 +438,23 @@ class Broker:
         return Listing(entries, _field(value, "path", str, "fs.list"), bool(value.get("truncated", False)))
 
     def exec(
-        self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        session: str | None = None,
     ) -> ExecResult:
         """Run ``argv`` in a fresh workbench cell (no network, an empty workspace;
         docs/BROKER.md) and return its result, whatever its exit code.
 
         ``timeout``: seconds (the broker's default is 300, and never more than
-        the run's limit). ``cwd``: an absolute path inside a grant.
+        the run's limit). ``cwd``: an absolute path inside a grant (inside the
+        session's view with ``session``). ``session``: the id of a workbench
+        session the operator opened for this run (``session.open`` with
+        ``run``, docs/SESSIONS.md): the command runs there, where the files
+        and programs of earlier commands are still in place; a session of
+        another run is refused (``Denied``).
 
         Raises:
             Denied, IntentFailed (``failed``: the workbench could not start),
@@ -455,6 +467,8 @@ class Broker:
             args["timeout"] = float(timeout)
         if cwd is not None:
             args["cwd"] = cwd
+        if session is not None:
+            args["session"] = session
         value = self._value("exec", args)
         return ExecResult(
             exit_code=_field(value, "exit_code", int, "exec"),
@@ -465,6 +479,7 @@ class Broker:
             denials=int(value.get("denials") or 0),
             duration=float(value.get("duration") or 0.0),
             cell=str(value.get("cell") or ""),
+            session=str(value.get("session") or ""),
         )
 
     def ask(self, question: str) -> str:
