@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 @click.option(
     "--policy",
     "policy_file",
-    type=click.Path(exists=True, dir_okay=False),
+    # No exists=True: a missing policy file is exit 3 with load_policy's message, as under validate and exec.
+    metavar="FILE",
     default=None,
     help="Check what this policy file needs (default: the built-in default policy).",
 )
