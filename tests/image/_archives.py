@@ -133,13 +133,21 @@ def docker_tarball(
     config: bytes | None = None,
     tags: Sequence[str] = ("tiny:docker",),
     manifest: object = None,
+    oci_names: bool = False,
+    compress: bool = False,
 ) -> Path:
-    """A ``docker save`` tarball of the classic layout (``<id>/layer.tar``)."""
+    """A ``docker save`` tarball of the classic layout (``<id>/layer.tar``), or
+    Docker 25's (``blobs/sha256/<hex>``) with ``oci_names``; gzip'd whole with ``compress``."""
     config = config if config is not None else image_config(layers)
     cname = f"{sha(config)[7:]}.json"
-    names = [f"{hashlib.sha256(raw).hexdigest()[:16]}{i}/layer.tar" for i, raw in enumerate(layers)]
+    names = [
+        f"blobs/sha256/{sha(raw)[7:]}"
+        if oci_names
+        else f"{hashlib.sha256(raw).hexdigest()[:16]}{i}/layer.tar"
+        for i, raw in enumerate(layers)
+    ]
     doc = manifest if manifest is not None else [{"Config": cname, "RepoTags": list(tags), "Layers": names}]
-    with tarfile.open(path, "w") as tar:
+    with tarfile.open(path, "w:gz" if compress else "w") as tar:
         _add(tar, "manifest.json", json.dumps(doc).encode())
         _add(tar, cname, config)
         for name, raw in zip(names, layers, strict=True):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -118,7 +120,6 @@ def test_docker_save_tarball_and_a_directory_layout(store: ImageStore, tmp_path:
     # The same layers as an OCI layout directory, with a name given: the same config, the same image.
     layout = tmp_path / "layout"
     layout.mkdir()
-    import tarfile
 
     with tarfile.open(oci_tarball(tmp_path / "o.tar", layers, gzip_layers=False)) as tar:
         tar.extractall(layout, filter="data")
@@ -126,6 +127,32 @@ def test_docker_save_tarball_and_a_directory_layout(store: ImageStore, tmp_path:
     assert again.digest == image.digest
     assert set(again.names) == {"other:latest", "tiny:docker"}
     _check_rootfs(again.rootfs)
+
+
+def test_docker_25_layout_and_a_gzipped_tarball(store: ImageStore, tmp_path: Path) -> None:
+    layers = _layers()
+    path = docker_tarball(tmp_path / "d25.tar.gz", layers, tags=["tiny:25"], oci_names=True, compress=True)
+    image = import_image(store, path)
+    assert image.names == ("tiny:25",)
+    _check_rootfs(image.rootfs)
+    # A blob named by its digest is checked against that digest.
+    layer = layers[0]
+    config = image_config([layer])
+    wrong = f"blobs/sha256/{sha(b'another layer')[7:]}"
+    manifest = [{"Config": f"{sha(config)[7:]}.json", "RepoTags": [], "Layers": [wrong]}]
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as tar:
+        for name, data in (
+            ("manifest.json", json.dumps(manifest).encode()),
+            (f"{sha(config)[7:]}.json", config),
+            (wrong, layer),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ImageError, match=r"has digest sha256:[0-9a-f]{64}, not the sha256:"):
+        import_image(store, bad)
+    assert store.digests() == [image.digest]
 
 
 def _assert_nothing_added(store: ImageStore) -> None:
