@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -168,6 +169,13 @@ def base_image(store: ImageStore, choice: BaseChoice, *, log: Log) -> tuple[Imag
             "mmdebstrap is not installed, and a Debian base is made with it; run "
             "`apt-get install -y mmdebstrap` (scripts/setup.sh does)"
         )
+    if os.geteuid() != 0:
+        # --mode=root: the base's files get their real owners (root, _apt…),
+        # which a workbench's idmapped lower layer needs.
+        raise ImageError(
+            "making a Debian base runs mmdebstrap as root, and this is uid "
+            f"{os.geteuid()}; run `stockade image build` as root (sudo)"
+        )
     with store.workdir("base") as work:
         rootfs = work / "rootfs"
         mirrors = [
@@ -186,7 +194,13 @@ def base_image(store: ImageStore, choice: BaseChoice, *, log: Log) -> tuple[Imag
         argv += [choice.suite, str(rootfs), *mirrors]
         listed = "".join(f", {p}" for p in choice.packages)
         log(f"base: mmdebstrap {choice.suite} ({choice.variant}{listed}), ~40 s")
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=BASE_TIMEOUT, check=False)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=BASE_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            raise ImageError(
+                f"mmdebstrap {choice.suite} did not finish in {BASE_TIMEOUT:.0f} s; check that {MIRROR} "
+                "is reachable from this host, and try again"
+            ) from None
         if done.returncode != 0:
             tail = " / ".join(done.stderr.strip().splitlines()[-3:])
             raise ImageError(
