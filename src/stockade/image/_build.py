@@ -755,6 +755,8 @@ def _run_cell(
     if result.exit_code != 0:
         tail = b"".join(lines).decode(errors="replace").strip().splitlines()[-3:]
         extra_note = f"; refused: {refused[0]}" if refused else ""
+        if result.timed_out:
+            extra_note += f"; it ran out of its {STEP_TIMEOUT:.0f} s"
         raise ImageError(
             f"RUN {' '.join(argv)[:80]!r} failed with exit code {result.exit_code} "
             f"({' / '.join(tail) or 'no output'}){extra_note}; fix the command (its output is above)",
