@@ -102,9 +102,7 @@ def _python_files() -> list[str]:
     lib = "/usr/lib/python3.11"
     found = []
     for dirpath, dirnames, filenames in os.walk(lib):
-        dirnames[:] = [
-            d for d in dirnames if d not in ("test", "__pycache__", "idlelib", "tkinter", "ensurepip")
-        ]
+        dirnames[:] = [d for d in dirnames if d not in ("test", "idlelib", "tkinter", "ensurepip")]
         found.extend(os.path.join(dirpath, f) for f in filenames)
     return found
 
@@ -114,7 +112,7 @@ def build_rootfs() -> Path:
     binaries = [p for name in PROGRAMS if (p := shutil.which(name, path="/usr/bin:/usr/sbin:/bin:/sbin"))]
     binaries.append("/usr/bin/python3.11")
     binaries = [os.path.realpath(b) for b in binaries]
-    key = hashlib.sha256(("\n".join(sorted(binaries)) + PASSWD + GROUP + "v3").encode()).hexdigest()[:16]
+    key = hashlib.sha256(("\n".join(sorted(binaries)) + PASSWD + GROUP + "v5").encode()).hexdigest()[:16]
     done = ROOT / key / "rootfs"
     if done.is_dir():
         return done
@@ -147,7 +145,9 @@ def build_rootfs() -> Path:
         ("lib64", "usr/lib64"),
     ):
         os.symlink(target, rootfs / link)
-    for path in (*binaries, *_libraries(binaries), *_python_files()):
+    python = _python_files()
+    modules = [p for p in python if p.endswith(".so")]  # lib-dynload: _ctypes needs libffi
+    for path in (*binaries, *_libraries([*binaries, *modules]), *python):
         _place(path, rootfs)
     for name in PROGRAMS:
         found = shutil.which(name, path="/usr/bin:/usr/sbin:/bin:/sbin")
@@ -175,6 +175,10 @@ def build_rootfs() -> Path:
     shutil.copy2(os.path.realpath("/usr/bin/dash"), rootfs / "usr/bin/suid-sh")
     os.chmod(rootfs / "usr/bin/suid-sh", 0o4755)
     os.symlink("/etc/shadow", rootfs / "opt/app/host-shadow")
+    os.symlink("/root/.ssh/id_rsa", rootfs / "opt/app/host-key")
+    os.symlink("../../../../../root/.ssh/id_rsa", rootfs / "opt/app/climb-key")
+    (rootfs / "root/.ssh").mkdir(mode=0o700)
+    (rootfs / "root/.ssh/id_rsa").write_text("the image's own key\n")
     os.symlink("../../../../../../etc/shadow", rootfs / "opt/app/climb-shadow")
     os.mknod(rootfs / "opt/app/mem", 0o666 | 0o020000, os.makedev(1, 1))  # /dev/mem's numbers
     (rootfs / "opt/app/.git/hooks").mkdir(parents=True)

@@ -17,7 +17,7 @@ import pytest
 from stockade.cell import Cell
 from stockade.cell._owners import OWNER_BASE
 from stockade.cell._workbench import ImageView, resolve_in_image, resolve_user
-from stockade.errors import PolicyError
+from stockade.errors import CellError, PolicyError
 from stockade.policy import MountRule, Policy, default_policy
 from tests.cell._image import PYTHON, build_rootfs, make_image
 
@@ -50,7 +50,7 @@ def test_root_inside_owns_the_image_and_nothing_of_the_host(tmp_path: Path) -> N
         _policy(user="root"),
         "id -u; grep CapEff /proc/self/status; echo new > /etc/new; chown 1234:50 /etc/new; "
         "stat -c '%u:%g' /etc/new /home/builder/notes.txt; chmod 600 /etc/hostname && echo chmod-ok; "
-        "rm /opt/app/data.txt && echo rm-ok",
+        "rm /etc/hostname && echo rm-ok",
     )
     assert code == 0, err
     lines = out.split("\n")
@@ -81,7 +81,7 @@ def test_a_kept_upper_holds_the_image_ids_and_whiteouts(tmp_path: Path) -> None:
             [
                 "/bin/sh",
                 "-c",
-                "echo x > /etc/kept; chown 1234:1234 /etc/kept; rm /opt/app/data.txt; mkdir /srv/d",
+                "echo x > /etc/kept; chown 1234:1234 /etc/kept; rm /etc/hostname; mkdir /srv/d",
             ]
         )
         again = cell.run(["/bin/sh", "-c", "cat /etc/kept"])
@@ -90,7 +90,7 @@ def test_a_kept_upper_holds_the_image_ids_and_whiteouts(tmp_path: Path) -> None:
     kept = os.lstat(upper / "etc/kept")
     assert (kept.st_uid, kept.st_gid) == (1234, 1234)  # the image's own ids, not the host range's
     assert os.lstat(upper / "srv/d").st_uid == 0
-    whiteout = os.lstat(upper / "opt/app/data.txt")
+    whiteout = os.lstat(upper / "etc/hostname")
     assert stat.S_ISCHR(whiteout.st_mode) and whiteout.st_rdev == 0  # overlayfs's whiteout
     # The view's own mount points (the workspace's) were tidied away.
     assert not (upper / "var/lib/stockade").exists()
@@ -198,3 +198,16 @@ def test_exec_allow_with_an_image_is_a_policy_error() -> None:
 def test_python_runs_in_the_image() -> None:
     code, out, err, _ = _run(_policy(), f"{PYTHON} -c 'import json, os; print(json.dumps(os.getuid()))'")
     assert (code, out) == (0, "1000\n"), err
+
+
+def test_a_kept_upper_with_a_planted_link_is_refused(tmp_path: Path) -> None:
+    # A cell cannot replace a path that a Landlock rule names (the top of /,
+    # or an entry of a directory with a hole: neither may it remove), but a
+    # kept layer is a directory on the host: one changed there to make /srv a
+    # link would carry the rule for /srv to /root, so the run does not start.
+    upper = tmp_path / "layer"
+    with Cell(_policy(user="root"), image=make_image(), upper_dir=upper) as cell:
+        assert cell.run(["/bin/true"]).exit_code == 0
+        os.symlink("/root", upper / "srv")
+        with pytest.raises(CellError, match="symbolic link"):
+            cell.run(["/bin/true"])

@@ -31,11 +31,31 @@ def host_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+VIEWS = ("host", "image")
+"""The views every test of the ``cell`` fixture runs in: the host's own system
+directories, and a workbench's (an image as ``/``, tests/cell/_image.py), so
+that a task's image is shown not to weaken the cell. A test whose attempt
+means something in one view only says so with ``@pytest.mark.host_view``."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cell" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("host_view")
+        views = ["host"] if only else list(VIEWS)
+        metafunc.parametrize("cell", views, indirect=True, ids=lambda v: f"{v}-view")
+
+
 @pytest.fixture
-def cell() -> Iterator[Cell]:
-    """A cell with the default policy, a fresh workspace and an empty environment."""
-    with Cell(default_policy(), environ={}) as c:
+def cell(request: pytest.FixtureRequest) -> Iterator[Cell]:
+    """A cell with the default policy, a fresh workspace and an empty
+    environment, in the host's view or with the test image as ``/``."""
+    image = None
+    if getattr(request, "param", "host") == "image":
+        from tests.cell._image import make_image
+
+        image = make_image()
+    with Cell(default_policy(), environ={}, image=image) as c:
         yield c
 
 
-__all__ = ["cell", "host_dir"]
+__all__ = ["VIEWS", "cell", "host_dir"]

@@ -140,6 +140,9 @@ OUTSIDE = [
 ]
 
 
+# a workbench's /etc and /usr are the image's, writable into the run's upper
+# (test_workbench_escapes)
+@pytest.mark.host_view
 @pytest.mark.parametrize(("target", "directory"), OUTSIDE)
 def test_write_outside_the_workspace(cell: Cell, target: str, directory: str) -> None:
     """Creating a file anywhere but the workspace and the cell's own /tmp is
@@ -235,6 +238,7 @@ def test_write_under_a_read_only_grant(host_dir: Path, op: str) -> None:
     assert assert_mount_refusal(probe, probe["attempt"], target, grant).layer == "mount"
 
 
+@pytest.mark.host_view  # a workbench's system directories are the image's, writable into the run's upper
 @pytest.mark.parametrize("op", READ_ONLY_OPS)
 def test_write_under_a_read_only_system_path(cell: Cell, op: str) -> None:
     """/etc/hosts, a root-owned system file in a read-only grant. rename and
@@ -469,6 +473,9 @@ SYMLINKS = {
 }
 
 
+# its targets are the image's own files in a workbench (test_workbench_escapes: links never reach
+# the host)
+@pytest.mark.host_view
 @pytest.mark.parametrize("kind", SYMLINKS)
 def test_symlink_planted_in_the_workspace(cell: Cell, kind: str) -> None:
     """A symlink in the workspace that leads out of it resolves inside the
@@ -496,6 +503,8 @@ def test_symlink_planted_in_the_workspace(cell: Cell, kind: str) -> None:
     assert not os.path.lexists("/usr/bin/planted-by-agent")
 
 
+# its target is the host's /etc/hosts, not in the test image (test_workbench_escapes: hard links)
+@pytest.mark.host_view
 def test_hard_link_to_a_file_outside(cell: Cell) -> None:
     """``link('/etc/passwd', 'pw')`` and the same through /proc/self/fd with
     AT_SYMLINK_FOLLOW: the workspace is a mount of its own, so the VFS refuses a
@@ -550,6 +559,7 @@ def test_mknod_a_device(cell: Cell, target: str, directory: str | None, gap: str
     expect_record(probe, probe.landlock(path=path, blocker="fs.make_char"), "mknod", gap=gap)
 
 
+@pytest.mark.host_view  # a workbench's /etc and /usr/bin are the image's, writable into the run's upper
 @pytest.mark.parametrize("directory", ["/etc", "/usr/bin", "/"])
 def test_mkfifo_outside_the_workspace(cell: Cell, directory: str) -> None:
     """A FIFO outside the workspace is refused by Landlock (fs.make_fifo) and
@@ -571,6 +581,7 @@ def test_mkfifo_outside_the_workspace(cell: Cell, directory: str) -> None:
 # ------------------------------------------------------------------ /proc and the view
 
 
+@pytest.mark.host_view  # /etc/shadow through /proc/self/root is the image's own in a workbench
 def test_proc_self_root(cell: Cell) -> None:
     """/proc/self/root is the cell's own root: /etc/shadow through it is the
     decoy, refused by Landlock and recorded under its path in the view."""
@@ -589,6 +600,7 @@ def test_proc_self_root(cell: Cell) -> None:
     assert assert_works(probe["control"]) == ["/", "stockade\n"]
 
 
+@pytest.mark.host_view  # /etc/shadow through /proc/self/cwd is the image's own in a workbench
 def test_proc_self_cwd(cell: Cell) -> None:
     """/proc/self/cwd is the workspace; climbing out of it with .. stays in
     the cell's view, where /etc/shadow is the decoy (Landlock, recorded)."""
@@ -955,6 +967,7 @@ def test_protection_placeholders_stay_inside_the_workspace(host_dir: Path) -> No
 # ------------------------------------------------------------------ kernel interfaces
 
 
+@pytest.mark.host_view  # its control reads the host view's /etc/hostname (the image has its own)
 def test_open_by_handle_at(cell: Cell) -> None:
     """The "shocker" escape: open a file by handle, around the mount view.
     name_to_handle_at and open_by_handle_at are refused by seccomp (EPERM),

@@ -354,6 +354,9 @@ def test_terminal_injection(cell: Cell, pty: tuple[int, int], request_name: str)
 # --------------------------------------------------------------------- privilege
 
 
+# its control reads the agent's name, which the test image's passwd lacks (test_workbench_escapes:
+# the image's setuid binary)
+@pytest.mark.host_view
 def test_setuid_binary_copied_into_the_workspace(cell: Cell) -> None:
     """A setuid-root copy of ``id`` in the workspace (made by host root, mode
     4755) runs without privilege: the workspace is mounted nosuid, the cell has
@@ -425,6 +428,7 @@ def test_setuid_binary_made_by_the_agent_stays_harmless_on_the_host(host_dir: Pa
     )
 
 
+@pytest.mark.host_view  # a workbench's /etc/shadow is the image's own (test_workbench_escapes: user root)
 @pytest.mark.parametrize("tool", ["su", "sudo"])
 def test_su_and_sudo(cell: Cell, tool: str) -> None:
     """``su -c 'id -u' root`` and ``sudo -n id -u`` get no root. su is setuid

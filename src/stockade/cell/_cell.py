@@ -26,7 +26,7 @@ from stockade.cell._plan import NOBODY, CellPlan, plan_cell
 from stockade.cell._seccomp import build_notify_filter
 from stockade.cell._terminal import TerminalRelay, relay_if_terminal
 from stockade.cell._unotify import CellWatch, attach_guard, supervisor
-from stockade.cell._workbench import ImageView, Upper, finish_upper, make_upper
+from stockade.cell._workbench import ImageView, Upper, check_upper, finish_upper, make_upper
 from stockade.errors import CellError, HostError, PolicyError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
@@ -426,6 +426,7 @@ class Cell:
             relay = relay_if_terminal(stdin)
             spec = LaunchSpec(
                 argv=command,
+                    check_upper(upper, plan)
                 plan=plan,
                 cgroup_procs=cgroup.procs_files(),
                 landlock=landlock,

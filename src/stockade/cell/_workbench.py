@@ -341,6 +341,13 @@ def plan_workbench(
                 name = os.path.basename(dst)
                 kind = "decoy_file" if "." in name.lstrip(".") else "decoy_dir"
                 entries.append((dst, MountOp(kind, dst, writable=True)))  # type: ignore[arg-type]
+    for dst in image_devices(rootfs):
+        # The image's own device nodes (a tarball may carry /opt/x as
+        # /dev/mem's numbers): the overlay is nodev, and each is also a decoy,
+        # so that an open meets Landlock and is recorded, not a silent EACCES.
+        if dst not in hidden and not any(_is_under(dst, c) for c in binds):
+            hidden.append(dst)
+            entries.append((dst, MountOp("decoy_file", dst)))
     # Protected paths of the workspace and write grants, as without an image
     # (their binds are at their own paths: the image's links never lead there).
     mounted_writes = [workspace, *(p for p in write_dirs if os.path.isdir(p))]
@@ -414,6 +421,54 @@ def plan_workbench(
     )
 
 
+_DEVICE_SCAN_MAX = 500_000
+"""Entries of an image looked at, at most, for device nodes (a large image
+holds a few hundred thousand; the walk costs about 1 s per 100,000, once)."""
+_devices: dict[tuple[str, int, int], tuple[str, ...]] = {}
+
+
+def image_devices(rootfs: str) -> tuple[str, ...]:
+    """The character and block devices of an image (outside its /dev, which
+    the cell's own replaces), as paths inside it. Walked once per image
+    (store images are read-only: keyed by the rootfs's inode and mtime)."""
+    try:
+        st = os.stat(rootfs)
+    except OSError:
+        return ()
+    key = (rootfs, st.st_ino, st.st_mtime_ns)
+    found = _devices.get(key)
+    if found is not None:
+        return found
+    out: list[str] = []
+    budget = _DEVICE_SCAN_MAX
+    todo = [""]
+    while todo and budget > 0:
+        rel = todo.pop()
+        try:
+            with os.scandir(os.path.join(rootfs, rel.lstrip("/"))) as it:
+                for entry in it:
+                    budget -= 1
+                    if budget <= 0:
+                        break
+                    path = f"{rel}/{entry.name}"
+                    if path in ("/dev", "/proc", "/sys"):
+                        continue
+                    try:
+                        mode = entry.stat(follow_symlinks=False).st_mode
+                    except OSError:
+                        continue
+                    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                        # A char device 0/0 is an overlay whiteout, not a device.
+                        if entry.stat(follow_symlinks=False).st_rdev != 0:
+                            out.append(path)
+                    elif stat.S_ISDIR(mode):
+                        todo.append(path)
+        except OSError:
+            continue
+    _devices[key] = found = tuple(sorted(out))
+    return found
+
+
 def _decoy_from(host: str, dst: str) -> MountOp:
     """A decoy at ``dst`` for what ``host`` is (a directory mirrors its names,
     on a tmpfs of its own, so that nothing is made in the upper layer)."""
@@ -470,18 +525,18 @@ def _image_grants(
             names = []
         for name in names:
             child = os.path.join(path, name)
+            # A link gets no rule: opened for one, it would bind its target,
+            # and the image would choose what is granted (a link to a decoy).
             if not os.path.islink(_host_path(rootfs, child)):
                 add(child, bucket)
-            else:
-                bucket.append(child)  # a link: the rule binds its target, the image's
 
     try:
         top = sorted(os.listdir(rootfs))
     except OSError as exc:
         raise CellError(f"cannot list the image's root filesystem {rootfs!r}: {exc.strerror}") from exc
     for name in top:
-        if name in _OWN or "/" + name in own_writes:
-            continue
+        if name in _OWN or "/" + name in own_writes or os.path.islink(os.path.join(rootfs, name)):
+            continue  # a link (/bin -> usr/bin) has the rights of where it leads
         add("/" + name, write)
     for path in reads:
         read.append(path)
@@ -578,6 +633,33 @@ def make_upper(upper_dir: str | None) -> Upper:
     return Upper(base=base, upper=upper, work=work, keep=keep)
 
 
+def check_upper(upper: Upper, plan: CellPlan) -> None:
+    """Refuse a kept upper in which a path that Landlock's rules name (the
+    image's directories the plan read from the lower layer) became a
+    symbolic link: the launcher opens each rule's path in the view, and a
+    link an earlier run wrote would carry the rule to wherever it leads.
+
+    Raises:
+        CellError: naming the link and what to do.
+    """
+    if not upper.keep:
+        return  # a fresh upper is empty
+    grants = plan.grants
+    for path in (*grants.write_exec, *grants.read_exec, *grants.list_dirs):
+        current = upper.upper
+        for part in [p for p in path.split("/") if p]:
+            current = os.path.join(current, part)
+            try:
+                st = os.lstat(current)
+            except OSError:
+                break
+            if stat.S_ISLNK(st.st_mode):
+                raise CellError(
+                    f"the kept upper layer {upper.upper!r} makes {path!r} go through the symbolic link "
+                    f"{current!r}, which an earlier run left; remove it, or start from a fresh upper_dir"
+                )
+
+
 def finish_upper(upper: Upper, plan: CellPlan) -> None:
     """After the run: remove a thrown-away upper, or tidy a kept one (the
     empty mount points the view made in it, where the image has nothing, are
@@ -634,6 +716,7 @@ __all__ = [
     "CellUser",
     "ImageView",
     "Upper",
+    "check_upper",
     "finish_upper",
     "make_upper",
     "plan_workbench",
