@@ -296,6 +296,10 @@ class Cell:
         from stockade.cell._revert import records_dir
 
         self.records = records if records is not None else records_dir()
+        self.cgroup_within: Mapping[str, str] | None = None
+        """Where its cells' cgroups go (``CellCgroup.nest`` of a family's):
+        set by the daemon, so that a family of runs is held to its root's
+        limits by the kernel."""
         self.last_report: tuple[Change, ...] = ()
         """The persistence report of the last run (also its ``cell.persistence`` event)."""
 
@@ -388,7 +392,7 @@ class Cell:
         plan, landlock, seccomp = self._prepared_plan()
         events: list[Event] = []
         before = snapshot(self._walked(plan), protected=plan.protected)
-        cgroup = CellCgroup.create(cell_id, limits)
+        cgroup = CellCgroup.create(cell_id, limits, within=self.cgroup_within)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin is None else -1
@@ -422,11 +426,11 @@ class Cell:
                 plan, range_fd = _with_range(plan, owner)
                 if plan.image_rootfs:
                     upper = make_upper(self._upper_dir)
+                    check_upper(upper, plan)
             # A terminal is never the cell's: it gets a pty of its own (_terminal).
             relay = relay_if_terminal(stdin)
             spec = LaunchSpec(
                 argv=command,
-                    check_upper(upper, plan)
                 plan=plan,
                 cgroup_procs=cgroup.procs_files(),
                 landlock=landlock,

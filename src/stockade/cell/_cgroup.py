@@ -29,6 +29,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -410,8 +411,20 @@ class CellCgroup:
     # -- lifecycle
 
     @classmethod
-    def create(cls, cell_id: str, limits: Limits, *, _layout: CgroupLayout | None = None) -> CellCgroup:
+    def create(
+        cls,
+        cell_id: str,
+        limits: Limits,
+        *,
+        within: Mapping[str, str] | None = None,
+        _layout: CgroupLayout | None = None,
+    ) -> CellCgroup:
         """Make the cell's cgroups under this process's own cgroups and set ``limits``.
+
+        ``within`` (a family's ``nest()``): in each hierarchy it names, the
+        cgroup is made inside that directory instead, so that the kernel
+        holds the cell to the family's limits as well as to its own (a
+        cgroup's limit bounds everything below it, in v1 and v2 alike).
 
         Raises:
             HostError: a limit is set that no mounted hierarchy can enforce, or the
@@ -426,7 +439,8 @@ class CellCgroup:
         made: list[_Dir] = []
         try:
             for d in plan:
-                path = f"{d.path}/{PARENT}/{name}"
+                inside = (within or {}).get(d.path)
+                path = f"{inside}/{name}" if inside is not None else f"{d.path}/{PARENT}/{name}"
                 try:
                     os.mkdir(path)
                 except FileNotFoundError:
@@ -457,6 +471,20 @@ class CellCgroup:
                 ) from exc
             raise
         return cls(cell_id, name, tuple(made))
+
+    def nest(self) -> dict[str, str]:
+        """For ``create(within=…)``: each hierarchy of this cgroup (its
+        process's own directory there) and this cgroup's directory in it.
+        In v2, the controllers it limits are first enabled for its children
+        (``cgroup.subtree_control``), without which they would not be limited
+        below it. It must hold no process of its own (v2's rule)."""
+        nest: dict[str, str] = {}
+        for d in self._dirs:
+            if d.version == 2 and d.controllers:
+                with contextlib.suppress(OSError):  # then the children get no controller: create says so
+                    _write(f"{d.path}/cgroup.subtree_control", " ".join(f"+{c}" for c in d.controllers))
+            nest[d.path.rsplit(f"/{PARENT}/", 1)[0]] = d.path
+        return nest
 
     def procs_files(self) -> tuple[str, ...]:
         """The ``cgroup.procs`` of every directory of the cell: write ``0`` to each

@@ -23,6 +23,7 @@ from stockade.broker._tripwire import Tripwire
 from stockade.policy import Policy
 
 if TYPE_CHECKING:
+    from stockade.cell._cgroup import CellCgroup
     from stockade.gateway import Gateway
     from stockade.gateway._answers import GatewayHooks
 
@@ -88,6 +89,10 @@ class Run:
     """The runs this one spawned, in order; stopping or halting this run stops them."""
     environ: dict[str, str] = field(default_factory=dict, repr=False)
     """The values of the policy's ``env.pass`` names this run was given: all its helpers may be given."""
+    family_cgroup: CellCgroup | None = None
+    """A root run's family cgroup (its limits), in which every cell of the
+    family's runs is made: the kernel holds the whole family to the root's
+    limits (``_runs``). None for a helper, or a root with no such limit."""
 
     @property
     def over(self) -> bool:

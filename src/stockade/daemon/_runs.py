@@ -76,6 +76,7 @@ from stockade.sdk import IN_CELL_DIR, MODULE_PATH
 if TYPE_CHECKING:
     from stockade.cell._audit import AuditReader
     from stockade.cell._cell import Cell, CellResult
+    from stockade.cell._cgroup import CellCgroup
     from stockade.cell._session import SessionResult
     from stockade.gateway import Gateway, GatewayOptions
 
@@ -398,11 +399,14 @@ class Runs:
             if parent is not None and parent.gateway is not None:
                 # And spends its parent's LLM budget (llm.max_requests, max_tokens).
                 run.gateway.llm.share_usage(parent.gateway.llm)
+            if parent is None and _family_limited(policy):
+                run.family_cgroup = await asyncio.to_thread(_family_cgroup, run)
             cell = await asyncio.to_thread(
                 _make_cell, policy, opts["workspace"], environ, run_id, sock_path, token, watch, run.gateway
             )
             # Persistence reports go with the run's state, for `stockade revert`.
             cell.records = os.path.join(self.state_dir, "persistence")
+            cell.cgroup_within = self._family_within(run if parent is None else parent)
             run.workspace = cell.workspace
             run.executor = IntentExecutor(
                 policy,
@@ -422,6 +426,8 @@ class Runs:
                 run.close_broker()
             if cell is not None:
                 cell.close()
+            if run.family_cgroup is not None:
+                await asyncio.to_thread(_destroy_family, run)
             if run.gateway is not None:
                 await run.gateway.close()
             _remove_quietly(run_dir)
@@ -560,6 +566,11 @@ class Runs:
             run.state = "failed"
         else:
             run.state = "ended"
+        root = self.agents.root(run)
+        family = [root, *self.agents.descendants(root)]
+        if root.family_cgroup is not None and all(r is run or r.done.is_set() for r in family):
+            # The family's last cell has ended: its cgroup goes before the end is recorded.
+            await asyncio.to_thread(_destroy_family, root)
         end = run_end_event(run, result.cell_id if result is not None else "")
         self._write_meta(run)
         with contextlib.suppress(StoreError):
@@ -575,6 +586,11 @@ class Runs:
         run.done.set()
         self.agents.ended(run)
         self._stop_helpers(run, grace=HELPER_GRACE, by=f"its parent {run.id} ended")
+
+    def _family_within(self, run: Run) -> dict[str, str] | None:
+        """Where the cells of ``run`` (of any run of its family) make their cgroups."""
+        root = self.agents.root(run)
+        return root.family_cgroup.nest() if root.family_cgroup is not None else None
 
     def _workbench(self, run: Run, argv: list[str], policy: Policy) -> CellResult:
         """``exec`` intents: a workbench cell in the run's workspace, from a worker
@@ -596,6 +612,7 @@ class Runs:
                 audit=cast("AuditReader", _CellWatch(audit, run, self.relay)),
                 records=records,
             ) as cell:
+                cell.cgroup_within = self._family_within(run)
                 result = cell.run(argv, on_event=self._live_sink(run))
             self.recorder.record(result.not_live())
             return result
@@ -838,6 +855,29 @@ def _gateway_options() -> GatewayOptions:
     from stockade.gateway import GatewayOptions
 
     return GatewayOptions.from_env(os.environ)
+
+
+def _family_limited(policy: Policy) -> bool:
+    limits = policy.limits
+    return limits.memory is not None or limits.pids is not None or limits.cpu is not None
+
+
+def _family_cgroup(run: Run) -> CellCgroup:
+    """The cgroup a root run's family lives in, with the root's limits: its
+    own cell and every helper's (and their workbenches') are made inside it,
+    so the kernel holds them all together to what the root was given. At
+    spawn, ``Agents`` refuses a helper that would pass it with its own
+    limits; this is what holds when helpers' processes all grow at once."""
+    from stockade.cell._cgroup import CellCgroup
+
+    return CellCgroup.create(f"{run.id}.family", run.policy.limits)
+
+
+def _destroy_family(run: Run) -> None:
+    cgroup, run.family_cgroup = run.family_cgroup, None
+    if cgroup is not None:
+        with contextlib.suppress(CellError):  # the next start's sweep removes what is left
+            cgroup.destroy()
 
 
 def _shared_audit() -> AuditReader:
