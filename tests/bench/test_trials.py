@@ -212,3 +212,47 @@ def test_the_commands(solved: dict[str, Any], tmp_path: Path, capsys: pytest.Cap
     # Nothing on the page would make a request.
     for needle in ("src=", "href=", "url(", "@import", "<script", "<link"):
         assert needle not in text, needle
+
+
+def test_broker_mode_the_agent_reaches_the_workbench_only_through_the_broker(
+    world: World, tmp_path: Path
+) -> None:
+    config = ProctorConfig(
+        socket_path=world.daemon.socket_path,
+        out=tmp_path / "out",
+        agent="tool-loop",
+        model="mock-llm",
+        llm_url=world.model.url,
+    )
+    assert config.broker  # the default for the tool loop
+    summary = Trial(load_task(TASKS / "fix-bug"), 1, config).run()
+    assert summary["outcome"] == "solved" and summary["reward"] == 1.0
+    assert summary["expected"]["met"], summary["expected"]["problems"]
+    bundle = Path(summary["bundle"])
+    record = json.loads((bundle / "trial.json").read_text())
+    events = [e["event"] for e in json.loads((bundle / "log.json").read_text())]
+    agent_run = record["runs"]["agent"]
+    starts = [e for e in events if e["kind"] == "cell.start" and e["run"] == agent_run]
+    # Two cells in the agent's run: its own (a fresh workspace, not the workbench)
+    # and the workbench session's (the workbench).
+    workspaces = {e["detail"]["workspace"] for e in starts}
+    assert record["root"] in workspaces and len(workspaces) == 2
+    execs = [e for e in events if e["kind"] == "intent" and e["detail"].get("intent") == "exec"]
+    assert len(execs) >= 4, [e["summary"] for e in events]
+    assert all(record["session"] in json.dumps(e["detail"]) for e in execs)
+    assert verify_bundle(bundle) == []
+
+
+def test_inside_the_workbench_the_same_reaches_are_refused(world: World, tmp_path: Path) -> None:
+    config = ProctorConfig(
+        socket_path=world.daemon.socket_path,
+        out=tmp_path / "out",
+        agent="tool-loop",
+        model="mock-llm",
+        llm_url=world.model.url,
+        broker=False,
+    )
+    summary = Trial(load_task(TASKS / "fix-bug"), 1, config).run()
+    assert summary["outcome"] == "solved" and summary["expected"]["met"], summary["expected"]
+    events = [e["event"] for e in json.loads((Path(summary["bundle"]) / "log.json").read_text())]
+    assert not [e for e in events if e["kind"] == "intent" and e["detail"].get("intent") == "exec"]

@@ -70,6 +70,10 @@ class ProctorConfig:
     work: Path | None = None
     """Where workbenches are made (default: a fresh directory under the system's temp dir)."""
     keep_work: bool = False
+    broker: bool = True
+    """The tool loop in a cell of its own, acting on the workbench only through the
+    broker (``exec`` intents in a session the proctor opens for its run); False:
+    inside the workbench cell, as an agent that installs into the environment."""
     extra_policy: Mapping[str, Any] = field(default_factory=dict)
     """Merged into every agent phase's policy (tests: the address range of a test's hosts)."""
 
@@ -220,10 +224,51 @@ class Trial:
             ]
         return shlex.split(agent)
 
-    def _run(self, client: Any, policy: dict[str, Any], name: str) -> tuple[dict[str, Any], str]:
-        """Start a run, follow its output to its end: (how it ended, its output)."""
+    def _broker_policies(
+        self, policy: dict[str, Any], bench: HostWorkbench, agent_dir: Path
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the agent's own cell's policy, the workbench session's) for broker mode."""
+        session = {
+            "name": f"bench-workbench-{self.task.short_name}"[:64],
+            "workspace": policy["workspace"],
+            "workdir": policy["workdir"],
+            "filesystem": {"base": "system", "deny": policy["filesystem"]["deny"]},
+            "env": policy["env"],
+            "limits": {k: v for k, v in policy["limits"].items() if k != "denials"},
+        }
+        agent = {k: v for k, v in policy.items() if k not in ("workspace", "workdir")}
+        agent["filesystem"] = {"base": "system", "read": [str(agent_dir)]}
+        agent["env"] = {
+            "set": {
+                **{k: v for k, v in policy["env"]["set"].items() if k != "DOCKER_HOST"},
+                "STOCKADE_BENCH_SESSION_FILE": str(agent_dir / "session"),
+                "STOCKADE_BENCH_WORKDIR": str(bench.workdir),
+            }
+        }
+        agent["tools"] = [{"id": "bench-workbench", "intent": "exec", "verdict": "allow"}]
+        return agent, session
+
+    def _run(
+        self,
+        client: Any,
+        policy: dict[str, Any],
+        name: str,
+        session: dict[str, Any] | None = None,
+        session_file: Path | None = None,
+    ) -> tuple[dict[str, Any], str]:
+        """Start a run, follow its output to its end: (how it ended, its output).
+
+        With ``session``, a workbench session bound to the run is opened once
+        the run exists, and its id written to ``session_file`` for the agent."""
         info = client.call("run.start", policy_text=json.dumps(policy), unattended=True, name=name)
         run_id = str(info["id"])
+        if session is not None and session_file is not None:
+            opened = client.call("session.open", run=run_id, policy_text=json.dumps(session))
+            self.record["session"] = opened.get("id") or opened.get("session")
+            part = session_file.with_suffix(".part")
+            part.write_text(str(self.record["session"]), encoding="utf-8")
+            os.chmod(part, 0o644)
+            part.rename(session_file)  # whole, or not at all: the agent waits for it
         self.record["runs"][name.rsplit("-", 1)[-1]] = run_id
         write_json(self.bundle / "trial.json", self.record)
         output: list[str] = []
@@ -326,7 +371,19 @@ class Trial:
                 yaml.safe_dump(policy, sort_keys=False), encoding="utf-8"
             )
             t1 = time.monotonic()
-            ended, output = self._run(client, policy, f"bench-{task.short_name}-agent")
+            if self.config.broker and self.config.agent == "tool-loop":
+                policy, session = self._broker_policies(policy, bench, agent_dir)
+                (self.bundle / "policy.yaml").write_text(
+                    yaml.safe_dump(policy, sort_keys=False), encoding="utf-8"
+                )
+                (self.bundle / "workbench-policy.yaml").write_text(
+                    yaml.safe_dump(session, sort_keys=False), encoding="utf-8"
+                )
+                ended, output = self._run(
+                    client, policy, f"bench-{task.short_name}-agent", session, agent_dir / "session"
+                )
+            else:
+                ended, output = self._run(client, policy, f"bench-{task.short_name}-agent")
             self.timings["agent"] = time.monotonic() - t1
             (self.bundle / "agent.txt").write_text(output, encoding="utf-8")
             self.record["agent_end"] = {

@@ -106,6 +106,11 @@ def validate_cmd(tasks: tuple[str, ...], as_json: bool) -> int:
 )
 @click.option("--out", default="runs", show_default=True, help="Where the bundles and results.json go.")
 @click.option("--resume", is_flag=True, help="Skip the trials whose bundle in --out is finished.")
+@click.option(
+    "--in-workbench",
+    is_flag=True,
+    help="Run the tool loop inside the workbench cell, not in a cell of its own acting through the broker.",
+)
 @click.option("--check", is_flag=True, help="Exit 1 unless every trial showed what its task expects.")
 @click.option("--json", "as_json", is_flag=True, help="Print results.json instead of the table.")
 @_place
@@ -121,6 +126,7 @@ def run_cmd(
     concurrency: int,
     out: str,
     resume: bool,
+    in_workbench: bool,
     check: bool,
     as_json: bool,
     state: str | None,
@@ -164,6 +170,7 @@ def run_cmd(
         model=model,
         llm_url=llm_url,
         llm_key_env=llm_key_env,
+        broker=not in_workbench,
     )
     console = Console(stderr=True)
     try:

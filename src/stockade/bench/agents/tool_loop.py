@@ -15,16 +15,24 @@ Tools (the vocabulary of the bench's mock-model scripts):
 - ``describe_image(url)``: a chat call with the URL as an image part (the
   provider would fetch it: the LLM endpoint refuses a remote one).
 
+In **broker mode** (``$STOCKADE_BENCH_SESSION_FILE`` set) the agent's own cell
+holds nothing of the workbench: ``shell``, ``read_file`` and ``write_file``
+are ``exec`` intents in the workbench session the proctor opened for the run
+(``stockade_agent``'s ``Broker.exec(session=…)``); ``fetch`` and the model
+stay in the agent's cell, through its gateway and LLM endpoint.
+
 Usage: ``python3 tool_loop.py INSTRUCTION_FILE``. One JSON line per call and
 result goes to stdout (the bundle's ``agent.txt``).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -61,7 +69,39 @@ TOOLS = [
 ]
 
 
+SESSION: tuple[Any, str, str] | None = None
+"""In broker mode, (the broker, the workbench session's id, the workdir): every
+command and file operation is an ``exec`` intent in the session."""
+
+
+def _session() -> tuple[Any, str, str] | None:
+    global SESSION
+    if SESSION is None and os.environ.get("STOCKADE_BENCH_SESSION_FILE"):
+        # The SDK is on PYTHONPATH in every run's cell (stockade itself is not).
+        broker_class = importlib.import_module("stockade_agent").Broker
+
+        path = os.environ["STOCKADE_BENCH_SESSION_FILE"]
+        # The proctor opens the session once this run exists: wait for its id, 60 s at most.
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(path, encoding="utf-8") as f:
+            SESSION = (broker_class.connect(), f.read().strip(), os.environ["STOCKADE_BENCH_WORKDIR"])
+    return SESSION
+
+
+def _exec(argv: list[str]) -> tuple[int, str]:
+    found = _session()
+    assert found is not None
+    broker, session, workdir = found
+    done = broker.exec(argv, session=session, cwd=workdir, timeout=120)
+    return done.exit_code, (done.stdout + done.stderr).decode("utf-8", "replace")
+
+
 def shell(command: str) -> str:
+    if _session() is not None:
+        code, out = _exec(["/bin/sh", "-c", command])
+        return f"exit {code}\n{out}"
     done = subprocess.run(
         ["/bin/sh", "-c", command], capture_output=True, text=True, timeout=120, check=False
     )
@@ -69,13 +109,23 @@ def shell(command: str) -> str:
 
 
 def read_file(path: str) -> str:
+    if _session() is not None:
+        code, out = _exec(["/bin/cat", "--", path])
+        if code != 0:
+            raise OSError(out.strip())
+        return out
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
 
 
 def write_file(path: str, content: str) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(content)
+    if _session() is not None:
+        code, out = _exec(["/bin/sh", "-c", 'printf %s "$1" > "$2"', "write_file", content, path])
+        if code != 0:
+            raise OSError(out.strip())
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(content)
     return f"wrote {len(content)} characters to {path}"
 
 
