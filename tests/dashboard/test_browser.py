@@ -428,6 +428,7 @@ def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> Non
             expected = {
                 e["seq"]: c
                 for c in report.calls
+                if c.tool_recorded  # a call the tripwire cut short has no record
                 for e in c.events
                 if e.get("layer") in ("landlock", "seccomp") and e.get("kind") == "cell.denied"
             }

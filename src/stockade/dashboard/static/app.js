@@ -50,10 +50,14 @@ function json(value) { return JSON.stringify(value, null, 1); }
 const KERNEL = new Set(["landlock", "seccomp", "mount", "dac"]);
 const AGENT_KINDS = new Set(["tool.call", "llm.call", "agent.message"]);
 const PAIRED_BY_TIME = new Set(["cell.denied", "cell.audited", "http.request"]);
-// A kernel record's stamp is the kernel's coarse clock: up to a tick before
-// the agent's own; one between two calls belongs to the next (the agent makes
-// one call at a time).
-const EARLY = 0.02, LATE = 0;
+// A tool.call is recorded when its call ends, so its span (its time minus its
+// duration) is late by the time the record took to reach the daemon (tens of
+// ms on a busy host), and a kernel record's stamp is the kernel's coarse
+// clock, up to a tick early. So a kernel refusal or a gateway request goes to
+// the first call of its cell that ended at or after it, if that call started
+// no more than SLACK before it: the call under way, or the next one (a record
+// between two calls is the next call's: the agent makes one call at a time).
+const SLACK = 0.25;
 const ROWS_MAX = 4000;
 
 function stateBadge(state) { return el("span", { class: `badge state-${state}` }, state); }
@@ -126,11 +130,14 @@ class Pairing {
     if (!c.id) return;
     this.calls.set(c.id, c);
     if (!this.byCell.has(c.cell)) this.byCell.set(c.cell, []);
-    this.byCell.get(c.cell).push(c);
+    const list = this.byCell.get(c.cell);
+    list.push(c);
+    list.sort((a, b) => a.end - b.end);
+    const at = list.indexOf(c), before = at > 0 ? list[at - 1].end : -Infinity;
     for (const w of this.waitingId.get(c.id) || []) this.onPair(c, w, "id");
     this.waitingId.delete(c.id);
     this.waitingTime = this.waitingTime.filter((w) => {
-      if (w.cell === c.cell && w.time >= c.start - EARLY && w.time <= c.end + LATE) { this.onPair(c, w, "cell+time"); return false; }
+      if (w.cell === c.cell && w.time > before && w.time <= c.end && w.time >= c.start - SLACK) { this.onPair(c, w, "cell+time"); return false; }
       return true;
     });
   }
@@ -144,9 +151,9 @@ class Pairing {
       return;
     }
     if (!PAIRED_BY_TIME.has(e.kind)) return;
-    const c = (this.byCell.get(e.cell) || []).find((c) => e.time >= c.start - EARLY && e.time <= c.end + LATE);
-    if (c) this.onPair(c, w, "cell+time");
-    else this.waitingTime.push(w);
+    const c = (this.byCell.get(e.cell) || []).find((c) => c.end >= e.time);
+    if (!c) this.waitingTime.push(w); // its call has not ended yet
+    else if (e.time >= c.start - SLACK) this.onPair(c, w, "cell+time");
   }
 }
 
@@ -247,7 +254,13 @@ function runView(runId) {
   const es = new EventSource(`/api/stream?run=${encodeURIComponent(runId)}&after=0`);
   es.onmessage = (m) => { enqueue(JSON.parse(m.data)); };
   es.onopen = () => { status.textContent = S.session.mode === "replay" ? "replay: the recorded events" : "live"; status.className = "live"; };
-  es.onerror = () => { status.textContent = "reconnecting… (resumes after the last event shown)"; status.className = "muted"; };
+  es.onerror = () => {
+    // The browser retries by itself, sending the last seq it got; a refusal
+    // (401: the daemon restarted, and its tokens with it) ends the stream.
+    const closed = es.readyState === EventSource.CLOSED;
+    status.textContent = closed ? "the stream ended: the daemon may have restarted; get a new URL with `stockade dashboard`" : "reconnecting… (resumes after the last event shown)";
+    status.className = closed ? "error" : "muted";
+  };
   onLeave(() => es.close());
   every(3000, () => { if (!ended) loadTranscript(); });
   for (const pane of [agent, enforcement]) pane.addEventListener("scroll", () => { pane.dataset.follow = pane.scrollTop + pane.clientHeight >= pane.scrollHeight - 30 ? "yes" : "no"; });
@@ -258,8 +271,8 @@ function runView(runId) {
       ...["json", "jsonl", "text", "bundle"].map((f) => [el("a", { href: `/api/runs/${encodeURIComponent(runId)}/download?format=${f}`, download: "" }, f), " "]),
     ),
     el("p", { class: "how", id: "pairing-how" },
-      "How a pair is made: an intent carries the id of the tool call that made it (paired by id). A kernel refusal or a gateway request carries only its cell and its time: it is paired with the tool call of the same cell whose span (its end, minus its duration) holds that time, allowing ",
-      `${EARLY * 1000} ms for the kernel's coarse clock (paired by cell+time). Refusals are highlighted as they land.`),
+      "How a pair is made: an intent carries the id of the tool call that made it (paired by id). A kernel refusal or a gateway request carries only its cell and its time: it is paired with the tool call of the same cell that was under way then, or else the next one, if it started within ",
+      `${SLACK * 1000} ms (paired by cell+time; a call's record comes when it ends, a little late, and the kernel's clock is coarse). Refusals are highlighted as they land.`),
   );
   show(
     head,
