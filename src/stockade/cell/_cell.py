@@ -406,6 +406,7 @@ class Cell:
         launched = None
         owner = None
         upper: Upper | None = None
+        made_userns: list[int] = []
         tmp_watch: TmpWatch | None = None
         disk_events: dict[str, Event] = {}
         detach: list[Callable[[], None]] = []
@@ -424,6 +425,8 @@ class Cell:
                 # A workbench (or user: root) maps the slot's whole range; its
                 # host ids are known now that the slot is.
                 plan, range_fd = _with_range(plan, owner)
+                if range_fd >= 0:
+                    made_userns.append(range_fd)
                 if plan.image_rootfs:
                     upper = make_upper(self._upper_dir)
                     check_upper(upper, plan)
@@ -442,7 +445,7 @@ class Cell:
                 stdout=out_w,
                 stderr=err_w,
                 cap_last=_cap_last(),
-                idmap_userns=_idmaps(plan),
+                idmap_userns=_idmaps(plan, made_userns),
                 on_namespaces=self._attacher(cell_id, detach) if self._network is not None else None,
                 userns_owner=None if owner is None else (owner.uid, owner.gid),
                 notify=(build_notify_filter(), notify_theirs.fileno()),
@@ -505,6 +508,8 @@ class Cell:
                 tmp_watch.close()
             raise
         finally:
+            for fd in made_userns:
+                os.close(fd)  # C1 applied them to its mounts before the launch returned
             if upper is not None:
                 finish_upper(upper, plan)  # the cell is dead: nothing uses its layers
             if watch is not None:
@@ -823,16 +828,27 @@ def _fresh_workspace() -> str:
     return path
 
 
-def _idmaps(plan: CellPlan) -> tuple[tuple[int, int, int], ...]:
-    from stockade.cell._launch import idmap_userns
+def _idmaps(plan: CellPlan, made: list[int]) -> tuple[tuple[int, int, int], ...]:
+    """The user namespaces of the plan's idmapped grants. A cell of one id
+    shares them (kept per process); a workbench's host ids are its slot's,
+    which changes each run, so its are made for the run, added to ``made``
+    and closed by the caller after the launch (kept, they would pile up one
+    per slot and owner)."""
+    from stockade.cell._launch import idmap_userns, userns_with_maps
 
     owners: dict[int, int] = {}
     for op in plan.mounts:
         if op.idmap_owner is not None and op.idmap_owner not in owners:
             owners[op.idmap_owner] = os.stat(op.src).st_gid
-    return tuple(
-        (uid, gid, idmap_userns(uid, gid, plan.host_uid, plan.host_gid)) for uid, gid in owners.items()
-    )
+    out: list[tuple[int, int, int]] = []
+    for uid, gid in owners.items():
+        if plan.id_range:
+            fd = userns_with_maps(f"{uid} {plan.host_uid} 1\n", f"{gid} {plan.host_gid} 1\n")
+            made.append(fd)
+        else:
+            fd = idmap_userns(uid, gid, plan.host_uid, plan.host_gid)
+        out.append((uid, gid, fd))
+    return tuple(out)
 
 
 _CAP_LAST: int | None = None
