@@ -14,9 +14,12 @@ Run from the repository:
 - ``tool.record``'s checks, per call: ``RecordBudgets.charge`` (a token
   bucket and a byte count) and ``JournaledStore.room_for_agents`` (a stat and
   a statvfs once a second, a comparison otherwise), against an empty call.
-- the intent path: the limits add nothing per intent (the descriptor check
-  is per connection, the family's tripwire is the run's own object, the
-  budgets are on ``tool.record``); benchmarks/intents.py measures it as it is.
+- the intent path: its budget (``RecordBudgets.intents()``), per intent: the
+  size the arguments would take redacted in the event (``_stored_size``) and
+  the charge, for a typical ``fs.read``;
+  the rest of the flood limits are per connection (the descriptor check, the
+  broker's idle timer) or the run's own object (the family's tripwire).
+  benchmarks/intents.py measures the whole intent path.
 
 Nothing here asserts a time; it prints the figures.
 """
@@ -39,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from stockade.daemon._intent_path import _stored_size
 from stockade.daemon._tools import RecordBudgets
 from stockade.llm import AppServer
 from stockade.record._journaled import open_journaled_store
@@ -139,7 +143,15 @@ def _checks() -> None:
         store = open_journaled_store(f"{tmp}/events.db")
         room = timeit.timeit(store.room_for_agents, number=n) / n
         store.close()
+    intents = RecordBudgets.intents(rate=1e12, burst=10**12, total=10**18)
+    args = {"path": "/srv/docs/readme.md"}
+
+    def intent_charge() -> None:
+        intents.charge("r-0123456789ab", _stored_size(args))
+
+    per_intent = timeit.timeit(intent_charge, number=n) / n
     print(f"empty call             {empty * 1e9:6.0f} ns")
+    print(f"intent budget (fs.read) {per_intent * 1e9:5.0f} ns")
     print(f"RecordBudgets.charge   {charge * 1e9:6.0f} ns")
     print(f"room_for_agents        {room * 1e9:6.0f} ns")
 

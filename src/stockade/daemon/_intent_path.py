@@ -29,7 +29,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
-import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -264,9 +263,7 @@ class IntentPath:
         """Take one intent from its family's budget; why not, if it does not fit."""
         above = self.agents.lineage(run)
         family = above[-1].id if above else run.id
-        # The event stores the redacted arguments (long values cut): charge those.
-        size = len(json.dumps(redact(args), ensure_ascii=False, default=str))
-        return self.budgets.charge(family, size)
+        return self.budgets.charge(family, _stored_size(args))
 
     async def _refuse_budget(self, run: Run, cell: str, intent: str, why: str) -> dict[str, Any]:
         above = self.agents.lineage(run)
@@ -498,6 +495,31 @@ def _execute_now(run: Run, intent: str, args: Mapping[str, object]) -> dict[str,
         return run.executor.execute(intent, args)
     except IntentError as exc:
         raise RequestError(exc.code, str(exc)) from exc
+
+
+_ARG_STRING_KEPT = 4096
+"""What ``redact`` keeps of a string (its default ``limit``)."""
+
+
+def _stored_size(value: object, depth: int = 0) -> int:
+    """About the bytes ``value`` takes in an event, redacted (each string cut
+    at what ``redact`` keeps, containers at its 1,000 items and 16 levels),
+    without building it: the budget's measure, a few hundred nanoseconds for
+    an intent's usual arguments where ``json.dumps(redact(args))`` took ~10 µs."""
+    if isinstance(value, str):
+        return min(len(value), _ARG_STRING_KEPT) + 2
+    if depth > 16:
+        return 20
+    if isinstance(value, dict):
+        total = 2
+        for index, (key, item) in enumerate(value.items()):
+            if index >= 1000:
+                break
+            total += len(str(key)) + 4 + _stored_size(item, depth + 1)
+        return total
+    if isinstance(value, list | tuple):
+        return 2 + sum(_stored_size(item, depth + 1) + 2 for item in value[:1000])
+    return 8
 
 
 def _check_token(tokens: Tokens, run: Run, token: object) -> TokenCheck:
