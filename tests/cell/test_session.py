@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 from stockade.cell import Session, SessionResult
 from stockade.errors import CellError, UsageError
+from stockade.policy import Policy, default_policy
 from stockade.record import Event
 
 
@@ -260,3 +262,30 @@ def test_a_session_never_started_or_closed_twice(tmp_path: Path) -> None:
         s.close()
     with pytest.raises(CellError, match="closed"):
         s.start()
+
+
+# ---------------------------------------------------------------------- over an image
+
+
+def _root_policy() -> Policy:
+    return dataclasses.replace(default_policy(), user="root")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a workbench maps an id range: needs root (CAP_SETUID)")
+def test_a_session_over_an_image_keeps_its_state_and_changes_users() -> None:
+    from tests.cell._image import make_image
+
+    with Session(_root_policy(), image=make_image()) as s:
+        assert s.exec(["id", "-u"]).stdout == b"0\n"
+        s.exec(["sh", "-c", "echo installed > /etc/tool.conf; mkdir -p /srv && chown 1234 /srv"])
+        assert s.read_file("/etc/tool.conf") == b"installed\n"  # the image's /, written by an earlier call
+        s.write_file("/srv/mine", b"of 1234", user=1234, mode=0o600)
+        who = s.exec(["sh", "-c", "id -u; stat -c %u /srv/mine; cat /srv/mine"], user=1234)
+        assert who.stdout == b"1234\n1234\nof 1234", who
+        with pytest.raises(PermissionError):
+            s.write_file("/etc/tool.conf", b"x", user=1234)  # root's file, as 1234: what it means inside
+        with pytest.raises(PermissionError):
+            s.read_file("/srv/mine", user=4321)
+        assert s.read_file("/srv/mine") == b"of 1234"  # control: root reads it
+    result = s.close()
+    assert result.exit_code == 0

@@ -63,6 +63,8 @@ the pipes open for as long as it lives, and the call is over all the same."""
 START_TIMEOUT = 30.0
 """Seconds a call's child has to report that it started (a fork and a few
 syscalls: only a cell frozen or out of processes takes this long)."""
+CALLS_REMEMBERED = 4096
+"""Calls a refusal read late is still matched against (by pid and time)."""
 SESSION_ARGV = ("stockade-session",)
 """What ``cell.start`` names as the command of a session's cell."""
 
@@ -94,6 +96,8 @@ class _Call:
     start: float
     end: float = math.inf
     cgroup: str | None = None
+    pid: int | None = None
+    """The host pid of the call's first process (the command, or the opener)."""
 
 
 class Session:
@@ -540,6 +544,8 @@ class Session:
             self._count += 1
             call = _Call(f"{self.session_id}.{self._count}", time.time())
             self._calls[call.call_id] = call
+            if len(self._calls) > CALLS_REMEMBERED:  # what a late refusal is matched against
+                del self._calls[next(iter(self._calls))]
             return call
 
     def _end(self, call: _Call) -> None:
@@ -629,6 +635,7 @@ class Session:
                     os.close(fd)
                 ctl_cell.close()
             pid, rest = self._started(ctl, call, start + START_TIMEOUT)
+            call.pid = pid
             if pid is not None:
                 call.cgroup = self._call_cgroup(call, pid)
                 ctl.sendall(b"G")
@@ -708,6 +715,7 @@ class Session:
                         report = rest
                         fd = -1
                     else:
+                        call.pid = pid
                         call.cgroup = self._call_cgroup(call, pid)
                         ctl.sendall(b"G")
                         fd, report = _receive_fd(ctl, rest)
@@ -749,8 +757,16 @@ class Session:
             self._sink(event)
 
     def _calls_of(self, event: Event) -> list[str]:
+        """The call a refusal belongs to: the one whose first process made it,
+        else the one whose cgroup holds its process, else (the process is gone,
+        and was a child of a call's) the calls in flight when it came."""
         pid = event.detail.get("pid")
+        with self._lock:
+            calls = list(self._calls.values())
         if isinstance(pid, int) and pid > 0:
+            for c in reversed(calls):  # the latest first: a pid is reused only after a while
+                if c.pid == pid:
+                    return [c.call_id]
             try:
                 with open(f"/proc/{pid}/cgroup") as f:
                     for line in f:
@@ -760,8 +776,6 @@ class Session:
                                 return [f"{self.session_id}.{name[5:]}"]
             except OSError:
                 pass
-        with self._lock:
-            calls = list(self._calls.values())
         return [c.call_id for c in calls if c.start - 0.05 <= event.time <= c.end + 0.05]
 
     def _emit(
