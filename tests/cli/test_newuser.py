@@ -195,3 +195,71 @@ def test_dead_code_is_gone() -> None:
     assert not hasattr(Tripwire, "claim_halt")
     assert not hasattr(_cgroup, "LIMIT_CONTROLLERS")
     assert not hasattr(_jsonl, "read_jsonl")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'command: !!python/object/apply:os.system ["id"]\n',
+        "filesystem: !!python/object:os.system {read: [/opt]}\n",
+        "env: !custom {}\n",
+    ],
+)
+def test_yaml_tags_on_lists_and_mappings_are_refused(text: str) -> None:
+    with pytest.raises(
+        stockade.PolicyError, match=r"the YAML tag .* is not supported in a policy; remove it"
+    ):
+        loads_policy("name: t\n" + text)
+    # Control: the plain tags of a list and a mapping are what no tag means.
+    assert loads_policy("name: t\ncommand: !!seq [id]\nenv: !!map {}\n").command == ("id",)
+
+
+def test_yaml_tags_on_lists_are_refused_in_scenarios_too(tmp_path: Path) -> None:
+    from stockade.scenario._model import load_scenario
+
+    file = tmp_path / "s.yaml"
+    file.write_text("name: s\nagents: !!python/object/apply:os.system [id]\n")
+    with pytest.raises(stockade.PolicyError, match="is not supported in a scenario"):
+        load_scenario(str(file))
+
+
+def warnings_of(capsys: pytest.CaptureFixture[str], path: Path) -> list[str]:
+    code, out, _ = cli(capsys, "validate", str(path))
+    assert code == 0
+    return [line for line in out.splitlines() if line.startswith("warning: ")]
+
+
+def test_validate_warns_about_values_that_cannot_work_here(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    file = tmp_path / "p.yaml"
+    file.write_text(
+        f"name: t\nworkspace: {ws}\nlimits: {{memory: 999999999999P, cpu: 150, pids: 1}}\n"
+        "network: {loopback_ports: [3128, 8000]}\n"
+        'tools:\n  - {id: notes, intent: fs.write, verdict: ask, match: {path: "/srv/notes/*"}}\n'
+    )
+    found = "\n".join(warnings_of(capsys, file))
+    assert "limits.memory" in found and "limits nothing" in found
+    assert f"limits.cpu 150 is more cores than this host has ({os.cpu_count()})" in found
+    assert "limits.pids 1 fails every start" in found
+    assert "loopback_ports 3128 is the gateway's proxy" in found and "8000" not in found
+    assert "tools rule 'notes' lets fs.write reach '/srv/notes/*'" in found
+    # Control: the same with plausible values and the grant the rule needs says none of it.
+    file.write_text(
+        f"name: t\nworkspace: {ws}\nlimits: {{memory: 1G, cpu: 1, pids: 64}}\n"
+        f"filesystem: {{write: [{tmp_path}]}}\nnetwork: {{loopback_ports: [8000]}}\n"
+        f'tools:\n  - {{id: notes, intent: fs.write, verdict: ask, match: {{path: "{tmp_path}/*"}}}}\n'
+    )
+    assert warnings_of(capsys, file) == []
+
+
+def test_the_readmes_agent_yaml_rule_can_be_honoured(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("# agent.yaml:", 1)[1].split("```", 1)[0]
+    file = tmp_path / "agent.yaml"
+    file.write_text("# agent.yaml:" + block)
+    assert not [w for w in warnings_of(capsys, file) if "tools rule" in w]

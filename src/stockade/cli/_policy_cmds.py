@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
 import sys
@@ -57,7 +58,7 @@ def validate(ctx: click.Context, file: str, as_json: bool, show_env: bool) -> No
                 click.echo(f"stockade: {where}{problem['message']}", err=True)
         ctx.exit(EXIT_POLICY)
     policy, fmt = loaded.policy, loaded.format
-    warnings = grant_warnings(policy)
+    warnings = grant_warnings(policy, fmt=fmt)
     if as_json:
         body = {
             "valid": True,
@@ -205,8 +206,9 @@ def summary(policy: Policy, *, fmt: str, file: str, show_env: bool = False) -> s
     return "\n".join(lines)
 
 
-def grant_warnings(policy: Policy) -> list[str]:
-    """What a valid policy grants that its author may not have meant."""
+def grant_warnings(policy: Policy, *, fmt: str = "stockade") -> list[str]:
+    """What a valid policy grants that its author may not have meant, and
+    values that are valid but cannot work as written on this host."""
     from stockade.policy._schema import covered_by
 
     out: list[str] = []
@@ -235,6 +237,63 @@ def grant_warnings(policy: Policy) -> list[str]:
         out.append("there is no memory limit: one process can exhaust the host's memory")
     if policy.limits.pids is None:
         out.append("there is no process limit: a fork bomb can exhaust the host")
+    out.extend(_implausible(policy, fmt))
+    return out
+
+
+def _implausible(policy: Policy, fmt: str) -> list[str]:
+    """Values the schema accepts that cannot do what they say here."""
+    from stockade.cell._layers import GATEWAY_PORT, LLM_PORT
+    from stockade.policy._schema import covered_by
+    from stockade.policy._units import format_size
+
+    out: list[str] = []
+    limits = policy.limits
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if limits.memory is not None and limits.memory > memory:
+        out.append(
+            f"limits.memory {format_size(limits.memory)} is more than this host's {memory >> 30} GiB, "
+            "so it limits nothing; give what the agent needs, such as 2G"
+        )
+    cores = os.cpu_count() or 1
+    if limits.cpu is not None and limits.cpu > cores:
+        out.append(
+            f"limits.cpu {limits.cpu:g} is more cores than this host has ({cores}), so it limits nothing; "
+            f"give at most {cores}"
+        )
+    if limits.pids is not None and limits.pids < 3:
+        out.append(
+            f"limits.pids {limits.pids} fails every start: the cell's init and the command are two "
+            "processes already; give at least 16"
+        )
+    elif limits.pids is not None and limits.pids < 8:
+        out.append(
+            f"limits.pids {limits.pids} leaves a shell no room to run a pipeline or a build; give at least 16"
+        )
+    for port in policy.network.loopback_ports:
+        if port in (GATEWAY_PORT, LLM_PORT):
+            what = "proxy" if port == GATEWAY_PORT else "LLM endpoint"
+            out.append(
+                f"network.loopback_ports {port} is the gateway's {what} in the cell; "
+                "the cell's own server cannot listen there; choose another port"
+            )
+    if fmt == "agentos" and policy.network.allow:
+        out.append(
+            "allowed_hosts are reached through the gateway only (HTTP(S)_PROXY in the cell); "
+            "a direct connect to them is refused, so a client that ignores the proxy cannot reach them"
+        )
+    writable = [*policy.filesystem.write, *((policy.workspace,) if policy.workspace else ())]
+    for rule in policy.tools:
+        path = dict(rule.match).get("path")
+        if rule.intent != "fs.write" or rule.verdict == "deny" or not path or not path.startswith("/"):
+            continue
+        fixed = re.split(r"[*?\[]", path, maxsplit=1)[0].rstrip("/") or "/"
+        if not covered_by(fixed, writable):
+            out.append(
+                f"tools rule {rule.id!r} lets fs.write reach {path!r}, which is outside every writable grant "
+                f"(the workspace, filesystem.write), so the broker refuses it whatever the rule says; "
+                f"add {fixed!r} to filesystem.write"
+            )
     return out
 
 
