@@ -68,6 +68,8 @@ MAX_NODES = 100_000
 Format = Literal["stockade", "agentos"]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_PLAIN_TAGS = frozenset(("tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"))
+"""The tags a list or mapping has when none is written (or ``!!seq``/``!!map``)."""
 _TOO_DEEP = "the file is nested too deeply to be a policy; check it is the right file"
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXAMPLES = {
@@ -359,6 +361,12 @@ class _Document:
                     node.start_mark,
                 ) from None
         stack = stack | {id(node)}
+        if node.tag not in _PLAIN_TAGS:
+            # A tag on a list or mapping (`!!python/object/apply:os.system [id]`)
+            # would otherwise be dropped without a word; refused as on scalars.
+            raise self.fatal(
+                f"the YAML tag {show(node.tag)} is not supported in a policy; remove it", node.start_mark
+            )
         if isinstance(node, yaml.SequenceNode):
             return [self._walk(item, (*path, i), stack) for i, item in enumerate(node.value)]
         assert isinstance(node, yaml.MappingNode)

@@ -300,6 +300,12 @@ class _Document:
                     f"the YAML tag {show(node.tag)} is not supported in a scenario; remove it",
                     location=f"{self.source}:{where[0]}:{where[1]}",
                 ) from None
+        if node.tag not in ("tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"):
+            # Not dropped without a word: refused as a tag on a scalar is.
+            raise PolicyError(
+                f"the YAML tag {show(node.tag)} is not supported in a scenario; remove it",
+                location=f"{self.source}:{where[0]}:{where[1]}",
+            )
         if isinstance(node, yaml.SequenceNode):
             return [self._walk(item, (*path, i)) for i, item in enumerate(node.value)]
         assert isinstance(node, yaml.MappingNode)
