@@ -178,3 +178,40 @@ def test_a_limit_reached_is_recorded_live_even_if_emptied_before_the_end() -> No
     limit = [e for e in result.events if e.kind == "cell.limit"]
     assert [e.summary for e in limit] == [sentence] and limit[0] in result.live
     assert "disk" in result.limits_hit
+
+
+KEEP_WORK = r"""
+import os
+os.makedirs("sub/deeper")
+open("sub/deeper/work.txt", "w").write("the agent's work\n")
+open("private", "w").write("p")
+os.chmod("private", 0o600)
+os.symlink("sub/deeper/work.txt", "link")
+"""
+
+
+def test_a_kept_workspace_is_copied_out_and_not_left_loop_mounted() -> None:
+    """A kept fresh workspace under ``limits.disk`` ends as plain files at its
+    path (owners, modes and links as the agent left them), its image and
+    loop mount gone."""
+    import shutil
+
+    cell = Cell(_limited(DiskLimit(bytes=32 << 20)), environ={}, keep_workspace=True)
+    workspace = cell.workspace
+    try:
+        assert os.path.ismount(workspace)
+        result = cell.run([PY, "-I", "-c", KEEP_WORK], timeout=60)  # its cwd: the workspace
+        assert result.exit_code == 0, result.stderr
+        inside = os.stat(os.path.join(workspace, "private"))
+        cell.close()
+        assert not os.path.ismount(workspace)
+        assert Path(workspace, "sub/deeper/work.txt").read_text() == "the agent's work\n"
+        after = os.stat(os.path.join(workspace, "private"))
+        assert (after.st_mode & 0o777, after.st_uid, after.st_gid) == (0o600, inside.st_uid, inside.st_gid)
+        assert os.readlink(os.path.join(workspace, "link")) == "sub/deeper/work.txt"
+        assert not any(name.startswith(os.path.basename(workspace)) for name in os.listdir(IMAGES))
+        with open("/proc/self/mountinfo") as f:
+            assert f" {workspace} " not in f.read()
+    finally:
+        cell.close()
+        shutil.rmtree(workspace, ignore_errors=True)

@@ -686,8 +686,20 @@ class Cell:
         asked to keep it. Idempotent."""
         self._prepared = None  # closes the host descriptors its rules hold
         if self._limited is not None and not self.keep_workspace:
-            self._limited.remove()  # a kept one stays mounted (docs/CELL.md, Limits)
+            self._limited.remove()
             self._limited = None
+        elif self._limited is not None:
+            # Kept: its files are copied out and the image let go (_disk), so
+            # nothing of it stays loop-mounted.
+            limited, self._limited = self._limited, None
+            try:
+                note = limited.keep()
+            except CellError as exc:
+                note = f"the kept workspace's image {limited.image} is kept: {exc}"
+            if note is not None:
+                import logging  # only when something went wrong
+
+                logging.getLogger(__name__).warning("%s", note)
         if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
             import shutil  # only here: it is not on the path of a run
 

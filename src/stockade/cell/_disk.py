@@ -22,6 +22,7 @@ interval can still go unseen (the kernel logs no ENOSPC).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -205,6 +206,55 @@ class LimitedWorkspace:
         except OSError:
             return []
 
+    def keep(self) -> str | None:
+        """The workspace is kept: copy its files out of the image onto the
+        host's directory at ``path``, then unmount it and delete the image,
+        so that nothing of a kept workspace stays loop-mounted (a mount the
+        operator would have to find and undo, and a loop device held). None
+        when so; else why the image is kept, one sentence.
+
+        Chosen over keeping the image (mounted or not): the operator gets the
+        agent's work where the run said it was, as plain files with their
+        owners and modes (``cp -a``: the same bytes again, at most
+        ``limits.disk.bytes``). When the filesystem is still in use after our
+        mounts of it are gone (a helper's cell still has it), the image is
+        kept at ``self.image``, since later writes go there, and the sentence
+        says so.
+
+        Raises:
+            CellError: a mount, the copy or an unmount failed; the image is
+                kept (with what was copied so far at ``path``).
+        """
+        if not os.path.ismount(self.path):
+            return None  # not ours any more (unmounted by hand): nothing to copy
+        stage = self.image[: -len(".img")] + ".copy"
+        os.makedirs(stage, mode=0o700, exist_ok=True)
+        try:
+            # A second mount of the same filesystem, so that ours at the
+            # workspace's path can go and leave the host's directory under it.
+            self._run(["mount", "--bind", self.path, stage], "bind")
+            try:
+                self._run(["umount", self.path], "unmount")
+            except CellError:
+                self._run(["umount", stage], "unmount")
+                raise
+            try:
+                self._run(["cp", "-a", "--", f"{stage}/.", self.path], "copy out")
+            finally:
+                loop = _loop_device(stage)
+                self._run(["umount", stage], "unmount")
+        finally:
+            with contextlib.suppress(OSError):
+                os.rmdir(stage)
+        if loop is not None and os.path.exists(f"/sys/block/{loop}/loop/backing_file"):
+            return (
+                f"the workspace's files were copied to {self.path}, but its filesystem is still in use "
+                f"(a helper's cell?), so its image {self.image} is kept: later writes are there"
+            )
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.image)
+        return None
+
     def remove(self) -> None:
         """Unmount it and delete the image (what the agent wrote goes with it)."""
         if os.path.ismount(self.path):
@@ -221,6 +271,21 @@ class LimitedWorkspace:
                 f"could not {what} the workspace's filesystem {self.image} ({' '.join(argv)}): "
                 f"{done.stderr.strip() or done.returncode}; see docs/CELL.md, Limits"
             )
+
+
+def _loop_device(mountpoint: str) -> str | None:
+    """The loop device (``loop3``) mounted at ``mountpoint``, from mountinfo."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == mountpoint:
+                    source = line.split(" - ", 1)[1].split()[1] if " - " in line else ""
+                    if source.startswith("/dev/loop"):
+                        return os.path.basename(source)
+    except OSError:
+        pass
+    return None
 
 
 __all__ = ["IMAGES", "LimitedWorkspace", "TmpWatch"]
