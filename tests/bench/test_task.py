@@ -148,5 +148,5 @@ def test_the_in_tree_tasks_validate() -> None:
     root = Path(__file__).resolve().parents[2] / "src" / "stockade" / "bench" / "tasks"
     paths = sorted(str(p.parent) for p in root.rglob("task.toml"))
     tasks, problems = validate_tasks(paths)
-    assert problems == [] and len(tasks) == 11
+    assert problems == [] and len(tasks) == 12
     assert all(t.stockade.expect.solver for t in tasks)

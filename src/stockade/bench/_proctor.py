@@ -136,6 +136,8 @@ class Trial:
             "runs": {},
         }
         self.events: list[dict[str, Any]] = []
+        self.image: Any = None
+        """The task's ``stockade.image.Image``, or None for the host view."""
         self.timings: dict[str, float] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -206,7 +208,64 @@ class Trial:
                 extra = yaml.safe_load(task.stockade.policy.read_text(encoding="utf-8")) or {}
                 policy = _merge(policy, extra)
             policy = _merge(policy, self.config.extra_policy)
+        if self.image is not None:
+            policy = self._imaged(policy, phase, bench, agent_dir)
         return policy
+
+    def _imaged(
+        self, policy: dict[str, Any], phase: str, bench: HostWorkbench, agent_dir: Path
+    ) -> dict[str, Any]:
+        """The phase's policy on the task's image: its ``/`` the image, the project
+        (a copy of the image's workdir on the host) mounted at the workdir, the
+        hidden paths stand-ins that refuse and record, Harbor's absolute paths."""
+        assert self.image is not None
+        workdir = self.task.environment.workdir
+        mounts = [{"source": str(bench.workdir), "target": workdir, "mode": "rw"}]
+        if phase == "agent":
+            mounts.append({"source": str(agent_dir), "target": str(agent_dir), "mode": "ro"})
+            deny = ["/tests", "/solution", "/logs", "/var/run/docker.sock"]
+            user = self.task.agent.user
+            policy["env"]["set"].pop("DOCKER_HOST", None)
+        else:
+            mounts.append({"source": str(bench.root / "tests"), "target": "/tests", "mode": "ro"})
+            mounts.append({"source": str(bench.root / "logs"), "target": "/logs", "mode": "rw"})
+            deny = ["/solution"]
+            user = self.task.verifier.user
+            policy["env"]["set"]["STOCKADE_BENCH_ROOT"] = ""
+        out = {k: v for k, v in policy.items() if k not in ("workspace", "workdir", "filesystem")}
+        out["image"] = self.image.digest
+        out["filesystem"] = {"mounts": mounts, "deny": deny}
+        if user is not None:
+            out["user"] = user
+        # The loader wants a workdir inside a grant of the host's view; a mount's
+        # target is the cell's own path, so the command enters it itself.
+        command = policy["command"] if phase == "agent" else ["/bin/bash", "/tests/test.sh"]
+        out["command"] = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', workdir, *command]
+        return out
+
+    def _find_image(self) -> Any:
+        """The task's image from the store (``docker_image``, else the task's name), or None."""
+        if self.task.stockade.host_view:
+            return None
+        from stockade.errors import ImageError
+        from stockade.image import default_store
+
+        ref = self.task.environment.docker_image or self.task.name
+        try:
+            image = default_store().get(ref)
+        except ImageError as exc:
+            self.record["status"] = "invalid"
+            self.record["invalid"] = (
+                f"the task's image {ref!r} is not in the image store ({exc}); build it with "
+                f"`stockade image build -t {ref} {self.task.path / 'environment'}`, or import it"
+            )
+            raise _NoImage from exc
+        self.record["image"] = {
+            "digest": image.digest,
+            "names": list(image.names),
+            "provenance": dict(image.provenance),
+        }
+        return image
 
     def _agent_argv(self, agent_dir: Path) -> list[str]:
         agent = self.config.agent
@@ -228,21 +287,34 @@ class Trial:
         self, policy: dict[str, Any], bench: HostWorkbench, agent_dir: Path
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the agent's own cell's policy, the workbench session's) for broker mode."""
-        session = {
+        session: dict[str, Any] = {
             "name": f"bench-workbench-{self.task.short_name}"[:64],
-            "workspace": policy["workspace"],
-            "workdir": policy["workdir"],
-            "filesystem": {"base": "system", "deny": policy["filesystem"]["deny"]},
             "env": policy["env"],
             "limits": {k: v for k, v in policy["limits"].items() if k != "denials"},
         }
-        agent = {k: v for k, v in policy.items() if k not in ("workspace", "workdir")}
+        if self.image is not None:
+            session["image"] = policy["image"]
+            session["filesystem"] = {
+                "mounts": policy["filesystem"]["mounts"][:1],  # the project, not the agent's files
+                "deny": policy["filesystem"]["deny"],
+            }
+            if "user" in policy:
+                session["user"] = policy["user"]
+        else:
+            session["workspace"] = policy["workspace"]
+            session["workdir"] = policy["workdir"]
+            session["filesystem"] = {"base": "system", "deny": policy["filesystem"]["deny"]}
+        agent = {k: v for k, v in policy.items() if k not in ("workspace", "workdir", "image", "user")}
+        if self.image is not None:
+            agent["command"] = policy["command"][4:]  # the agent's own cell is the host's view
         agent["filesystem"] = {"base": "system", "read": [str(agent_dir)]}
         agent["env"] = {
             "set": {
                 **{k: v for k, v in policy["env"]["set"].items() if k != "DOCKER_HOST"},
                 "STOCKADE_BENCH_SESSION_FILE": str(agent_dir / "session"),
-                "STOCKADE_BENCH_WORKDIR": str(bench.workdir),
+                "STOCKADE_BENCH_WORKDIR": self.task.environment.workdir
+                if self.image is not None
+                else str(bench.workdir),
             }
         }
         agent["tools"] = [{"id": "bench-workbench", "intent": "exec", "verdict": "allow"}]
@@ -329,7 +401,11 @@ class Trial:
         task = self.task
         t0 = time.monotonic()
         self.record["root"] = str(bench.root)
-        bench.build()
+        try:
+            self.image = self._find_image()
+        except _NoImage:
+            return
+        bench.build(self.image)
         agent_dir = work / "agent"
         agent_dir.mkdir()
         (agent_dir / "instruction.md").write_text(task.instruction, encoding="utf-8")
@@ -427,6 +503,8 @@ class Trial:
 
     def _containment(self) -> Containment:
         root = str(self.record.get("root", ""))
+        if self.image is not None:
+            root = self.task.environment.workdir  # the cell's own path of the project
         agent_run = self.record["runs"].get("agent")
         mine = [e for e in self.events if (e.get("event") or {}).get("run") == agent_run]
         hidden = [str(self.task.tests_dir), str(self.task.solution_dir)]
@@ -519,7 +597,8 @@ class Trial:
             b,
             {
                 "task": {"name": self.task.name, "checksum": self.task.checksum, "path": str(self.task.path)},
-                "image": {
+                "image": self.record.get("image")
+                or {
                     "digest": None,
                     "provenance": {"host_view": True, "note": "the host's system directories"},
                 },
@@ -549,6 +628,10 @@ class Trial:
     def summary(self) -> dict[str, Any]:
         score = getattr(self, "score", {})
         return {**score, "bundle": str(self.bundle), "timings": self.timings}
+
+
+class _NoImage(Exception):
+    """The task's image is not in the store (the trial is invalid; ``record`` says why)."""
 
 
 def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:

@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 from stockade.bench._task import Task
 
@@ -54,10 +55,20 @@ class HostWorkbench:
 
     # ------------------------------------------------------------------ layout
 
-    def build(self) -> None:
-        """Copy the project in and lay the decoys."""
+    def build(self, image: Any = None) -> None:
+        """Copy the project in (from the image's workdir when it has one) and lay the decoys."""
         self.root.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(self.task.project_dir, self.workdir, symlinks=True, dirs_exist_ok=True)
+        source = self.task.project_dir
+        if image is not None:
+            # The image's own workdir is the project; it is shown at the
+            # workdir by a mount, so that the agent's work outlives its cell.
+            inside = Path(image.rootfs) / self.task.environment.workdir.lstrip("/")
+            if inside.is_dir() and not inside.is_symlink():
+                source = inside
+        if source.is_dir():
+            shutil.copytree(source, self.workdir, symlinks=True, dirs_exist_ok=True)
+        else:
+            self.workdir.mkdir(parents=True, exist_ok=True)
         self.lay_decoys()
 
     def lay_decoys(self) -> None:
