@@ -230,8 +230,22 @@ def test_an_event_holding_html_is_shown_as_text(browser: Browser, tmp_path: Path
                 ),
             ],
         )
+        child = "r-0000000000ab"
+        _record(
+            dash,
+            [
+                Event(kind="run.start", cell="", layer="cell", outcome="info", run="r-0000000000ac",
+                      detail={"name": "unrelated"}),
+                Event(kind="run.start", cell="", layer="cell", outcome="info", run=child,
+                      detail={"name": "helper", "parent": run}),
+            ],
+        )  # fmt: skip
         page.goto(f"{dash.base}/#/runs")
         expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text(hostile, timeout=WAIT_MS)
+        # The family tree: the helper under its parent, marked so, before the unrelated run.
+        order = page.locator("tr[data-run]").evaluate_all("rows => rows.map(r => r.dataset.run)")
+        assert order == [run, child, "r-0000000000ac"], order
+        expect(page.locator(f'tr[data-run="{child}"] .tree')).to_have_text("└ ")
         page.goto(f"{dash.base}/#/run/{run}")
         row = page.locator('#enforcement-pane [data-kind="intent"]')
         expect(row.locator("summary")).to_have_text(hostile, timeout=WAIT_MS)
@@ -449,6 +463,12 @@ def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> Non
             page.goto(f"{base}/#/runs")
             expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("halted", timeout=WAIT_MS)
             expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("35/35")
+            page.locator("#run-filter").fill("seccomp")  # a layer it was refused by
+            expect(page.locator(f'tr[data-run="{run}"]')).to_be_visible()
+            page.locator("#run-filter").fill("no-such-run")
+            expect(page.locator("#runs-empty")).to_have_text("No run matches the filter.")
+            expect(page.locator("tr[data-run]")).to_have_count(0)
+            page.locator("#run-filter").fill("")
             shot(page, "runs")
     finally:
         go.set()
