@@ -50,6 +50,7 @@ def _register() -> None:
     from stockade.cli._record_cmds import export_cmd, verify
     from stockade.cli._revert_cmd import revert_cmd
     from stockade.cli._scenario_cmds import scenario
+    from stockade.cli._session_cmds import session
 
     for command in (
         bench,
@@ -63,6 +64,7 @@ def _register() -> None:
         revert_cmd,
         scenario,
         schema,
+        session,
         validate,
         verify,
         *DAEMON_COMMANDS,

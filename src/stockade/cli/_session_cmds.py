@@ -1,0 +1,149 @@
+"""``stockade session``: workbench sessions the daemon hosts (docs/SESSIONS.md).
+
+Thin: each subcommand is one or two ``session.*`` requests through
+``Client.open_session`` / ``RemoteSession``, and prints what came back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from stockade.cli._daemon_cmds import _JSON, _client, _echo_json, _place
+
+
+@click.group("session")
+def session() -> None:
+    """Workbench sessions: one long-lived cell serving many commands (docs/SESSIONS.md)."""
+
+
+@session.command("open")
+@click.argument("policy", metavar="POLICY", required=False, type=click.Path(dir_okay=False))
+@click.option("--run", "run_ref", metavar="ID", help="Bind to this running run (its policy and workspace).")
+@click.option("--image", metavar="REF", help="The image as the cell's / (stockade image ls).")
+@click.option(
+    "-w",
+    "--workspace",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="The workspace (an existing directory).",
+)
+@_JSON
+@_place
+def open_cmd(
+    policy: str | None,
+    run_ref: str | None,
+    image: str | None,
+    workspace: str | None,
+    as_json: bool,
+    state: str | None,
+    socket_path: str | None,
+) -> int:
+    """Open a session from a POLICY file, or bound to a --run; print its id."""
+    if policy is None and run_ref is None:
+        raise click.UsageError("give a POLICY file, or --run ID to bind to a running run")
+    with _client(state, socket_path, timeout=120.0) as client:
+        opened = client.open_session(
+            policy_path=os.path.abspath(policy) if policy else None,
+            image=image,
+            workspace=os.path.abspath(workspace) if workspace else None,
+            run=run_ref,
+        )
+    if as_json:
+        _echo_json(opened.info)
+    else:
+        click.echo(opened.session_id)
+    return 0
+
+
+@session.command("exec", context_settings={"allow_interspersed_args": False})
+@click.argument("session_id", metavar="SESSION")
+@click.argument("argv", nargs=-1, required=True)
+@click.option("--cwd", metavar="DIR", help="An absolute directory inside the cell.")
+@click.option("-e", "--env", "env", metavar="K=V", multiple=True, help="A variable for this command.")
+@click.option("--user", metavar="UID", help="Another user (a root workbench only).")
+@click.option(
+    "--timeout", type=float, metavar="SECONDS", help="Kill the command's whole tree after this long."
+)
+@click.option("--stdin", "use_stdin", is_flag=True, help="Pass this command's stdin to it.")
+@_place
+def exec_cmd(
+    session_id: str,
+    argv: tuple[str, ...],
+    cwd: str | None,
+    env: tuple[str, ...],
+    user: str | None,
+    timeout: float | None,
+    use_stdin: bool,
+    state: str | None,
+    socket_path: str | None,
+) -> int:
+    """Run ARGV in SESSION; its output here, its exit code as this command's."""
+    from stockade.daemon._client import RemoteSession
+
+    variables: dict[str, str] = {}
+    for item in env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.UsageError(f"--env {item!r} is not K=V; write e.g. --env LANG=C.UTF-8")
+        variables[name] = value
+    data = sys.stdin.buffer.read() if use_stdin else None
+    with _client(state, socket_path, timeout=60.0) as client:
+        remote = RemoteSession.attach(client, session_id)
+        result = remote.exec(
+            list(argv), input=data, cwd=cwd, env=variables or None, user=user, timeout=timeout
+        )
+    sys.stdout.buffer.write(result.stdout)
+    sys.stdout.buffer.flush()
+    sys.stderr.buffer.write(result.stderr)
+    if result.timed_out:
+        click.echo(f"stockade: killed after the {timeout:g} s timeout", err=True)
+    return int(result.returncode)
+
+
+@session.command("ls")
+@click.option("--run", "run_ref", metavar="ID", help="Only the sessions bound to this run.")
+@_JSON
+@_place
+def ls_cmd(run_ref: str | None, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """List the open sessions."""
+    with _client(state, socket_path) as client:
+        found = client.sessions(run_ref)
+    if as_json:
+        _echo_json(found)
+        return 0
+    if not found:
+        click.echo("no session is open")
+    for info in found:
+        bound = f" run {info['run']}" if info.get("run") else ""
+        click.echo(f"{info['session']}  {info['policy']}  {info['calls']} calls{bound}  {info['workspace']}")
+    return 0
+
+
+@session.command("close")
+@click.argument("session_id", metavar="SESSION")
+@_JSON
+@_place
+def close_cmd(session_id: str, as_json: bool, state: str | None, socket_path: str | None) -> int:
+    """Close SESSION: its cell and every process in it end; what it left is reported."""
+    from stockade.daemon._client import RemoteSession
+
+    with _client(state, socket_path, timeout=120.0) as client:
+        closed: dict[str, Any] = RemoteSession.attach(client, session_id).close()
+    if as_json:
+        click.echo(json.dumps(closed, indent=2))
+        return 0
+    changes = closed.get("persistence") or []
+    click.echo(
+        f"{session_id} closed after {closed.get('calls', 0)} calls, {closed.get('denials', 0)} refusals"
+    )
+    for change in changes:
+        click.echo(f"  left: {change.get('path', change)}")
+    return 0
+
+
+__all__ = ["session"]
