@@ -4,6 +4,10 @@
 # comparisons), a virtualenv at .venv, and the package with its test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One line per step, so that a minute of installing says what it is doing.
+step() { echo "setup: $*" >&2; }
+# pip's "running as root" and "new version" notices are not ours to show.
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
@@ -21,6 +25,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: missing system packages: ${need_apt[*]}; run 'sudo apt-get install -y ${need_apt[*]}' and try again" >&2
     exit 1
   fi
+  step "installing system packages: ${need_apt[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
@@ -29,6 +34,7 @@ fi
 py=$(command -v python3)
 if command -v pyenv >/dev/null 2>&1; then py=$(pyenv which python3 2>/dev/null || echo "$py"); fi
 if [ ! -x .venv/bin/python ]; then
+  step "making the virtualenv .venv"
   "$py" -m venv .venv
 fi
 stamp=.venv/.stockade-installed
@@ -37,7 +43,9 @@ stamp=.venv/.stockade-installed
 native=src/stockade/cell/_native.c
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ "$native" -nt "$stamp" ] \
   || ! .venv/bin/python -c "import stockade.cell._native" 2>/dev/null; then
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  step "upgrading pip in .venv"
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 >/dev/null | grep -v "is ignored: it is neither" >&2 || true
+  step "installing stockade and its test extras into .venv (compiles the C extension; about a minute)"
   .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" >&2 || true
   .venv/bin/python -c "import stockade, stockade.cell._native, pydantic, yaml, click, rich, pytest, hypothesis, h11, httpx, starlette, uvicorn, cryptography, dns" \
     || { echo "setup: installing the package failed (the C extension needs gcc and the Python headers)" >&2; exit 1; }
@@ -46,6 +54,7 @@ fi
 # Byte-compile the package: this machine sets PYTHONDONTWRITEBYTECODE, so
 # without this every `stockade exec` would compile its modules again (~40 ms).
 # Quick when nothing changed.
+step "byte-compiling src/"
 .venv/bin/python -m compileall -q src >/dev/null
 
 # Harbor (integrations/harbor) needs Python >= 3.12, and Debian 12 has 3.11:
@@ -62,12 +71,14 @@ if [ -z "$py312" ]; then
   echo "setup: no Python 3.12 found for Harbor (integrations/harbor); install one (e.g. 'pyenv install 3.12') and run setup again" >&2
 else
   hstamp=.venv-harbor/.stockade-installed
-  if [ ! -x .venv-harbor/bin/python ]; then "$py312" -m venv .venv-harbor; fi
+  if [ ! -x .venv-harbor/bin/python ]; then step "making .venv-harbor with $py312"; "$py312" -m venv .venv-harbor; fi
   if [ ! -f "$hstamp" ] || [ integrations/harbor/pyproject.toml -nt "$hstamp" ] || [ pyproject.toml -nt "$hstamp" ] \
     || [ "$native" -nt "$hstamp" ] || ! .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" 2>/dev/null; then
+    step "installing Harbor and stockade into .venv-harbor"
     .venv-harbor/bin/python -m pip install -q 'harbor==0.25.0' -e . -e integrations/harbor 2>&1 | grep -v "is ignored: it is neither" >&2 || true
     .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" \
       || { echo "setup: installing Harbor into .venv-harbor failed" >&2; exit 1; }
     touch "$hstamp"
   fi
 fi
+step "done: run the tests with the README's command"
