@@ -182,6 +182,7 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
         for name, count in categories.items():
             expect(page.locator(f'#by-category tr[data-key="{name}"] td.num')).to_have_text(str(count))
         expect(page.locator("#record-events")).to_have_text(str(len(stored)))
+        expect(page.locator("#reaches tbody tr")).to_have_count(len(attempts))
         expect(page.locator("#run-head")).to_have_text(f"{stored[-1]['seq']}:{stored[-1]['hash']}")
         expect(page.locator("#verified")).to_contain_text("Verified")
         head = page.locator("#chain-head").text_content() or ""

@@ -281,6 +281,7 @@ def debrief(stored: Sequence[Mapping[str, Any]], *, verified: bool) -> dict[str,
             "layers": dict(sorted(layers.items())),
             "categories": {c: categories[c] for c in CATEGORIES if c in categories},
         },
+        "reaches": [r.to_dict() for r in found.reaches],
         "persistence": persistence,
         "revert": revert,
         "record": {

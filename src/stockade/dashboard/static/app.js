@@ -417,6 +417,12 @@ async function debriefView(runId) {
     d.attempted ? barChart("Refusals by layer over time", tl.layers, tl.buckets, tl.start, tl.bucket, "plot-layers") : "",
     d.attempted ? barChart("Refusals by category over time", tl.categories, tl.buckets, tl.start, tl.bucket, "plot-categories") : "",
     (() => { const s = el("section", { id: "persistence" }); renderPersistence(s, { detail: { changes: d.persistence, revert: d.revert } }); return s; })(),
+    el("section", {}, el("h2", {}, `The containment report: every reach (${d.reaches.length})`),
+      el("table", { id: "reaches" },
+        el("thead", {}, el("tr", {}, ...["seq", "category", "layer", "kind", "blocked", "what"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...d.reaches.map((r) => el("tr", { "data-seq": r.seq, class: r.blocked ? "" : "audited" },
+          el("td", { class: "num" }, String(r.seq ?? "")), el("td", {}, r.category), el("td", {}, r.layer), el("td", { class: "mono" }, r.kind),
+          el("td", {}, r.blocked ? "blocked" : "LET THROUGH (audit)"), el("td", {}, r.summary)))))),
   );
 }
 
