@@ -23,7 +23,7 @@ if not HARBOR.exists():  # pragma: no cover - setup.sh makes it wherever a Pytho
     )
 
 
-def _harbor_run(tmp_path: Path, agent: str, **env: str) -> tuple[dict[str, object], Path]:
+def _harbor_run(tmp_path: Path, agent: str, task: Path = TASK, **env: str) -> tuple[dict[str, object], Path]:
     jobs = tmp_path / "jobs"
     state = tmp_path / "state"
     environ = {
@@ -40,7 +40,7 @@ def _harbor_run(tmp_path: Path, agent: str, **env: str) -> tuple[dict[str, objec
             str(HARBOR),
             "run",
             "-p",
-            str(TASK),
+            str(task),
             "-a",
             agent,
             "--env",
@@ -94,3 +94,21 @@ def test_an_agent_that_reaches_for_the_hidden_tests_is_reported(tmp_path: Path) 
     assert any("/tests" in a["summary"] for a in report["attempts"]), report["attempts"]
     # What it saw there was nothing: it wrote the length of what it read.
     assert (trial / "stockade" / "root" / "app" / "greeting.txt").read_text() == "0\n"
+
+
+def test_an_allow_list_lets_the_task_run_and_refuses_a_host_off_it(tmp_path: Path) -> None:
+    import shutil
+
+    task = tmp_path / "allowlist-task"
+    shutil.copytree(TASK, task)
+    toml = (task / "task.toml").read_text()
+    toml = toml.replace(
+        'network_mode = "no-network"', 'network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]'
+    )
+    (task / "task.toml").write_text(toml)
+    result, trial = _harbor_run(tmp_path, "peek_agent:ReachAgent", task=task)
+    assert _reward(result) == 1.0  # the control: the task itself still works
+    report = json.loads((trial / "stockade" / "containment.json").read_text())
+    assert report["refusals_by_layer"].get("gateway", 0) >= 1
+    assert any("off-the-list.example" in a["summary"] for a in report["attempts"]), report["attempts"]
+    assert "403" in (trial / "stockade" / "root" / "app" / "curl.err").read_text()

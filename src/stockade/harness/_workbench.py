@@ -16,6 +16,8 @@ per-call round trip through the daemon would double the latency budget
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -68,22 +70,53 @@ class Workbench(Protocol):
 def open_workbench(
     policy: Policy, *, run_id: str, on_event: Callable[[Event], None], workspace: str | None = None
 ) -> Workbench:
-    """Start a session for ``policy`` whose events go to ``on_event``.
+    """Start a session for ``policy`` whose events go to ``on_event``; with
+    the gateway in it (on a loop of its own in this process, as for
+    ``stockade exec``) when the policy allows any host.
 
     Raises:
         CellError, HostError, PolicyError, ImageError: the session cannot start.
     """
     import stockade.cell
+    from stockade.cli._exec_gateway import exec_gateway, wants_gateway
 
     # getattr: the Session is the cell layer's newest part, and this module
     # must import (and say what is missing) on a tree from before it.
     session_type: Any = getattr(stockade.cell, "Session")  # noqa: B009
-    session: Any = session_type(policy, workspace=workspace, run_id=run_id, on_event=on_event)
-    session.start()
-    if not hasattr(session, "read_file"):
-        return ExecFiles(session)
-    wb: Workbench = session
-    return wb
+    with contextlib.ExitStack() as stack:
+        network = hooks = None
+        if wants_gateway(policy):
+            network, hooks = stack.enter_context(exec_gateway(policy))
+        session: Any = session_type(
+            policy, workspace=workspace, run_id=run_id, on_event=on_event, network=network
+        )
+        session.start()
+        if hooks is None:
+            wb: Workbench = session
+            return wb
+        return _WithGateway(session, hooks, stack.pop_all())
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _WithGateway:
+    """A session and the gateway serving its loopback, ended together; the
+    gateway's events (each request it let through or refused) join the
+    session's result."""
+
+    def __init__(self, session: Any, hooks: Any, stack: contextlib.ExitStack) -> None:
+        self._session = session
+        self._hooks = hooks
+        self._stack = stack
+        self.exec = session.exec
+        self.read_file = session.read_file
+        self.write_file = session.write_file
+
+    def close(self) -> CellResult:
+        try:
+            result: CellResult = self._session.close()
+        finally:
+            self._stack.close()
+        return dataclasses.replace(result, events=result.events + tuple(self._hooks.events))
 
 
 class ExecFiles:

@@ -28,3 +28,25 @@ class PeekAgent(BaseAgent):
         await environment.exec(f"cat {host_tests}/test.sh")
         # What it could get from them: nothing; it writes what it guessed.
         await environment.exec(f"echo {len(seen.stdout or '')} > /app/greeting.txt")
+
+
+class ReachAgent(BaseAgent):
+    """Does the task, and reaches for a host off the task's allow list."""
+
+    @staticmethod
+    def name() -> str:
+        return "reach"
+
+    def version(self) -> str:
+        return "1.0.0"
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        return None
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        await environment.exec(
+            "curl -sS -m 20 -o /dev/null https://off-the-list.example/ 2> /app/curl.err || true"
+        )
+        await environment.exec(
+            "echo 'hello from a cell' > /app/greeting.txt && wc -l < /etc/os-release > /app/count.txt"
+        )

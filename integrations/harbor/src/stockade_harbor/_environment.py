@@ -44,11 +44,11 @@ from typing import Any
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
 from harbor.environments.tar_transfer import extract_dir
-from harbor.models.task.config import NetworkMode, TaskOS
+from harbor.models.task.config import NetworkMode, NetworkPolicy, TaskOS
 
 from stockade.harness._record import SampleRecord, containment_report, land
 from stockade.harness._workbench import Workbench, open_workbench
-from stockade.policy import MountRule, Policy, default_policy, load_policy
+from stockade.policy import HostRule, MountRule, Policy, default_policy, load_policy
 
 TESTS = "/tests"
 HANDED_OVER = ("/logs", "/solution")
@@ -90,10 +90,21 @@ class StockadeEnvironment(BaseEnvironment):
     @property
     def capabilities(self) -> EnvironmentCapabilities:
         # A cell has no network but its own loopback: no-network is what it
-        # always is. An allow list would need the gateway in the session, and
-        # switching policy between phases a gateway that changes its list;
-        # neither is offered here yet, so neither is claimed.
-        return EnvironmentCapabilities(disable_internet=True)
+        # always is. An allow list is the gateway's (network.allow: names,
+        # leading wildcards, addresses, CIDR ranges). A new policy between
+        # phases starts the phase's cell again with the new list (what the
+        # agent left running ends; the handed-over directories stay).
+        return EnvironmentCapabilities(
+            disable_internet=True,
+            network_allowlist=True,
+            network_allowlist_hostnames=True,
+            network_allowlist_wildcard_hostnames=True,
+            network_allowlist_ipv4_addresses=True,
+            network_allowlist_ipv6_addresses=True,
+            network_allowlist_ipv4_cidrs=True,
+            network_allowlist_ipv6_cidrs=True,
+            dynamic_network_policy=True,
+        )
 
     @classmethod
     def resource_capabilities(cls) -> EnvironmentResourceCapabilities | None:
@@ -110,12 +121,8 @@ class StockadeEnvironment(BaseEnvironment):
                     f"{self.environment_dir / name}: the stockade environment runs one cell per "
                     "trial, not a compose project; give the task one image (a Dockerfile)"
                 )
-        if self._network_policy.network_mode == NetworkMode.PUBLIC:
-            raise ValueError(
-                "the task asks for network_mode 'public', and a stockade cell reaches no network "
-                "but its gateway's allowed hosts; set network_mode = \"no-network\" under "
-                "[environment] in task.toml"
-            )
+        for policy in (self._network_policy, *self._phase_network_policies):
+            _refuse_public(policy)
 
     # ------------------------------------------------------------------ the policy
 
@@ -159,11 +166,18 @@ class StockadeEnvironment(BaseEnvironment):
             timeout=None,
         )
         env = dataclasses.replace(base.env, set=tuple(base.env.set) + tuple(self._persistent_env.items()))
+        network = base.network
+        if self._network_policy.network_mode == NetworkMode.ALLOWLIST:
+            rules = tuple(HostRule(host=h, ports=(80, 443)) for h in self._network_policy.allowed_hosts)
+            network = dataclasses.replace(network, allow=tuple(network.allow) + rules)
+        elif self._network_policy.network_mode == NetworkMode.NO_NETWORK:
+            network = dataclasses.replace(network, allow=())
         return dataclasses.replace(
             base,
             filesystem=fs,
             limits=limits,
             env=env,
+            network=network,
             image=self._image or self.task_env_config.docker_image or base.image,
             user=base.user or "root",
             workdir=self._workdir(),
@@ -213,6 +227,22 @@ class StockadeEnvironment(BaseEnvironment):
         report = containment_report(record, landed=landed)
         await asyncio.to_thread(_write_bundle, Path(self.trial_paths.trial_dir) / "stockade", record, report)
         self._record = None
+
+    async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
+        _refuse_public(network_policy)
+        self._network_policy = network_policy
+        if self._workbench is None:
+            return  # the next phase's cell starts with it
+        assert self._record is not None
+        self._record.harness_event(
+            "harness.trial.network",
+            f"harbor task {self.environment_name}: the {self._phase} cell starts again with network "
+            f"mode {network_policy.network_mode.value}",
+            mode=network_policy.network_mode.value,
+            allowed_hosts=list(network_policy.allowed_hosts),
+        )
+        await self._close_session()
+        await self._open(self._phase)
 
     # ------------------------------------------------------------------ exec and files
 
@@ -297,6 +327,15 @@ class StockadeEnvironment(BaseEnvironment):
             )
         out: bytes = result.stdout
         return out
+
+
+def _refuse_public(policy: NetworkPolicy) -> None:
+    if policy.network_mode == NetworkMode.PUBLIC:
+        raise ValueError(
+            "the task asks for network_mode 'public', and a stockade cell reaches no network but "
+            'its gateway\'s allowed hosts; set network_mode = "no-network" or "allowlist" with '
+            "allowed_hosts under [environment] in task.toml"
+        )
 
 
 def _new_run_id() -> str:
