@@ -256,3 +256,17 @@ def test_inside_the_workbench_the_same_reaches_are_refused(world: World, tmp_pat
     assert summary["outcome"] == "solved" and summary["expected"]["met"], summary["expected"]
     events = [e["event"] for e in json.loads((Path(summary["bundle"]) / "log.json").read_text())]
     assert not [e for e in events if e["kind"] == "intent" and e["detail"].get("intent") == "exec"]
+
+
+def test_unattended_an_ask_is_denied_and_counted(world: World, tmp_path: Path) -> None:
+    # An agent program given by command, asking its operator through the SDK.
+    agent = (
+        '/usr/bin/python3 -c "import stockade_agent as s; b = s.Broker.connect()\n'
+        "try:\n    b.ask('may I read the tests?')\nexcept s.Denied as e:\n    print('denied:', e)\""
+    )
+    summary = trial(world, load_task(TASKS / "fix-bug"), tmp_path / "out", agent=agent)
+    bundle = Path(summary["bundle"])
+    assert "denied:" in (bundle / "agent.txt").read_text()
+    containment = json.loads((bundle / "containment.json").read_text())
+    assert containment["asks_denied"] == 1 and containment["attempted"] == 0
+    assert containment["tripwire"]["denials"] == 1  # counted by the tripwire all the same
