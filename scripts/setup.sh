@@ -6,6 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # One line per step, so that a minute of installing says what it is doing.
 step() { echo "setup: $*" >&2; }
+# pip and setuptools talk a lot (index warnings, build-backend notices): keep
+# what they say, and show it only when the step fails.
+quietly() {
+  local log rc=0
+  log=$(mktemp)
+  "$@" >"$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then cat "$log" >&2; fi
+  rm -f "$log"
+  return "$rc"
+}
 # pip's "running as root" and "new version" notices are not ours to show.
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
@@ -44,9 +54,9 @@ native=src/stockade/cell/_native.c
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ "$native" -nt "$stamp" ] \
   || ! .venv/bin/python -c "import stockade.cell._native" 2>/dev/null; then
   step "upgrading pip in .venv"
-  .venv/bin/python -m pip install -q --upgrade pip 2>&1 >/dev/null | grep -v "is ignored: it is neither" >&2 || true
+  quietly .venv/bin/python -m pip install -q --upgrade pip
   step "installing stockade and its test extras into .venv (compiles the C extension; about a minute)"
-  .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+  quietly .venv/bin/python -m pip install -q -e '.[test]' || true
   .venv/bin/python -c "import stockade, stockade.cell._native, pydantic, yaml, click, rich, pytest, hypothesis, h11, httpx, starlette, uvicorn, cryptography, dns" \
     || { echo "setup: installing the package failed (the C extension needs gcc and the Python headers)" >&2; exit 1; }
   touch "$stamp"
@@ -75,7 +85,7 @@ else
   if [ ! -f "$hstamp" ] || [ integrations/harbor/pyproject.toml -nt "$hstamp" ] || [ pyproject.toml -nt "$hstamp" ] \
     || [ "$native" -nt "$hstamp" ] || ! .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" 2>/dev/null; then
     step "installing Harbor and stockade into .venv-harbor"
-    .venv-harbor/bin/python -m pip install -q 'harbor==0.25.0' -e . -e integrations/harbor 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+    quietly .venv-harbor/bin/python -m pip install -q 'harbor==0.25.0' -e . -e integrations/harbor || true
     .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" \
       || { echo "setup: installing Harbor into .venv-harbor failed" >&2; exit 1; }
     touch "$hstamp"
