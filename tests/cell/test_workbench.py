@@ -211,3 +211,20 @@ def test_a_kept_upper_with_a_planted_link_is_refused(tmp_path: Path) -> None:
         os.symlink("/root", upper / "srv")
         with pytest.raises(CellError, match="symbolic link"):
             cell.run(["/bin/true"])
+
+
+def test_without_overlayfs_a_copy_of_the_image_is_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the host has no overlayfs for a user namespace (stockade doctor:
+    # "workbench layers: copy"), each run gets a copy of the image instead.
+    from stockade.cell import _workbench
+
+    monkeypatch.setattr(_workbench, "LAYERS", "copy")
+    code, out, err, denials = _run(
+        _policy(user="root"),
+        "cat /opt/app/data.txt; echo changed > /opt/app/data.txt; stat -c %u /home/builder/notes.txt; "
+        "/usr/bin/suid-sh -c 'grep NoNewPrivs /proc/self/status'; mount -t tmpfs x /mnt",
+    )
+    assert out.split("\n")[:3] == ["image data", "1234", "NoNewPrivs:\t1"], err
+    assert (build_rootfs() / "opt/app/data.txt").read_text() == "image data\n"  # the image is untouched
+    assert any("mount" in d for d in denials), denials
+    assert code != 0

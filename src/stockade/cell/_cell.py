@@ -26,7 +26,7 @@ from stockade.cell._plan import NOBODY, CellPlan, plan_cell
 from stockade.cell._seccomp import build_notify_filter
 from stockade.cell._terminal import TerminalRelay, relay_if_terminal
 from stockade.cell._unotify import CellWatch, attach_guard, supervisor
-from stockade.cell._workbench import ImageView, Upper, check_upper, finish_upper, make_upper
+from stockade.cell._workbench import ImageView, Upper, check_upper, finish_upper, layers, make_upper
 from stockade.errors import CellError, HostError, PolicyError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
@@ -428,7 +428,8 @@ class Cell:
                 if range_fd >= 0:
                     made_userns.append(range_fd)
                 if plan.image_rootfs:
-                    upper = make_upper(self._upper_dir)
+                    copy = plan.image_rootfs if layers() == "copy" else None  # stockade doctor
+                    upper = make_upper(self._upper_dir, copy_from=copy)
                     check_upper(upper, plan)
             # A terminal is never the cell's: it gets a pty of its own (_terminal).
             relay = relay_if_terminal(stdin)
@@ -840,7 +841,7 @@ def _fresh_workspace() -> str:
     return path
 
 
-def _idmaps(plan: CellPlan, made: list[int]) -> tuple[tuple[int, int, int], ...]:
+def _idmaps(plan: CellPlan, made: list[int] | None = None) -> tuple[tuple[int, int, int], ...]:
     """The user namespaces of the plan's idmapped grants. A cell of one id
     shares them (kept per process); a workbench's host ids are its slot's,
     which changes each run, so its are made for the run, added to ``made``
@@ -863,6 +864,8 @@ def _idmaps(plan: CellPlan, made: list[int]) -> tuple[tuple[int, int, int], ...]
     return tuple(out)
 
 
+            if made is None:
+                raise ValueError("a workbench's idmaps are the caller's to close: pass made")
 _CAP_LAST: int | None = None
 
 

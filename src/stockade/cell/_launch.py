@@ -102,7 +102,8 @@ class LaunchSpec:
     the idmapped layers of a workbench's overlay."""
     upper: tuple[str, str, str] | None = None
     """A workbench's upper layer: (the directory holding both, the upper's
-    name in it, overlay's work directory's name)."""
+    name in it, overlay's work directory's name, or "" where the upper is a
+    copy of the whole image shown as the root: no overlayfs here)."""
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,8 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
             if spec.upper is None:
                 raise ValueError("a workbench's overlay needs its upper layer (LaunchSpec.upper)")
             base, upper, work = spec.upper
-            return (op.kind, op.dst, op.src, True, base.encode(), (upper, work), spec.range_userns, False)
+            names = (upper, work) if work else (upper,)  # no work directory: a copy of the image
+            return (op.kind, op.dst, op.src, True, base.encode(), names, spec.range_userns, False)
         return (
             op.kind,
             op.dst,

@@ -437,6 +437,14 @@ static void build_overlay(int fd, const char *dst, struct op *op) {
     must_close(fd, op->tree_fd, ST_VIEW, op->src);
     must_close(fd, op->upper_fd, ST_VIEW, op->data);
     op->tree_fd = op->upper_fd = -1;
+    if (op->n_names == 1) {
+        /* No overlayfs here (stockade doctor: "copy"): the upper holds a
+         * copy of the whole image, the run's own, shown as the root. */
+        JOIN(fd, ST_VIEW, options, "/upper/", op->names[0], NULL);
+        do_mount(fd, options, dst, NULL, MS_BIND, NULL);
+        set_attr(fd, dst, CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV, 0);
+        return;
+    }
     if (join(options, sizeof options, "lowerdir=/lower,upperdir=/upper/", op->names[0], ",workdir=/upper/") < 0 ||
         join(options + strlen(options), sizeof options - strlen(options), op->names[1], ",userxattr", NULL) < 0)
         die(fd, ST_VIEW, errno, "overlay options", NULL);
@@ -1244,11 +1252,12 @@ static int parse_op(struct spec *s, PyObject *item, Py_ssize_t i, struct op *op)
     op->upper_fd = -1;
     if (op->kind == K_OVERLAY) {
         /* src: the image's rootfs; data: the upper's host directory (NUL-free,
-         * absolute); names: (upper, work) inside it; userns_fd: the id range. */
+         * absolute); names: (upper, work) inside it, or (copy,) where the
+         * image is copied for the run instead; userns_fd: the id range. */
         if (op->src[0] != '/' || op->data_len == 0 || op->data[0] != '/' || op->data_len >= PATH_ROOM ||
-            memchr(op->data, '\0', op->data_len) != NULL || n != 2 || op->name_is_dir[0] ||
-            op->name_is_dir[1] || strchr(op->names[0], '/') || strchr(op->names[1], '/') ||
-            strlen(op->names[0]) + strlen(op->names[1]) > 512 || op->userns_fd < 0 || i != 0) {
+            memchr(op->data, '\0', op->data_len) != NULL || n < 1 || n > 2 || op->name_is_dir[0] ||
+            op->name_is_dir[n - 1] || strchr(op->names[0], '/') || strchr(op->names[n - 1], '/') ||
+            strlen(op->names[0]) + strlen(op->names[n - 1]) > 512 || op->userns_fd < 0 || i != 0) {
             PyErr_Format(PyExc_ValueError,
                          "mounts[%zd] is an overlay without an absolute image and upper, the names of "
                          "its upper and work directories, and an id range, or not the first mount", i);

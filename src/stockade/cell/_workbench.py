@@ -24,7 +24,7 @@ import shutil
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from stockade.cell._plan import (
     _DECOY_NAMES_MAX,
@@ -593,12 +593,29 @@ class Upper:
     keep: bool
 
 
-def make_upper(upper_dir: str | None) -> Upper:
+LAYERS: Literal["auto", "overlay", "copy"] = "auto"
+"""How a workbench's ``/`` is made: "auto" asks ``stockade doctor``'s probe
+(``_host.probe().workbench``), "overlay" or "copy" force one (tests)."""
+
+
+def layers() -> Literal["overlay", "copy"]:
+    if LAYERS != "auto":
+        return LAYERS
+    from stockade.cell._host import probe
+
+    fact = probe().workbench
+    return "copy" if fact is not None and fact.value == "copy" else "overlay"
+
+
+def make_upper(upper_dir: str | None, *, copy_from: str | None = None) -> Upper:
     """A fresh upper layer for one run, or the caller's ``upper_dir`` (made
     if missing; a kept upper of an earlier run continues from where it was).
 
     On disk its files have the image's own ids (0 for files of the cell's
-    root): the layer is shown through an idmapped mount.
+    root): the layer is shown through an idmapped mount. With ``copy_from``
+    (no overlayfs on this host) it is a copy of the whole image instead
+    (``cp -a``: owners, modes, links, device nodes as nodes, never read),
+    shown as the root; an upper that holds anything already is used as it is.
 
     Raises:
         CellError: the directories cannot be made.
@@ -622,10 +639,27 @@ def make_upper(upper_dir: str | None) -> Upper:
             os.makedirs(upper, mode=0o755, exist_ok=True)
             base = os.path.dirname(upper)
             keep = True
-        work = os.path.join(base, f".{os.path.basename(upper)}.work-{os.urandom(4).hex()}")
-        os.mkdir(work, 0o700)
+        work = ""
+        if copy_from is None:
+            work = os.path.join(base, f".{os.path.basename(upper)}.work-{os.urandom(4).hex()}")
+            os.mkdir(work, 0o700)
         for path in (upper, work):
-            os.chown(path, 0, 0)  # the image's root, through the idmapped mount
+            if path:
+                os.chown(path, 0, 0)  # the image's root, through the idmapped mount
+        if copy_from is not None and not os.listdir(upper):
+            import subprocess
+
+            done = subprocess.run(
+                ["cp", "-a", "--reflink=auto", "--", os.path.join(copy_from, "."), upper],
+                capture_output=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise CellError(
+                    f"cannot copy the image {copy_from!r} into {upper!r}: "
+                    f"{done.stderr.decode(errors='replace').strip()[:300]}; "
+                    "free some disk, or see `stockade doctor`"
+                )
     except OSError as exc:
         raise CellError(
             f"cannot make the upper layer {upper_dir or UPPERS_ROOT!r}: {exc.strerror}; "
@@ -668,7 +702,8 @@ def finish_upper(upper: Upper, plan: CellPlan) -> None:
     if not upper.keep:
         _discard(upper.base)
         return
-    shutil.rmtree(upper.work, ignore_errors=True)
+    if upper.work:
+        shutil.rmtree(upper.work, ignore_errors=True)
     points = sorted({op.dst for op in plan.mounts if op.dst != "/"}, key=len, reverse=True)
     for point in points:
         path = point
@@ -749,6 +784,7 @@ __all__ = [
     "Upper",
     "check_upper",
     "finish_upper",
+    "layers",
     "make_upper",
     "plan_workbench",
     "range_userns",
