@@ -324,3 +324,19 @@ def test_export_mistakes_are_messages_with_their_codes(
     code, _, err = cli(capsys, "export", "--out", str(tmp_path / "no" / "f"), "--db", db)
     assert code == ExitCode.USAGE and "does not exist; create it first" in err
     assert "Traceback" not in err
+
+
+def test_a_state_directory_made_beforehand_becomes_owner_only(tmp_path: Path) -> None:
+    state = tmp_path / "made-before"
+    state.mkdir(mode=0o755)
+    os.chmod(state, 0o755)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # sticky, as /tmp: never tightened
+    for where, expected in ((state, 0o700), (shared, 0o1777)):
+        dt = DaemonThread(state=str(where), socket_path=str(tmp_path / f"{where.name}.sock"))
+        dt.start()
+        try:
+            assert (os.stat(where).st_mode & 0o7777) == expected
+        finally:
+            dt.stop()
