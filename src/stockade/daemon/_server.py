@@ -234,6 +234,7 @@ class Daemon:
     def _take_state_dir(self) -> None:
         try:
             os.makedirs(self.state, mode=0o700, exist_ok=True)
+            _owner_only(self.state)
             os.makedirs(_paths.runs_dir(self.state), mode=0o700, exist_ok=True)
             fd = os.open(
                 os.path.join(self.state, "daemon.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
@@ -745,6 +746,20 @@ class DaemonThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _owner_only(path: str) -> None:
+    """Make a state directory made beforehand (``mkdir /var/lib/stockade``, mode
+    0755) 0700, as docs/DAEMON.md says it is: the record names the operator's
+    files. Only one of ours, and never a shared one (sticky, as /tmp) or /."""
+    info = os.stat(path)
+    if (
+        info.st_mode & 0o077
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & stat.S_ISVTX
+        and os.path.realpath(path) not in ("/", os.path.realpath(os.path.expanduser("~")))
+    ):
+        os.chmod(path, 0o700)
 
 
 __all__ = [
