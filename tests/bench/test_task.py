@@ -150,3 +150,9 @@ def test_the_in_tree_tasks_validate() -> None:
     tasks, problems = validate_tasks(paths)
     assert problems == [] and len(tasks) == 12
     assert all(t.stockade.expect.solver for t in tasks)
+
+
+def test_a_multi_step_task_is_refused_by_name(tmp_path: Path) -> None:
+    root = make(tmp_path, '[[steps]]\nname = "one"\n\n[[steps]]\nname = "two"\n')
+    with pytest.raises(TaskError, match=r"task.toml:1: the task has \[\[steps\]\]"):
+        load_task(root)

@@ -469,6 +469,12 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         what = re.sub(r" \(at line.*", "", str(exc))
         raise TaskError([f"{config}:{where}: not TOML: {what}; fix the syntax"]) from exc
     check = _Checker(config, text)
+    if data.get("steps"):
+        check.fail(
+            ("steps",),
+            "the task has [[steps]] (a multi-step Harbor task), which stockade bench does not run yet; "
+            "give it as one task per step",
+        )
     task_table = check.table(data, "task")
     name = task_table.get("name") if task_table else None
     if name is not None and (
