@@ -856,6 +856,8 @@ def _idmaps(plan: CellPlan, made: list[int] | None = None) -> tuple[tuple[int, i
     out: list[tuple[int, int, int]] = []
     for uid, gid in owners.items():
         if plan.id_range:
+            if made is None:
+                raise ValueError("a workbench's idmaps are the caller's to close: pass made")
             fd = userns_with_maps(f"{uid} {plan.host_uid} 1\n", f"{gid} {plan.host_gid} 1\n")
             made.append(fd)
         else:
@@ -864,8 +866,6 @@ def _idmaps(plan: CellPlan, made: list[int] | None = None) -> tuple[tuple[int, i
     return tuple(out)
 
 
-            if made is None:
-                raise ValueError("a workbench's idmaps are the caller's to close: pass made")
 _CAP_LAST: int | None = None
 
 
