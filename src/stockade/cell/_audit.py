@@ -104,6 +104,11 @@ BLIND: Final = (
     "Kubernetes hostNetwork: true), see `stockade doctor` and docs/RECIPES.md, or choose to run "
     "without kernel refusal records (`stockade exec --without-kernel-records`)"
 )
+RULE_ATTEMPTS: Final = 4
+"""How many times the reader sends an audit rule whose ack does not come
+(waiting 1, 2, 3 and 4 times ``timeout``): under load an ack can be late, or
+lost when the socket overruns, and a rule missing would leave a layer of
+every cell's record out."""
 _MOUNT_KEY: Final = KEY_FIELD.encode()
 _INTERESTING: Final = frozenset({1107, 1300, 1302, 1307, 1320, 1326, 1423, 1424})
 _FIX = (
@@ -333,6 +338,8 @@ class AuditReader:
                     backlog_limit,
                 )
 
+        self.rule_retries = 0
+        """Rules whose ack did not come in time and that were sent again."""
         self.mount_rules_error: str | None = None
         """Why the rules that record refusals of read-only mounts could not be
         added (``_audit_mount``); None when they are in place. They stay when
@@ -341,10 +348,7 @@ class AuditReader:
         decoy = ensure_proc_decoy()
         if decoy is not None:  # the host files of a cell's /proc (PROC_DECOY)
             payloads.append(decoy_rule(decoy.st_ino, decoy.st_dev))
-        for payload in payloads:
-            reply = self._request(AUDIT_ADD_RULE, payload, timeout, reply=False)
-            if reply.error and reply.error != errno.EEXIST and self.mount_rules_error is None:
-                self.mount_rules_error = os.strerror(reply.error)
+        self.mount_rules_error = self._add_rules(payloads, timeout)
         if self.mount_rules_error is not None:
             # Not fatal: Landlock and seccomp are still recorded; every cell's
             # record says what it lacks (``cell.audit_lost``, reason "rules").
@@ -355,6 +359,37 @@ class AuditReader:
                 "writes to protected files will be refused but not recorded",
                 why,
             )
+
+    def _add_rules(self, payloads: list[bytes], timeout: float) -> str | None:
+        """Add the kernel audit rules, all at once, and wait for their acks;
+        returns why they could not all be added (None: they are in place).
+
+        A rule that is already there answers ``EEXIST``, so a retry is safe:
+        an ack that does not come in time (a busy host, or an ack dropped with
+        records when the socket overran: acks and records share it) is asked
+        for again, up to ``RULE_ATTEMPTS`` times with a longer wait each time,
+        rather than leaving the cells of this process without that layer of
+        their record. An error the kernel gives (``EPERM``, a locked
+        configuration) is final."""
+        pending = payloads
+        error: str | None = None
+        for attempt in range(1, RULE_ATTEMPTS + 1):
+            # Sent before any ack is awaited: one round trip for all of them.
+            sent = [(payload, self._send(AUDIT_ADD_RULE, payload)) for payload in pending]
+            deadline = time.monotonic() + timeout * attempt
+            late: list[bytes] = []
+            for payload, waiter in sent:
+                if not self._wait(waiter.done, deadline):
+                    late.append(payload)
+                elif waiter.error and waiter.error != errno.EEXIST and error is None:
+                    error = os.strerror(waiter.error)
+            with self._lock:
+                self._forget(*(waiter for _, waiter in sent))
+            if not late:
+                return error
+            self.rule_retries += len(late)
+            pending = late
+        return error or f"{os.strerror(errno.ETIMEDOUT)}, {RULE_ATTEMPTS} times"
 
     def _set(self, mask: int, *, timeout: float, enabled: int = 0, backlog_limit: int = 0) -> _Waiter:
         """AUDIT_SET one field of ``struct audit_status`` (the others are ignored by mask)."""

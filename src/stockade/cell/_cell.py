@@ -158,6 +158,7 @@ class _LiveEvents:
 
 
 _shared_audit: AuditReader | None = None
+_shared_audit_lock = threading.Lock()
 
 
 def shared_audit_reader() -> AuditReader:
@@ -168,7 +169,14 @@ def shared_audit_reader() -> AuditReader:
             audit support); kernel refusals could not become events.
     """
     global _shared_audit
-    if _shared_audit is None:
+    if _shared_audit is not None:
+        return _shared_audit
+    # One reader, whoever asks first: a hundred cells started at once from
+    # as many threads each opened a reader of their own, and their rule
+    # requests, waited for side by side under load, timed out (issue 18).
+    with _shared_audit_lock:
+        if _shared_audit is not None:
+            return _shared_audit
         import sys
 
         from stockade.cell._audit import AuditReader

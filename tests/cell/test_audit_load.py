@@ -1,0 +1,100 @@
+"""The audit reader's start under load: its rules are never silently missing.
+
+Seen before (issue 18): a hundred ``Cell`` objects run at once from one
+process each opened an audit reader of their own, and forty of them started
+with "cannot add the kernel audit rules that record refusals of read-only
+mounts (Connection timed out)": their protected-file refusals would have gone
+unrecorded. Now the process has one reader whoever asks first, and a rule
+whose ack does not come is sent again.
+
+Needs root and kernel audit; a host without them skips, naming what it lacks.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stockade.cell._audit import AUDIT_ADD_RULE, RULE_ATTEMPTS, AuditReader, _Waiter
+from stockade.cell._audit_mount import rule_payloads
+
+_LACKS = (
+    "root (CAP_AUDIT_READ, CAP_AUDIT_CONTROL)"
+    if os.geteuid() != 0
+    else None
+    if os.path.exists("/proc/self/loginuid")
+    else "kernel audit (CONFIG_AUDIT, /proc/self/loginuid)"
+)
+pytestmark = pytest.mark.skipif(_LACKS is not None, reason=f"host lacks {_LACKS}")
+
+
+class _LosesAcks(AuditReader):
+    """A reader whose first ``lose`` rule requests never reach the kernel, as
+    an ack lost in an overrun or one that comes too late looks to the reader."""
+
+    lose = 0
+    lost = 0
+
+    def _send(
+        self, msg_type: int, payload: bytes, *, reply: bool = False, linked: _Waiter | None = None
+    ) -> _Waiter:
+        if msg_type == AUDIT_ADD_RULE and type(self).lost < type(self).lose:
+            type(self).lost += 1
+            with self._lock:
+                self._seq += 1
+                waiter = self._waiters[self._seq] = _Waiter(reply=reply, linked=linked)
+            return waiter  # never sent: its ack never comes
+        return super()._send(msg_type, payload, reply=reply, linked=linked)
+
+
+def test_a_rule_whose_ack_does_not_come_is_sent_again() -> None:
+    rules = len(rule_payloads())
+    _LosesAcks.lose, _LosesAcks.lost = rules, 0
+    reader = _LosesAcks(timeout=0.3)
+    try:
+        assert _LosesAcks.lost == rules  # the first round was lost, all of it
+        assert reader.rule_retries >= rules
+        assert reader.mount_rules_error is None, reader.mount_rules_error
+    finally:
+        reader.close()
+
+
+def test_a_rule_lost_every_time_is_said_not_hidden() -> None:
+    """The control: when no attempt gets through, the reader says so (and
+    every cell's record then carries ``cell.audit_lost``, reason "rules")."""
+    _LosesAcks.lose, _LosesAcks.lost = 10_000, 0
+    reader = _LosesAcks(timeout=0.05)
+    try:
+        assert reader.mount_rules_error is not None
+        assert f"{RULE_ATTEMPTS} times" in reader.mount_rules_error
+        assert reader._core.mount_rules_missing == reader.mount_rules_error
+    finally:
+        reader.close()
+        _LosesAcks.lose = 0
+
+
+_MANY_AT_ONCE = """
+import threading
+from stockade.cell._cell import shared_audit_reader
+start = threading.Barrier(40)
+got = []
+def ask():
+    start.wait()
+    got.append(shared_audit_reader())
+threads = [threading.Thread(target=ask) for _ in range(40)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(len(got), len({id(r) for r in got}), got[0].mount_rules_error)
+"""
+
+
+def test_cells_started_together_share_one_reader_with_its_rules() -> None:
+    """Forty threads of a fresh process ask for the reader at the same moment
+    (as forty ``Cell.run`` calls do): one reader is made, with its rules."""
+    out = subprocess.run(
+        [sys.executable, "-c", _MANY_AT_ONCE], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    assert out == ["40", "1", "None"], out
