@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,23 @@ FLOOD_AGENT = textwrap.dedent(
                 got = read_frame(s)
                 key = "ok" if got.get("ok") else got["error"]["code"]
                 out[key] = out.get(key, 0) + 1
+            s.close()
+        elif op == "proxy":  # many connections to the cell's gateway, held open
+            from urllib.parse import urlsplit
+            import select as sel
+            where = urlsplit(os.environ["HTTP_PROXY"])
+            held = [socket.create_connection((where.hostname, where.port)) for _ in range(step["n"])]
+            last = held[-1].recv(64).decode(errors="replace").split("\\r\\n")[0] or "closed"
+            first = "open" if not sel.select([held[0]], [], [], 0)[0] else "answered"
+            out = {"first": first, "last": last}
+            plan.append({"op": "close", "socks": held})
+        elif op == "timed":  # one intent, and how long its answer took
+            import time
+            s = connect()
+            start = time.monotonic()
+            s.sendall(intent(n, step["intent"], step["args"]))
+            got = read_frame(s)
+            out = {"ok": bool(got.get("ok")), "seconds": time.monotonic() - start}
             s.close()
         elif op == "llm":  # many connections to the cell's LLM endpoint, held open
             from urllib.parse import urlsplit
@@ -341,6 +359,48 @@ def test_at_the_descriptor_reserve_cells_are_refused_and_the_operator_is_not(
         if e["kind"] == "connection.refused"
     ]
     assert [(e["layer"], e["detail"]["count"]) for e in refusals] == [("broker", 1)]
+
+
+def test_a_connection_flood_on_the_gateway_is_refused_counted_and_others_keep_their_latency(
+    tmp_path: Path,
+) -> None:
+    """Past its 1,024 gateway connections a run's new ones get 503: one
+    ``connection.refused`` event, each refusal a denial of that run; another
+    run's intent answers about as fast during the flood as before it."""
+    fifo = workspace(tmp_path, "ws-proxy") / "hold"
+    os.mkfifo(fifo, 0o666)
+    flood = [{"op": "proxy", "n": 1024 + 4}, {"op": "block", "fifo": str(fifo)}]
+    flooder = flood_policy(tmp_path, flood, name="proxy", limits={"denials": 100})
+    granted = tmp_path / "granted"
+    timed = {"op": "timed", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+    tools = [{"id": "read", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}}]
+    before = flood_policy(tmp_path, [timed, timed, timed], name="before", tools=tools)
+    during = flood_policy(tmp_path, [timed, timed, timed], name="during", tools=tools)
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        _info, base = run_to_end(wire, events, before)
+        held = wire.call("run.start", {"policy_path": str(flooder), "detach": True})
+        seen = wait_output(dt.socket_path, held["id"], '"blocking"')  # the flood is held open
+        got = json.loads(seen.splitlines()[0])["out"]
+        assert got == {"first": "open", "last": "HTTP/1.1 503 Service Unavailable"}, got
+        refused = events.until(kind_is("connection.refused", held["id"]))[-1]["event"]
+        assert refused["layer"] == "gateway" and refused["detail"]["count"] == 1
+        _info, lines = run_to_end(wire, events, during)
+        assert wire.call("status")["pid"] == os.getpid()
+        ps = next(r for r in wire.call("run.list")["runs"] if r["id"] == held["id"])
+        assert ps["denials"] == 4, ps  # each refused connection, the run's own doing
+        release(fifo)
+        events.until(kind_is("run.end", held["id"]))
+    assert all(x["out"]["ok"] for x in base + lines)
+    calm = statistics.median(x["out"]["seconds"] for x in base)
+    flooded = statistics.median(x["out"]["seconds"] for x in lines)
+    # Compared with the same run's figure before the flood; the bound is generous
+    # (a shared 2-core machine), a starved daemon would take seconds.
+    assert flooded <= max(50 * calm, 2.0), (calm, flooded)
+    stored = _stored(str(tmp_path / "state" / "events.db"), held["id"])
+    counts = [e["detail"]["count"] for e in stored if e["kind"] == "connection.refused"]
+    assert counts == [1, 3], "the refusals after the first were not counted into the record"
 
 
 def test_a_connection_flood_on_the_llm_endpoint_is_refused_while_others_are_served(tmp_path: Path) -> None:
