@@ -70,6 +70,8 @@ class ProctorConfig:
     work: Path | None = None
     """Where workbenches are made (default: a fresh directory under the system's temp dir)."""
     keep_work: bool = False
+    state: str | None = None
+    """The state directory whose image store holds the tasks' images (the daemon's)."""
     broker: bool = True
     """The tool loop in a cell of its own, acting on the workbench only through the
     broker (``exec`` intents in a session the proctor opens for its run); False:
@@ -252,7 +254,7 @@ class Trial:
 
         ref = self.task.environment.docker_image or self.task.name
         try:
-            image = default_store().get(ref)
+            image = default_store(self.config.state).get(ref)
         except ImageError as exc:
             self.record["status"] = "invalid"
             self.record["invalid"] = (

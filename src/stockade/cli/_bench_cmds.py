@@ -171,6 +171,7 @@ def run_cmd(
         llm_url=llm_url,
         llm_key_env=llm_key_env,
         broker=not in_workbench,
+        state=state_dir,
     )
     console = Console(stderr=True)
     try:
