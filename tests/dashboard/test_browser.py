@@ -478,3 +478,17 @@ def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> Non
         sock.close()
     assert "error" not in result, result.get("error")
     assert result["report"].contained
+    # The demo's run directory replays: its record verifies, its transcript is there.
+    replay = load_replay(tmp_path / "demo")
+    [replayed] = _sync(replay.runs())
+    assert replayed["state"] == "halted" and replayed["tripwire"] == 35
+    assert _sync(replay.verify(replayed["id"]))["ok"]
+    assert '"tool"' in _sync(replay.transcript(replayed["id"]))["text"]
+
+
+def _sync(coro: Any) -> Any:
+    """``asyncio.run`` in a thread of its own: Playwright's loop runs in this one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result(30)
