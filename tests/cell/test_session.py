@@ -280,8 +280,10 @@ def test_a_session_over_an_image_keeps_its_state_and_changes_users() -> None:
         s.exec(["sh", "-c", "echo installed > /etc/tool.conf; mkdir -p /srv && chown 1234 /srv"])
         assert s.read_file("/etc/tool.conf") == b"installed\n"  # the image's /, written by an earlier call
         s.write_file("/srv/mine", b"of 1234", user=1234, mode=0o600)
-        who = s.exec(["sh", "-c", "id -u; stat -c %u /srv/mine; cat /srv/mine"], user=1234)
-        assert who.stdout == b"1234\n1234\nof 1234", who
+        who = s.exec(["sh", "-c", "id -u; stat -c %u /srv/mine; cat /srv/mine"], user="builder")
+        assert who.stdout == b"1234\n1234\nof 1234", who  # a name of the image's /etc/passwd
+        with pytest.raises(UsageError, match="not in the image"):
+            s.exec(["id"], user="nosuchuser")
         with pytest.raises(PermissionError):
             s.write_file("/etc/tool.conf", b"x", user=1234)  # root's file, as 1234: what it means inside
         with pytest.raises(PermissionError):

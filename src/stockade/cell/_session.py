@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from stockade.cell._cell import Cell, CellResult, EventSink
-from stockade.errors import CellError, UsageError
+from stockade.errors import CellError, PolicyError, UsageError
 from stockade.policy import Policy
 from stockade.record import Event
 
@@ -497,13 +497,24 @@ class Session:
         if user is None:
             return self._uid, self._gid
         uid: int | None = None
-        if isinstance(user, int) and not isinstance(user, bool):
+        gid: int | None = None
+        image = getattr(self._cell, "image", None)
+        if image is not None and isinstance(user, str | int) and not isinstance(user, bool):
+            # A name (or a uid and its group) as the image's /etc/passwd says.
+            from stockade.cell._workbench import resolve_user
+
+            try:
+                found = resolve_user(str(user), image.rootfs)
+                uid, gid = found.uid, found.gid
+            except PolicyError as exc:
+                raise UsageError(f"user {user!r} of session {self.session_id}: {exc}") from None
+        elif isinstance(user, int) and not isinstance(user, bool):
             uid = user
         elif isinstance(user, str) and user.isdigit():
             uid = int(user)
         elif isinstance(user, str) and user == "root":
             uid = 0
-        elif isinstance(user, str) and user in ("agent", os.environ.get("USER_IN_CELL", "agent")):
+        elif isinstance(user, str) and user == "agent":
             uid = 1000
         if uid is None or not 0 <= uid < 2**32 - 1:
             raise UsageError(
@@ -517,7 +528,7 @@ class Session:
                 f"user {user!r} is not the cell's own user ({self._uid}), and only a root workbench "
                 "(policy `user: root`) may run a call as another; leave user out"
             )
-        return uid, uid
+        return uid, uid if gid is None else gid
 
     def _timeout(self, timeout: float | None) -> float | None:
         if timeout is None:
