@@ -291,3 +291,24 @@ def test_a_session_over_an_image_keeps_its_state_and_changes_users() -> None:
         assert s.read_file("/srv/mine") == b"of 1234"  # control: root reads it
     result = s.close()
     assert result.exit_code == 0
+
+
+def test_close_while_a_call_is_in_flight_ends_it(tmp_path: Path) -> None:
+    s = Session(workspace=tmp_path).start()
+    s.exec(["mkfifo", "started"])
+    failures: list[BaseException] = []
+
+    def long_call() -> None:
+        try:
+            s.exec(["sh", "-c", "echo > started; exec sleep 300"], timeout=300)
+        except CellError as exc:
+            failures.append(exc)
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    assert s.read_file("started") == b"\n"  # the call is running (the fifo's reader waits for it)
+    result = s.close()
+    caller.join(30)
+    assert not caller.is_alive()
+    assert failures and "ended during call" in str(failures[0])
+    assert result.exit_code == 0
