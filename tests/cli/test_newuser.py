@@ -263,3 +263,53 @@ def test_the_readmes_agent_yaml_rule_can_be_honoured(
     file = tmp_path / "agent.yaml"
     file.write_text("# agent.yaml:" + block)
     assert not [w for w in warnings_of(capsys, file) if "tools rule" in w]
+
+
+def test_piped_output_is_not_cut_at_80_columns() -> None:
+    import subprocess
+    import sys
+
+    stockade_bin = os.path.join(os.path.dirname(sys.executable), "stockade")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run(
+        [stockade_bin, "doctor"], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert "…" not in done.stdout
+    assert "LANDLOCK_ACCESS_FS_REFER" in done.stdout  # cut to "LANDLOCK_ACCESS_FS_REF…" before
+    assert max(len(line) for line in done.stdout.splitlines()) > 80
+
+
+def test_demo_at_a_dead_model_says_it_is_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as holder:  # a loopback port with nothing listening on it
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        code, out, err = cli(capsys, "demo", "--model-url", f"http://127.0.0.1:{port}/v1")
+    assert code == ExitCode.HOST
+    assert out == ""
+    assert err.startswith(f"stockade: the model at http://127.0.0.1:{port}/v1 is unreachable")
+    assert "Traceback" not in err and "NOT CONTAINED" not in err
+
+
+def test_the_demo_relay_answers_a_dead_model_with_a_502_not_a_traceback() -> None:
+    import asyncio
+    import socket
+
+    import httpx
+
+    from stockade.demo._relay import relay_app
+
+    async def ask(app: object) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://relay") as client:
+            answer = await client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        await app.state.aclose()  # type: ignore[attr-defined]
+        return answer
+
+    with socket.socket() as holder:  # a loopback port with nothing listening on it
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        answer = asyncio.run(ask(relay_app(f"http://127.0.0.1:{port}/v1")))
+    assert answer.status_code == 502
+    assert answer.json()["error"]["type"] == "model_unreachable"

@@ -120,6 +120,8 @@ def demo(
         raise click.UsageError("--model and --model-key-env go with --model-url; give the endpoint's URL")
     if model_key_env is not None and not os.environ.get(model_key_env):
         raise click.UsageError(f"--model-key-env names {model_key_env}, which is not set; export it first")
+    if model_url is not None:
+        _reachable(model_url)
     options = DemoOptions(out_dir=out_dir, model_url=model_url, model=model, model_key_env=model_key_env)
     hooks: dict[str, Any] = {}
     if with_dashboard:
@@ -139,10 +141,35 @@ def demo(
         raise click.exceptions.Exit(1)
 
 
-def _console(no_color: bool) -> Console:
-    from rich.console import Console
+def _reachable(url: str) -> None:
+    """Refuse to start against a model that does not answer at all: the run
+    would only show a task not done (and read as 'NOT CONTAINED').
 
-    return Console(highlight=False, no_color=no_color or None, emoji=False)
+    Any HTTP answer (even 404 or 401) counts; only a transport failure does not.
+
+    Raises:
+        HostError: nothing answers at ``url``.
+    """
+    import httpx
+
+    from stockade.errors import HostError
+
+    try:
+        with httpx.Client(timeout=httpx.Timeout(10.0), trust_env=False) as client:
+            client.get(url.rstrip("/") + "/models")
+    except httpx.HTTPError as exc:
+        raise HostError(
+            f"the model at {url} is unreachable ({exc or type(exc).__name__}); start it, "
+            "fix --model-url, or leave it out for the demo's scripted model",
+            feature="model",
+        ) from None
+
+
+def _console(no_color: bool) -> Console:
+    from stockade.cli._style import console
+
+    made: Console = console(highlight=False, no_color=no_color or None, emoji=False)
+    return made
 
 
 class _View:
@@ -194,7 +221,7 @@ class _View:
         if call.category != self.category:
             self.category = call.category
             c.print()
-            c.rule(f"[bold]{_CATEGORIES.get(call.category, call.category)}", align="left")
+            self._rule(f"[bold]{_CATEGORIES.get(call.category, call.category)}")
         live = call.verdict
         if call.category == "kernel" and live == "unrecorded":
             live = "refused"  # the kernel's record may come a moment after the call
@@ -208,10 +235,18 @@ class _View:
             self._body(_stopped_by(call))
         self._flush()
 
+    def _rule(self, title: str) -> None:
+        from rich.rule import Rule
+
+        # Piped, the console is wide so that nothing is cut; a rule as wide as
+        # that would be noise in a pager: 80 columns, as on a terminal.
+        width = None if self.console.is_terminal else 80
+        self.console.print(Rule(title, align="left"), width=width)
+
     def _body(self, text: str) -> None:
         from rich.table import Table
 
-        body = Table.grid(padding=(0, 1), expand=True)
+        body = Table.grid(padding=(0, 1), expand=self.console.is_terminal)
         body.add_column(width=9, no_wrap=True)
         body.add_column(ratio=1)
         body.add_row("", text)
@@ -221,7 +256,7 @@ class _View:
         from rich.table import Table
 
         style = _STYLE[verdict]
-        head = Table.grid(padding=(0, 1), expand=True)
+        head = Table.grid(padding=(0, 1), expand=self.console.is_terminal)
         head.add_column(width=9, no_wrap=True)
         head.add_column(ratio=3)
         head.add_column(ratio=2, justify="right", style="dim", overflow="ellipsis", no_wrap=True)
@@ -255,7 +290,7 @@ class _View:
         kernel = [x for x in calls if x.category == "kernel"]
         if kernel:
             c.print()
-            c.rule("[bold]The kernel's own records, read from the audit log", align="left")
+            self._rule("[bold]The kernel's own records, read from the audit log")
             for call in kernel:
                 self._line(call, call.verdict)
                 self._body(_stopped_by(call))

@@ -162,9 +162,9 @@ def _wants_network(policy: Policy) -> bool:
 
 
 def _print_gateway(policy: Policy, gateway: list[GatewayCheck]) -> None:
-    from rich.console import Console
+    from stockade.cli._style import console as wide_console
 
-    console = Console(highlight=False)
+    console = wide_console(highlight=False)
     rows = [(c.ok, c.needed, c.name, c.here, c.fix) for c in gateway]
     console.print(_checks_table("What the gateway needs (docs/GATEWAY.md)", rows))
     if _wants_network(policy) and any(c.needed and not c.ok for c in gateway):
@@ -174,9 +174,9 @@ def _print_gateway(policy: Policy, gateway: list[GatewayCheck]) -> None:
 
 
 def _print_record(record: list[RecordCheck]) -> None:
-    from rich.console import Console
+    from stockade.cli._style import console as wide_console
 
-    console = Console(highlight=False)
+    console = wide_console(highlight=False)
     rows = [(c.ok, True, c.name, c.here, c.fix) for c in record]
     console.print(_checks_table("What the record needs (docs/RECORD.md)", rows))
     if any(not c.ok for c in record):
@@ -186,9 +186,9 @@ def _print_record(record: list[RecordCheck]) -> None:
 
 
 def _print_self_test(self_test: SelfTest) -> None:
-    from rich.console import Console
+    from stockade.cli._style import console as wide_console
 
-    console = Console(highlight=False)
+    console = wide_console(highlight=False)
     row = (self_test.ok, True, "kernel refusals reach the record", self_test.here, self_test.fix)
     console.print(_checks_table("Self-test: a refusal that must come back (docs/DOCTOR.md)", [row]))
     if not self_test.ok:
@@ -326,10 +326,11 @@ def layers(facts: HostFacts) -> list[tuple[str, str, str, str | None]]:
 
 
 def _print_tables(facts: HostFacts, policy: Policy, findings: list[Finding]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    from stockade.cli._style import console as wide_console
+
+    console = wide_console(highlight=False)
     host = Table(title="What this host offers", title_justify="left", show_lines=False)
     host.add_column("layer", style="bold")
     host.add_column("here")

@@ -122,6 +122,24 @@ def click_error_line(exc: click.ClickException) -> str:
     return error_line(message)
 
 
+PIPED_WIDTH = 400
+"""Columns when stdout is a file or a pipe: wide enough that nothing is cut
+(rich's default of 80 cut `doctor > f` and `demo | less` with '…')."""
+
+
+def console(**kwargs: Any) -> Any:
+    """A rich ``Console`` that cuts nothing when its output is not a terminal
+    (``$COLUMNS``, when set, still wins)."""
+    import os
+
+    from rich.console import Console
+
+    made = Console(**kwargs)
+    if not made.is_terminal and not os.environ.get("COLUMNS"):
+        made.width = PIPED_WIDTH
+    return made
+
+
 class Duration(click.ParamType[float, Any]):
     """A duration flag in the policy's grammar (``90``, ``30s``, ``5m``, ``1h30m``),
     as seconds, with bounds said in words."""
@@ -156,10 +174,12 @@ class Duration(click.ParamType[float, Any]):
 
 
 __all__ = [
+    "PIPED_WIDTH",
     "PREFIX",
     "Duration",
     "click_error_line",
     "click_message",
+    "console",
     "echo_error",
     "error_line",
     "usage_line",
