@@ -24,7 +24,7 @@ def relay_app(base_url: str) -> Any:
     from starlette.applications import Starlette
     from starlette.background import BackgroundTask
     from starlette.requests import Request
-    from starlette.responses import StreamingResponse
+    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     base = base_url.rstrip("/")
@@ -36,7 +36,15 @@ def relay_app(base_url: str) -> Any:
         url = base + suffix + (f"?{request.url.query}" if request.url.query else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         upstream = client.build_request(request.method, url, headers=headers, content=await request.body())
-        response = await client.send(upstream, stream=True)
+        try:
+            response = await client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            # An answer the LLM endpoint passes on, not a traceback in the log.
+            message = f"the model at {base} is unreachable: {exc or type(exc).__name__}"
+            return JSONResponse(  # type: ignore[return-value]
+                {"error": {"message": message, "type": "model_unreachable", "code": "model_unreachable"}},
+                status_code=502,
+            )
 
         async def body() -> AsyncIterator[bytes]:
             async for chunk in response.aiter_raw():
