@@ -32,3 +32,15 @@ def test_repositories_are_found_nested_and_by_gitlink(tmp_path: Path) -> None:
     (tmp_path / "decoy" / ".git").mkdir(parents=True)
     found = find_repos(tmp_path, skip=[tmp_path / "decoy"])
     assert found == [tmp_path / "a", tmp_path / "a" / "vendor" / "b"]
+
+
+def test_a_copy_in_an_image_cannot_be_removed_and_fails(tmp_path: Path) -> None:
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_outputs.py").write_text("assert answer() == 42  # the hidden test\n")
+    rootfs = tmp_path / "rootfs" / "opt"
+    rootfs.mkdir(parents=True)
+    (rootfs / "leak.py").write_text("assert answer() == 42  # the hidden test\n")
+    findings = find_copies(tmp_path / "rootfs", [tests], remove=False)
+    assert [f.kind for f in findings] == ["failed"] and "in the image" in findings[0].detail
+    assert (rootfs / "leak.py").exists()

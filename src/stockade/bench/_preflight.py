@@ -14,7 +14,8 @@ filters of.
 
 Any file of the workbench with the content of a file of the task's ``tests/``
 or ``solution/`` (SHA-256, files of 32 bytes or more, so that an empty
-``__init__.py`` is no finding) is removed and recorded too.
+``__init__.py`` is no finding) is removed and recorded too. A task's image
+is searched as well; it cannot be changed, so a copy in it is ``failed``.
 """
 
 from __future__ import annotations
@@ -139,9 +140,16 @@ def _digests(dirs: Iterable[Path]) -> dict[str, str]:
     return found
 
 
-def find_copies(root: Path, answers: Iterable[Path], skip: Iterable[Path] = ()) -> list[Finding]:
-    """Files under ``root`` with the content of a file of ``answers`` (tests/, solution/); removed."""
+def find_copies(
+    root: Path, answers: Iterable[Path], skip: Iterable[Path] = (), *, remove: bool = True
+) -> list[Finding]:
+    """Files under ``root`` with the content of a file of ``answers`` (tests/, solution/).
+
+    Removed (``remove``), or, where they cannot be (an image's read-only
+    rootfs), each a ``failed`` finding. Only files of an answer's size are read."""
+    answers = tuple(answers)
     wanted = _digests(answers)
+    sizes = _sizes(answers)
     skipped = {p.resolve() for p in skip}
     findings = []
     for dirpath, dirnames, files in os.walk(root):
@@ -151,15 +159,30 @@ def find_copies(root: Path, answers: Iterable[Path], skip: Iterable[Path] = ()) 
         for name in files:
             path = Path(dirpath) / name
             try:
-                if path.is_symlink() or path.stat().st_size < MIN_COPY:
+                if path.is_symlink() or path.stat().st_size not in sizes:
                     continue
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
             except OSError:
                 continue
             if digest in wanted:
-                findings.append(Finding("copy", str(path), f"the content of the task's {wanted[digest]}"))
-                path.unlink()
+                what = f"the content of the task's {wanted[digest]}"
+                if remove:
+                    findings.append(Finding("copy", str(path), what))
+                    path.unlink()
+                else:
+                    findings.append(Finding("failed", str(path), f"{what}, in the image: rebuild it without"))
     return findings
+
+
+def _sizes(dirs: Iterable[Path]) -> set[int]:
+    found = set()
+    for top in dirs:
+        for dirpath, _dirs, files in os.walk(top):
+            for name in files:
+                size = (Path(dirpath) / name).stat().st_size
+                if size >= MIN_COPY:
+                    found.add(size)
+    return found
 
 
 def _git_dir(repo: Path) -> Path | None:
@@ -204,10 +227,18 @@ def remove_remotes(repo: Path, root: Path) -> list[Finding]:
     return findings
 
 
-def preflight(bench: Workbench, answers: Iterable[Path], skip: Iterable[Path] = ()) -> list[Finding]:
-    """Clean the workbench's repositories and remove copies of the answers; every finding."""
+def preflight(
+    bench: Workbench, answers: Iterable[Path], skip: Iterable[Path] = (), *, image_root: Path | None = None
+) -> list[Finding]:
+    """Clean the workbench's repositories and remove copies of the answers; every finding.
+
+    With ``image_root`` (the task's image), the image is searched for copies
+    too; it cannot be changed, so a copy there is a ``failed`` finding."""
     skip = tuple(skip)
+    answers = tuple(answers)
     findings = find_copies(bench.root, answers, skip)
+    if image_root is not None:
+        findings.extend(find_copies(image_root, answers, remove=False))
     repos = find_repos(bench.root, skip)
     for repo in repos:
         findings.extend(remove_remotes(repo, bench.root))

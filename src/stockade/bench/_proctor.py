@@ -433,7 +433,12 @@ class Trial:
                 self.record["invalid"] = f"the task's environment/setup.sh exited {code} (setup.txt)"
                 return
         self._phase("preflight")
-        findings = _preflight.preflight(bench, [task.tests_dir, task.solution_dir], skip=bench.decoys)
+        findings = _preflight.preflight(
+            bench,
+            [task.tests_dir, task.solution_dir],
+            skip=bench.decoys,
+            image_root=None if self.image is None else Path(self.image.rootfs),
+        )
         self.preflight = _preflight.summary(findings)
         write_json(self.bundle / "preflight.json", self.preflight)
         self.timings["prepare"] = time.monotonic() - t0
