@@ -18,6 +18,7 @@ from tests.daemon.test_server import (
     daemon_at,
     kind_is,
     release,
+    stored_events,
     wait_output,
     workspace,
 )
@@ -114,13 +115,22 @@ def test_a_helpers_processes_stop_at_what_the_root_left_of_its_limit(tmp_path: P
         assert family is not None
         pids_dirs = [p for p in family.paths if os.path.exists(f"{p}/pids.max")]
         assert pids_dirs and Path(f"{pids_dirs[0]}/pids.max").read_text().strip() == str(ROOT_PIDS)
+        events.until(kind_is("run.end", helper_id))  # the helper ends on its own, first
+        assert runs.runs[info["id"]].family_cgroup is not None, "the family outlives a helper"
         release(fifo)
         events.until(kind_is("run.end", info["id"]))
-        if runs.runs[helper_id].state in ("running", "stopping"):
-            events.until(kind_is("run.end", helper_id))
-        # The family's last run ended: its cgroup is gone.
+        # The family's last run ended: its cgroup is gone, and the root's
+        # record says the family (not a cell) was held to its limit.
         assert runs.runs[info["id"]].family_cgroup is None
         assert not any(os.path.exists(p) for p in pids_dirs)
+        limits = [e["event"] for e in stored_events(wire, info["id"]) if e["event"]["kind"] == "cell.limit"]
+        theirs = [e["event"] for e in stored_events(wire, helper_id) if e["event"]["kind"] == "cell.limit"]
+        assert [e["summary"] for e in theirs] == [
+            f"process limit of its run's family (this cell held fewer than its own {HELPER_PIDS}) "
+            "reached: fork refused"
+        ]
+        assert [(e["layer"], e["detail"]) for e in limits] == [("cgroup", {"family": info["id"]})]
+        assert f"process limit of {ROOT_PIDS} reached" in limits[0]["summary"]
 
 
 def _helper_id(seen: str) -> str:

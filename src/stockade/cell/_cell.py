@@ -563,9 +563,13 @@ class Cell:
             )
         if stats.pids_limit_hit:
             limits_hit.append("pids")
-            events.append(
-                _limit_event(cell_id, "cgroup", f"process limit of {limits.pids} reached: fork refused")
+            # Refused by its family's limit (cgroup_within), not its own: say whose.
+            whose = (
+                f"process limit of {limits.pids}"
+                if stats.pids_peak_at_max is not False
+                else f"process limit of its run's family (this cell held fewer than its own {limits.pids})"
             )
+            events.append(_limit_event(cell_id, "cgroup", f"{whose} reached: fork refused"))
         if truncated:
             limits_hit.append("output")
             events.append(_limit_event(cell_id, "cell", f"output past {limits.output} bytes dropped"))

@@ -232,6 +232,11 @@ class CgroupStats:
     """CPU time used by the cell's processes, in nanoseconds."""
     cpu_throttled: bool
     """The CPU quota throttled the cell at least once."""
+    pids_peak_at_max: bool | None = None
+    """The most processes the cell held at once reached its own ``pids.max``
+    (None: unknown, no ``pids.peak``). The kernel counts a refused fork in
+    the forking cell's ``pids.events`` whichever ancestor's limit refused it
+    (a family's: ``create(within=…)``); this tells whether it was its own."""
 
 
 def _missing(feature: str, what: str, lay: CgroupLayout, reason: str | None) -> HostError:
@@ -585,8 +590,13 @@ class CellCgroup:
         oom = pids_hit = throttled = False
         peak: int | None = None
         usage: int | None = None
+        at_max: bool | None = None
         for d in self._dirs:
             p = d.path
+            if "pids" in d.controllers:
+                pids_peak, pids_max = _try_int(f"{p}/pids.peak"), _try_int(f"{p}/pids.max")
+                if pids_peak is not None:
+                    at_max = pids_max is not None and pids_peak >= pids_max  # "max": no limit, int fails
             if d.version == 2:
                 cpu_stat = _try_read(f"{p}/cpu.stat")
                 if cpu_stat:
@@ -612,7 +622,7 @@ class CellCgroup:
                 throttled |= (_int_field(_try_read(f"{p}/cpu.stat"), "nr_throttled") or 0) > 0
                 if usage is None:  # cpu,cpuacct co-mounted
                     usage = _try_int(f"{p}/cpuacct.usage")
-        return CgroupStats(oom, pids_hit, peak, usage, throttled)
+        return CgroupStats(oom, pids_hit, peak, usage, throttled, at_max)
 
     # -- internals
 

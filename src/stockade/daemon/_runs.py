@@ -570,11 +570,13 @@ class Runs:
         family = [root, *self.agents.descendants(root)]
         if root.family_cgroup is not None and all(r is run or r.done.is_set() for r in family):
             # The family's last cell has ended: its cgroup goes before the end is recorded.
-            await asyncio.to_thread(_destroy_family, root)
+            family_limits = await asyncio.to_thread(_destroy_family, root)
+        else:
+            family_limits = []
         end = run_end_event(run, result.cell_id if result is not None else "")
         self._write_meta(run)
         with contextlib.suppress(StoreError):
-            ended = await self.recorder.record_soon([end])
+            ended = await self.recorder.record_soon([*family_limits, end])
             if ended:
                 # The run's bundle carries the head at its end, for
                 # `stockade verify --expect SEQ:HASH` later (docs/RECORD.md).
@@ -873,11 +875,35 @@ def _family_cgroup(run: Run) -> CellCgroup:
     return CellCgroup.create(f"{run.id}.family", run.policy.limits)
 
 
-def _destroy_family(run: Run) -> None:
+def _destroy_family(run: Run) -> list[Event]:
+    """Destroy a root run's family cgroup; a ``cell.limit`` event (of the
+    root run) for each of the family's limits the kernel enforced on the
+    family as a whole, which no cell's own counters show (the limit was the
+    family's, not the cell's)."""
     cgroup, run.family_cgroup = run.family_cgroup, None
-    if cgroup is not None:
-        with contextlib.suppress(CellError):  # the next start's sweep removes what is left
-            cgroup.destroy()
+    if cgroup is None:
+        return []
+    stats = cgroup.stats()
+    with contextlib.suppress(CellError):  # the next start's sweep removes what is left
+        cgroup.destroy()
+    limits = run.policy.limits
+    found = []
+    if stats.pids_peak_at_max:  # its cells' pids.events count the refused forks, not its own
+        found.append(f"process limit of {limits.pids} reached: a fork was refused")
+    if stats.oom_killed:
+        found.append(f"memory limit of {limits.memory} bytes reached: a process was killed")
+    return [
+        Event(
+            kind="cell.limit",
+            cell="",
+            layer="cgroup",
+            outcome="denied",
+            run=run.id,
+            summary=f"the family of run {run.id} (it and its helpers together, held to its limits): {what}",
+            detail={"family": run.id},
+        )
+        for what in found
+    ]
 
 
 def _shared_audit() -> AuditReader:
