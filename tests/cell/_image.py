@@ -56,6 +56,17 @@ PROGRAMS = (
     "dpkg-deb",
     "tar",
     "find",
+    "diff",
+    "ldconfig",
+    "ldconfig.real",
+    "start-stop-daemon",
+    "dpkg-query",
+    "dpkg-split",
+    "dpkg-divert",
+    "dpkg-trigger",
+    "dpkg-maintscript-helper",
+    "tail",
+    "sed",
 )
 """Host programs copied into the image (those the host has)."""
 
@@ -112,7 +123,7 @@ def build_rootfs() -> Path:
     binaries = [p for name in PROGRAMS if (p := shutil.which(name, path="/usr/bin:/usr/sbin:/bin:/sbin"))]
     binaries.append("/usr/bin/python3.11")
     binaries = [os.path.realpath(b) for b in binaries]
-    key = hashlib.sha256(("\n".join(sorted(binaries)) + PASSWD + GROUP + "v5").encode()).hexdigest()[:16]
+    key = hashlib.sha256(("\n".join(sorted(binaries)) + PASSWD + GROUP + "v6").encode()).hexdigest()[:16]
     done = ROOT / key / "rootfs"
     if done.is_dir():
         return done
@@ -195,7 +206,15 @@ def make_image(**config: object) -> Image:
         names=("stockade-test:latest",),
         rootfs=rootfs,
         config=ImageConfig(
-            env=tuple(config.get("env", ("PATH=/usr/local/bin:/usr/bin:/bin", "IMAGE_VAR=from-image"))),  # type: ignore[arg-type]
+            env=tuple(
+                config.get(
+                    "env",
+                    (
+                        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                        "IMAGE_VAR=from-image",
+                    ),
+                )
+            ),  # type: ignore[arg-type]
             workdir=str(config.get("workdir", "")),
             user=str(config.get("user", "")),
         ),

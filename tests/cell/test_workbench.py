@@ -228,3 +228,34 @@ def test_without_overlayfs_a_copy_of_the_image_is_the_root(monkeypatch: pytest.M
     assert (build_rootfs() / "opt/app/data.txt").read_text() == "image data\n"  # the image is untouched
     assert any("mount" in d for d in denials), denials
     assert code != 0
+
+
+def test_dpkg_installs_a_package_as_root_inside(tmp_path: Path) -> None:
+    # A package built here (dpkg-deb, no network): root of the workbench
+    # installs it into the image's view; the agent without user: root cannot.
+    import shutil
+    import subprocess
+
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("no dpkg-deb on this host to build the test package")
+    tree = tmp_path / "pkg"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN/control").write_text(
+        "Package: stockade-hello\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: t <t@example.invalid>\nDescription: a test package\n"
+    )
+    (tree / "usr/share/hello").mkdir(parents=True)
+    (tree / "usr/share/hello/greeting").write_text("hi\n")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-b", str(tree), str(workspace / "hello.deb")],
+        check=True,
+        capture_output=True,
+    )
+    script = f"dpkg -i {workspace}/hello.deb >/dev/null; echo rc=$?; stat -c %u /usr/share/hello/greeting"
+    code, out, err, _ = _run(_policy(user="root"), script, workspace=workspace)
+    assert code == 0 and out.split("\n")[:2] == ["rc=0", "0"], err
+    _code, out, err, _ = _run(_policy(), script, workspace=workspace)
+    assert out.startswith("rc=2"), (out, err)  # the agent: dpkg's lock and database are root's
+    assert not (build_rootfs() / "usr/share/hello").exists()
