@@ -21,7 +21,7 @@ XFAIL: dict[str, str] = {
     "test_exec_as_user": (
         "the default policy's cell is not a root workbench and shows the host's system "
         "directories read-only: `user='root'` is refused (SandboxUserUnsupportedError) and adduser "
-        "could not write /etc/passwd; it needs a policy with `image:` and `user: root`"
+        "could not write /etc/passwd; it needs an image and `user: root`"
     ),
 }
 """Checks this sandbox cannot pass with the default policy, and why."""
@@ -92,3 +92,24 @@ async def test_the_sample_record_lands_in_the_store(state_dir: Path) -> None:
         kinds = [s.event.kind for s in store.query(run=report["run"])]
     assert kinds[0] == "harness.sample.start" and kinds[-1] == "harness.sample.end"
     assert "session.exec" in kinds and len(kinds) == report["events"]
+
+
+async def test_an_image_of_the_state_is_the_samples_root(tmp_path: Path) -> None:
+    # The policy's `image:` is looked up in the store of the config's state
+    # directory, the one the record goes to; the image's own /etc is seen.
+    from tests.harness._image import store_image
+
+    name = store_image(tmp_path)
+    policy = tmp_path / "image.yaml"
+    policy.write_text(f"name: image\nimage: {name}\nuser: root\n")
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    config = sandbox_type.config_deserialize({"state": str(tmp_path), "policy": str(policy)})
+    envs = await sandbox_type.sample_init("image", config, {})
+    try:
+        env = envs["default"]
+        assert (await env.exec(["id", "-u"])).stdout == "0\n"
+        passwd = await env.read_file("/etc/passwd")
+        assert passwd.startswith("root:x:0:0:root:/root:/bin/sh\nnobody:")  # the image's, not the host's
+        assert (await env.exec(["ls", "/usr/sbin/adduser"])).success
+    finally:
+        await sandbox_type.sample_cleanup("image", config, envs, False)

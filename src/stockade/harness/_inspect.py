@@ -176,7 +176,7 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
             image=policy.image,
         )
         workbench = await _in_thread(
-            lambda: open_workbench(policy, run_id=record.run_id, on_event=record.add)
+            lambda: open_workbench(policy, run_id=record.run_id, on_event=record.add, state=state)
         )
         env = cls(workbench, record, "/", state)
         try:

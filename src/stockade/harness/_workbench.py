@@ -68,11 +68,18 @@ class Workbench(Protocol):
 
 
 def open_workbench(
-    policy: Policy, *, run_id: str, on_event: Callable[[Event], None], workspace: str | None = None
+    policy: Policy,
+    *,
+    run_id: str,
+    on_event: Callable[[Event], None],
+    workspace: str | None = None,
+    state: str | None = None,
 ) -> Workbench:
     """Start a session for ``policy`` whose events go to ``on_event``; with
     the gateway in it (on a loop of its own in this process, as for
-    ``stockade exec``) when the policy allows any host.
+    ``stockade exec``) when the policy allows any host. The policy's
+    ``image:`` is looked up in the image store of ``state`` (the default
+    state directory when None), the one the record goes to.
 
     Raises:
         CellError, HostError, PolicyError, ImageError: the session cannot start.
@@ -87,8 +94,13 @@ def open_workbench(
         network = hooks = None
         if wants_gateway(policy):
             network, hooks = stack.enter_context(exec_gateway(policy))
+        image = None
+        if policy.image is not None:
+            from stockade.image import default_store
+
+            image = default_store(state).get(policy.image)
         session: Any = session_type(
-            policy, workspace=workspace, run_id=run_id, on_event=on_event, network=network
+            policy, image=image, workspace=workspace, run_id=run_id, on_event=on_event, network=network
         )
         session.start()
         if hooks is None:

@@ -199,7 +199,7 @@ class StockadeEnvironment(BaseEnvironment):
         assert record is not None
         policy = self._policy(phase)
         self._workbench = await asyncio.to_thread(
-            lambda: open_workbench(policy, run_id=record.run_id, on_event=record.add)
+            lambda: open_workbench(policy, run_id=record.run_id, on_event=record.add, state=self._state)
         )
         self._phase = phase
         found = await asyncio.to_thread(self._workbench.exec, ["/bin/sh", "-c", "command -v bash"])
