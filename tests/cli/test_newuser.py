@@ -313,3 +313,21 @@ def test_the_demo_relay_answers_a_dead_model_with_a_502_not_a_traceback() -> Non
         answer = asyncio.run(ask(relay_app(f"http://127.0.0.1:{port}/v1")))
     assert answer.status_code == 502
     assert answer.json()["error"]["type"] == "model_unreachable"
+
+
+def test_stockade_agent_imports_in_an_exec_cell_and_says_there_is_no_broker(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from stockade.cli._exec import SDK_IN_CELL
+    from stockade.sdk import IN_CELL_DIR
+
+    assert SDK_IN_CELL == IN_CELL_DIR
+    script = (
+        "import stockade_agent\n"
+        "try:\n    stockade_agent.Broker.connect()\n"
+        "except stockade_agent.NotInCell as exc:\n    print('NotInCell', exc)\n"
+    )
+    code = main(["exec", "-q", "--", "python3", "-c", script])
+    out, _ = capfd.readouterr()
+    assert code == 0, out
+    assert out.startswith("NotInCell ") and "started by `stockade exec`, which has no broker" in out

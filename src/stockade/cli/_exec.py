@@ -240,7 +240,8 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
                 keep_workspace=bool(opts["keep"]) or None,
                 network=network,
                 audit="off" if unrecorded else "auto",
-                extra_env=_extra_env(opts["env"]),
+                extra_env=_sdk_env(policy, _extra_env(opts["env"])),
+                files=_sdk_files(),
             )
         )
         if unrecorded and not as_json:
@@ -298,6 +299,31 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
         # Shown even with --quiet: what the operator's next git or shell would run.
         _persistence(result.events)
     return result.exit_code
+
+
+SDK_IN_CELL = "/run/stockade/lib"
+"""Where the agent SDK is shown in a cell (``stockade.sdk.IN_CELL_DIR``, which
+costs ~200 ms to import here; a test keeps the two equal)."""
+
+
+def _sdk_files() -> dict[str, bytes] | None:
+    # `import stockade_agent` works in an exec cell as under the daemon; it has
+    # no broker here, and says so (NotInCell) when asked to connect.
+    import stockade
+
+    try:
+        with open(os.path.join(os.path.dirname(stockade.__file__), "sdk", "stockade_agent.py"), "rb") as f:
+            return {f"{SDK_IN_CELL}/stockade_agent.py": f.read()}
+    except OSError:
+        return None
+
+
+def _sdk_env(policy: object, env: dict[str, str] | None) -> dict[str, str] | None:
+    chosen = dict(env or {})
+    set_by_policy = dict(getattr(getattr(policy, "env", None), "set", ()) or ())
+    if "PYTHONPATH" not in chosen and "PYTHONPATH" not in set_by_policy:
+        chosen["PYTHONPATH"] = SDK_IN_CELL
+    return chosen or None
 
 
 def _extra_env(items: object) -> dict[str, str] | None:
