@@ -351,6 +351,13 @@ class Broker:
         path = os.environ.get(ENV_BROKER, "")
         token = os.environ.get(ENV_TOKEN, "")
         missing = [name for name, value in ((ENV_BROKER, path), (ENV_TOKEN, token)) if not value]
+        if missing and os.environ.get("STOCKADE_CELL"):
+            # A cell of `stockade exec`: contained, but with no daemon, so no broker.
+            raise NotInCell(
+                f"${' and $'.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: this cell "
+                "was started by `stockade exec`, which has no broker (no daemon, no approvals); "
+                "run the agent with `stockade run -f POLICY` to reach one"
+            )
         if missing:
             raise NotInCell(
                 f"${' and $'.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, so this "
