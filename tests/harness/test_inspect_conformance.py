@@ -113,3 +113,24 @@ async def test_an_image_of_the_state_is_the_samples_root(tmp_path: Path) -> None
         assert (await env.exec(["ls", "/usr/sbin/adduser"])).success
     finally:
         await sandbox_type.sample_cleanup("image", config, envs, False)
+
+
+async def test_a_compose_file_gives_the_sample_its_environment_and_workdir(tmp_path: Path) -> None:
+    compose = tmp_path / "compose.yaml"
+    compose.write_text(
+        "services:\n  default:\n    working_dir: /tmp\n    environment: [GREETING=from-compose]\n"
+        "    command: tail -f /dev/null\n    init: true\n"
+    )
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    config = sandbox_type.config_deserialize({"state": str(tmp_path), "compose": str(compose)})
+    envs = await sandbox_type.sample_init("compose", config, {})
+    try:
+        result = await envs["default"].exec(["sh", "-c", 'echo "$GREETING"; pwd'])
+        assert result.stdout == "from-compose\n/tmp\n"
+    finally:
+        await sandbox_type.sample_cleanup("compose", config, envs, False)
+    compose.write_text("services:\n  default:\n    image: x:1\n    ports: ['8080:80']\n")
+    from stockade.errors import PolicyError
+
+    with pytest.raises(PolicyError, match=r"services\.default\.ports is not supported"):
+        await sandbox_type.task_init("compose", str(compose))
