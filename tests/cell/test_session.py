@@ -312,3 +312,14 @@ def test_close_while_a_call_is_in_flight_ends_it(tmp_path: Path) -> None:
     assert not caller.is_alive()
     assert failures and "ended during call" in str(failures[0])
     assert result.exit_code == 0
+
+
+def test_a_call_holds_only_its_stdio_and_cannot_reach_the_inits(session: Session) -> None:
+    # The session socket would let a process start calls of its own: it stays
+    # with the init, whose descriptors no process of the cell can read.
+    script = "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+    mine = session.exec(["/usr/bin/python3", "-I", "-c", script])
+    assert mine.stdout == b"[0, 1, 2, 3]\n", mine  # 3: listdir's own
+    peek = session.exec(["ls", "/proc/1/fd"])
+    assert peek.returncode != 0 and b"Permission denied" in peek.stderr
+    assert session.exec(["ls", "/proc/self/fd"]).returncode == 0  # control: its own are readable
