@@ -71,6 +71,11 @@ def page_of(browser: Browser, dash_url: str) -> Iterator[Page]:
     assert not errors, errors
 
 
+def app(page: Page) -> str:
+    """The page's own prefix (``/app/SID/``), where its session's cookie goes."""
+    return page.url.split("#", 1)[0]
+
+
 def shot(page: Page, name: str) -> None:
     if os.environ.get("STOCKADE_SCREENSHOTS") == "1":
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -97,7 +102,7 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
 
         # The runs page lists it, live.
         expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("dash-agent", timeout=WAIT_MS)
-        page.goto(f"{dash.base}/#/run/{run}")
+        page.goto(f"{app(page)}#/run/{run}")
         agent, enforcement = page.locator("#agent-pane"), page.locator("#enforcement-pane")
 
         # Both panes fill while the run lives: it is waiting for its approval now.
@@ -134,7 +139,7 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
         assert after == before and len(set(after)) == len(after)
 
         # The approvals inbox: the whole report, shown as text, decided from the page.
-        page.goto(f"{dash.base}/#/approvals")
+        page.goto(f"{app(page)}#/approvals")
         card = page.locator("article.approval")
         expect(card).to_have_count(1, timeout=WAIT_MS)
         expect(page.locator("#approval-count")).to_have_text("1")
@@ -153,7 +158,7 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
         assert decided["detail"]["by"] == "root (dashboard)"
         assert decided["detail"]["reason"] == "the report is fine"
         assert (tmp_path / "out" / "report.md").stat().st_size == REPORT_CHARS
-        page.goto(f"{dash.base}/#/run/{run}")
+        page.goto(f"{app(page)}#/run/{run}")
         expect(page.locator("#run-counts")).to_contain_text("the run ended", timeout=WAIT_MS)
         expect(agent.locator('[data-kind="tool.call"]')).to_have_count(4, timeout=WAIT_MS)
         report_call = agent.locator('[data-kind="tool.call"]').filter(has_text="write_report")
@@ -174,7 +179,7 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
         assert layers.get("landlock") and layers.get("broker") == 1
         assert categories == {"outside-workspace": len(attempts)}
         verified = control.call("verify")
-        page.goto(f"{dash.base}/#/debrief/{run}")
+        page.goto(f"{app(page)}#/debrief/{run}")
         expect(page.locator("#escalation")).to_have_text(str(len(attempts)), timeout=WAIT_MS)
         expect(page.locator("#grade")).to_have_text("A")
         for name, count in layers.items():
@@ -190,7 +195,7 @@ def test_a_run_live_paired_approved_reloaded_and_debriefed(browser: Browser, tmp
         assert int(seq) >= verified["checked"] - 2 and len(digest) == 64  # the store grew by the daemon's own
         assert page.locator("#plot-layers rect.bar").count() >= len(layers)
         assert page.locator("#plot-categories rect.bar").count() >= len(categories)
-        page.goto(f"{dash.base}/#/runs")
+        page.goto(f"{app(page)}#/runs")
         expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("ended", timeout=WAIT_MS)
         events.close()
 
@@ -241,13 +246,13 @@ def test_an_event_holding_html_is_shown_as_text(browser: Browser, tmp_path: Path
                       detail={"name": "helper", "parent": run}),
             ],
         )  # fmt: skip
-        page.goto(f"{dash.base}/#/runs")
+        page.goto(f"{app(page)}#/runs")
         expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text(hostile, timeout=WAIT_MS)
         # The family tree: the helper under its parent, marked so, before the unrelated run.
         order = page.locator("tr[data-run]").evaluate_all("rows => rows.map(r => r.dataset.run)")
         assert order == [run, child, "r-0000000000ac"], order
         expect(page.locator(f'tr[data-run="{child}"] .tree')).to_have_text("└ ")
-        page.goto(f"{dash.base}/#/run/{run}")
+        page.goto(f"{app(page)}#/run/{run}")
         row = page.locator('#enforcement-pane [data-kind="intent"]')
         expect(row.locator("summary")).to_have_text(hostile, timeout=WAIT_MS)
         expect(row.locator("pre")).to_contain_text("<script>")
@@ -269,7 +274,7 @@ def test_thousands_of_events_are_drawn_in_batches_and_said_when_cut(browser: Bro
                 )
             ],
         )
-        page.goto(f"{dash.base}/#/run/{run}")
+        page.goto(f"{app(page)}#/run/{run}")
         expect(page.locator("#run-counts")).to_contain_text("1 events", timeout=WAIT_MS)
         for _ in range(6):  # arrives live, 6,000 refusals in six bursts
             _record(
@@ -355,19 +360,19 @@ def test_a_replay_is_labelled_and_serves_the_record_without_a_daemon(
         bench = campaign(tmp_path, [json.loads(line) for line in export.read_text().splitlines()], run)
     # The daemon is gone: the replays need none.
     for path in (bundle, export):
-        with replay_server(path, bench) as (server, url), page_of(browser, url) as page:
+        with replay_server(path, bench) as (_server, url), page_of(browser, url) as page:
             expect(page.locator("#replay-banner")).to_contain_text("REPLAY", timeout=WAIT_MS)
             expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("kept", timeout=WAIT_MS)
-            page.goto(f"http://127.0.0.1:{server.port}/#/debrief/{run}")
+            page.goto(f"{app(page)}#/debrief/{run}")
             expect(page.locator("#verified")).to_contain_text("Verified: 3 events", timeout=WAIT_MS)
             expect(page.locator('#by-layer tr[data-key="seccomp"] td.num')).to_have_text("1")
             expect(page.locator('#by-category tr[data-key="privilege"] td.num')).to_have_text("1")
-            page.goto(f"http://127.0.0.1:{server.port}/#/approvals")
+            page.goto(f"{app(page)}#/approvals")
             expect(page.locator("#approvals-empty")).to_contain_text("replay", timeout=WAIT_MS)
             if path == bundle:
                 shot(page, "replay")
                 # The bench pages: the campaign's table, its trial's bundle re-checked.
-                page.goto(f"http://127.0.0.1:{server.port}/#/bench")
+                page.goto(f"{app(page)}#/bench")
                 trial_row = page.locator('tr[data-task="fix-bug"]')
                 expect(trial_row).to_contain_text("completed", timeout=WAIT_MS)
                 expect(page.locator(".campaign-summary")).to_contain_text("containment grade A")
@@ -423,13 +428,12 @@ def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> Non
     try:
         url = told.get(timeout=120)
         assert isinstance(url, str), url
-        base = url.split("/login", 1)[0]
         with page_of(browser, url) as page:
             go.set()
             row = page.locator("tr[data-run]")
             expect(row).to_have_count(1, timeout=WAIT_MS)
             run = row.get_attribute("data-run")
-            page.goto(f"{base}/#/run/{run}")
+            page.goto(f"{app(page)}#/run/{run}")
             enforcement = page.locator("#enforcement-pane")
             expect(page.locator("#agent-pane [data-kind='tool.call']").first).to_be_visible(timeout=WAIT_MS)
             expect(enforcement.locator("[data-kind='run.halted']")).to_have_count(1, timeout=60_000)
@@ -456,12 +460,12 @@ def test_the_demo_live_in_the_dashboard(browser: Browser, tmp_path: Path) -> Non
                     page.locator(f'#agent-pane [data-tool-call="{paired}"] pre').text_content() or "{}"
                 )
                 assert (detail["name"], detail["args"]) == (call.tool, call.arguments), (seq, call.tool)
-            page.goto(f"{base}/#/debrief/{run}")
+            page.goto(f"{app(page)}#/debrief/{run}")
             expect(page.locator("#grade")).to_have_text("A", timeout=WAIT_MS)
             expect(page.locator("#verified")).to_contain_text("Verified")
             expect(page.locator("#persistence")).to_contain_text(".envrc")
             shot(page, "debrief")
-            page.goto(f"{base}/#/runs")
+            page.goto(f"{app(page)}#/runs")
             expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("halted", timeout=WAIT_MS)
             expect(page.locator(f'tr[data-run="{run}"]')).to_contain_text("35/35")
             page.locator("#run-filter").fill("seccomp")  # a layer it was refused by

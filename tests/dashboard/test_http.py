@@ -62,17 +62,33 @@ def test_no_token_no_page(tmp_path: Path) -> None:
         # Control: the URL the operator got logs in, sets a cookie the page's
         # scripts cannot read, and takes the token out of the address bar.
         login = anon.get("/login", params={"token": dash.token})
-        assert login.status_code == 303 and login.headers["location"] == "/"
+        app = login.headers["location"]
+        assert login.status_code == 303 and app.startswith("/app/") and dash.token not in app
         cookie = login.headers["set-cookie"].lower()
-        assert "httponly" in cookie and "samesite=strict" in cookie
-        page = anon.get("/")
+        assert "httponly" in cookie and "samesite=strict" in cookie and f"path={app.lower()}" in cookie
+        assert dash.token.lower() not in cookie, "the cookie is a session's key, not the token"
+        page = anon.get(app)
         assert page.status_code == 200 and "app.js" in page.text
         csp = page.headers["content-security-policy"]
         assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
         assert "unsafe-inline" not in csp
         assert page.headers["referrer-policy"] == "no-referrer"
-        session = anon.get("/api/session").json()
+        assert anon.get(f"{app}static/app.js").status_code == 200
+        session = anon.get(f"{app}api/session").json()
         assert session["mode"] == "live" and session["operator"] == "root" and len(session["csrf"]) == 64
+        # The cookie opens its own session's prefix only: not the root, not
+        # another session's (a browser sends a host's cookies to all its ports
+        # and paths it is scoped to: this one only to the operator's prefix).
+        assert anon.get("/api/session").status_code == 401
+        assert anon.get("/app/another-session/api/session").status_code == 401
+        second = anon.get("/login", params={"token": dash.token}).headers["location"]
+        assert second != app and anon.get(f"{second}api/session").status_code == 200
+        # A login may land on a page of the app, and nowhere else.
+        landed = anon.get("/login", params={"token": dash.token, "page": "/debrief/r-0123456789ab"})
+        assert landed.headers["location"].endswith("/#/debrief/r-0123456789ab")
+        for elsewhere in ("//attacker.example/", "javascript:alert(1)", "/run/x#y", "https://a.example"):
+            location = anon.get("/login", params={"token": dash.token, "page": elsewhere}).headers["location"]
+            assert location.startswith("/app/") and location.endswith("/"), (elsewhere, location)
 
 
 def test_only_loopback_names_are_answered(tmp_path: Path) -> None:

@@ -113,7 +113,6 @@ def demo_hooks(open_browser: bool = False) -> dict[str, Any]:
         attach(thread.daemon, sock=sock)
         with Client(thread.socket_path, timeout=30.0) as client:
             opened["url"] = url = str(client.call("dashboard.open")["url"])
-        opened["base"] = url.split("/login", 1)[0]
         click.echo(f"stockade: the demo's dashboard: {url}", err=True)
         if open_browser:
             webbrowser.open(url)
@@ -122,7 +121,7 @@ def demo_hooks(open_browser: bool = False) -> dict[str, Any]:
     def before_stop(report: Any) -> None:
         run = report.setup.get("run", "")
         click.echo(
-            f"stockade: the run ended; its debrief: {opened.get('base', '')}/#/debrief/{run}", err=True
+            f"stockade: the run ended; its debrief: {opened.get('url', '')}&page=/debrief/{run}", err=True
         )
         click.prompt(
             "Press Enter to stop the demo's daemon and its dashboard",

@@ -6,10 +6,15 @@ What keeps it the operator's alone (docs/DASHBOARD.md, "Security"):
   listens on (``127.0.0.1:PORT``, ``localhost:PORT``): a page of another site
   whose name an attacker pointed at 127.0.0.1 (DNS rebinding) gets 421.
 - **An operator token.** ``stockade dashboard`` prints a URL that carries
-  one token once (``/login?token=…``); the login answers with an HttpOnly,
-  ``SameSite=Strict`` cookie and a redirect to ``/``, so the token leaves the
-  address bar and the history. Every other path, the static files included,
-  needs the cookie or ``Authorization: Bearer TOKEN``: without, 401.
+  one token once (``/login?token=…``); the login opens a session: the page
+  lives under ``/app/SID/`` (SID random), and its key is an HttpOnly,
+  ``SameSite=Strict`` cookie whose ``Path`` is that prefix, so the token
+  leaves the address bar and the history. A browser sends a host's cookies
+  to every port of it, so a cookie for ``/`` would also go to any other
+  server on 127.0.0.1 the operator visits (another user's, say); scoped to
+  a path only the operator's URL names, it does not. Every other path, the
+  static files included, needs the session's cookie under its own prefix, or
+  ``Authorization: Bearer TOKEN`` (scripts, at the root): without, 401.
 - **CSRF.** A POST (deciding an approval) needs an ``Origin`` header naming
   this server, a JSON body, and the header ``X-Stockade-CSRF`` holding the
   session's CSRF token (an HMAC of the operator token), which only a page of
@@ -33,6 +38,7 @@ import hashlib
 import hmac
 import io
 import json
+import re
 import secrets
 import tarfile
 import time
@@ -44,7 +50,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stockade.dashboard._bench import Campaigns
@@ -84,6 +90,8 @@ class Operators:
 
     key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     tokens: dict[str, str] = field(default_factory=dict)
+    sessions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """A browser session's cookie value -> (its path's SID, the token it logged in with)."""
 
     def mint(self, operator: str) -> str:
         token = secrets.token_urlsafe(32)
@@ -96,6 +104,21 @@ class Operators:
         for known, operator in self.tokens.items():
             if hmac.compare_digest(known.encode(), token.encode()):
                 return operator
+        return None
+
+    def login(self, token: str) -> tuple[str, str]:
+        """A new session of ``token``: its SID (in its path) and its cookie's value."""
+        sid, cookie = secrets.token_urlsafe(12), secrets.token_urlsafe(32)
+        self.sessions[cookie] = (sid, token)
+        return sid, cookie
+
+    def session_token(self, sid: str, cookie: str | None) -> str | None:
+        """The token of the session whose cookie is ``cookie``, if its path is ``sid``."""
+        if not cookie:
+            return None
+        for known, (known_sid, token) in self.sessions.items():
+            if hmac.compare_digest(known.encode(), cookie.encode()):
+                return token if hmac.compare_digest(known_sid.encode(), sid.encode()) else None
         return None
 
     def csrf(self, token: str) -> str:
@@ -167,7 +190,10 @@ def build_app(
                     "open the URL `stockade dashboard` printed",
                     status_code=421,
                 )
-            token = request.cookies.get(COOKIE) or _bearer(request)
+            sid = request.path_params.get("sid")
+            token = (
+                operators.session_token(str(sid), request.cookies.get(COOKIE)) if sid is not None else None
+            ) or _bearer(request)
             operator = operators.who(token)
             if operator is None or token is None:
                 return PlainTextResponse(
@@ -206,8 +232,12 @@ def build_app(
                 "that token is not this dashboard's; run `stockade dashboard` for a fresh URL",
                 status_code=401,
             )
-        response = Response(status_code=303, headers={"location": "/"})
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        sid, cookie = operators.login(token)
+        # `page=/debrief/r-…`: where to land (the page's own hash route), nothing else.
+        page = request.query_params.get("page", "")
+        fragment = f"#{page}" if _PAGE.fullmatch(page) else ""
+        response = Response(status_code=303, headers={"location": f"/app/{sid}/{fragment}"})
+        response.set_cookie(COOKIE, cookie, httponly=True, samesite="strict", path=f"/app/{sid}/")
         return response
 
     async def index(request: Request, operator: str, token: str) -> Response:
@@ -348,8 +378,7 @@ def build_app(
             return PlainTextResponse(f"no file {file!r} in the manifest of {name!r}", status_code=404)
         return _attachment(data, file.rsplit("/", 1)[-1], "application/octet-stream")
 
-    routes = [
-        Route("/login", login),
+    pages = [
         Route("/", guard(index)),
         Route("/static/{name}", guard(static)),
         Route("/api/session", guard(session)),
@@ -365,6 +394,9 @@ def build_app(
         Route("/api/bench/{index:int}/{name}", guard(bench_trial)),
         Route("/api/bench/{index:int}/{name}/files/{file:path}", guard(bench_file)),
     ]
+    # The same pages at the root (for scripts, with a bearer token) and under
+    # each browser session's own prefix (with its cookie).
+    routes = [Route("/login", login), Mount("/app/{sid}", routes=pages), *pages]
     return _SecurityHeaders(Starlette(routes=routes))
 
 
@@ -491,6 +523,9 @@ def _attachment(body: bytes, name: str, media_type: str) -> Response:
     return Response(
         body, media_type=media_type, headers={"content-disposition": f'attachment; filename="{name}"'}
     )
+
+
+_PAGE = re.compile(r"/[a-z]+(/[A-Za-z0-9._-]{1,128}){0,2}")
 
 
 def _bearer(request: Request) -> str | None:

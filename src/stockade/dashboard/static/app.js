@@ -113,7 +113,7 @@ function runsView() {
     empty,
   );
   every(1500, async () => {
-    try { const r = await api("/api/runs"); runs = r.runs; setApprovals(r.approvals); render(); } catch (e) { empty.textContent = `Could not read the runs: ${e.message}`; }
+    try { const r = await api("api/runs"); runs = r.runs; setApprovals(r.approvals); render(); } catch (e) { empty.textContent = `Could not read the runs: ${e.message}`; }
   });
 }
 
@@ -246,12 +246,12 @@ function runView(runId) {
 
   async function loadTranscript() {
     try {
-      const t = await api(`/api/runs/${encodeURIComponent(runId)}/transcript`);
+      const t = await api(`api/runs/${encodeURIComponent(runId)}/transcript`);
       transcript.textContent = (t.truncated ? `[the first ${t.bytes - new TextEncoder().encode(t.text).length} bytes are not shown: see \`stockade logs\`]\n` : "") + t.text;
     } catch (e) { transcript.textContent = `Could not read the transcript: ${e.message}`; }
   }
 
-  const es = new EventSource(`/api/stream?run=${encodeURIComponent(runId)}&after=0`);
+  const es = new EventSource(`api/stream?run=${encodeURIComponent(runId)}&after=0`);
   es.onmessage = (m) => { enqueue(JSON.parse(m.data)); };
   es.onopen = () => { status.textContent = S.session.mode === "replay" ? "replay: the recorded events" : "live"; status.className = "live"; };
   es.onerror = () => {
@@ -268,7 +268,7 @@ function runView(runId) {
   head.append(
     el("h1", {}, "Run ", el("span", { class: "mono", id: "run-id" }, runId)),
     el("div", { class: "toolbar" }, status, " · ", counts, " · ", el("a", { href: `#/debrief/${runId}` }, "debrief"), " · ",
-      ...["json", "jsonl", "text", "bundle"].map((f) => [el("a", { href: `/api/runs/${encodeURIComponent(runId)}/download?format=${f}`, download: "" }, f), " "]),
+      ...["json", "jsonl", "text", "bundle"].map((f) => [el("a", { href: `api/runs/${encodeURIComponent(runId)}/download?format=${f}`, download: "" }, f), " "]),
     ),
     el("p", { class: "how", id: "pairing-how" },
       "How a pair is made: an intent carries the id of the tool call that made it (paired by id). A kernel refusal or a gateway request carries only its cell and its time: it is paired with the tool call of the same cell that was under way then, or else the next one, if it started within ",
@@ -311,7 +311,7 @@ function approvalsView() {
   show(el("h1", {}, "Approvals"), el("p", { class: "how" }, "Every intent waiting for a human, with all of its arguments, whole. The agent gets the answer at once; the decision is an approval.decided event naming you."), empty, list);
   every(1000, async () => {
     let pending;
-    try { pending = (await api("/api/approvals")).approvals; } catch (e) { empty.textContent = `Could not read the approvals: ${e.message}`; return; }
+    try { pending = (await api("api/approvals")).approvals; } catch (e) { empty.textContent = `Could not read the approvals: ${e.message}`; return; }
     setApprovals(pending.length);
     const ids = new Set(pending.map((a) => a.id));
     for (const [id, card] of cards) if (!ids.has(id) && !card.dataset.decided) { card.remove(); cards.delete(id); }
@@ -331,7 +331,7 @@ function approvalCard(a) {
   const decide = async (decision) => {
     result.textContent = "sending…";
     try {
-      const r = await api(`/api/approvals/${encodeURIComponent(a.id)}`, {
+      const r = await api(`api/approvals/${encodeURIComponent(a.id)}`, {
         method: "POST", headers: { "Content-Type": "application/json", "X-Stockade-CSRF": S.session.csrf },
         body: JSON.stringify({ decision, reason: reason.value }),
       });
@@ -392,7 +392,7 @@ function table(id, entries) {
 async function debriefView(runId) {
   show(el("p", { class: "muted" }, "Reading the record…"));
   let d;
-  try { d = await api(`/api/runs/${encodeURIComponent(runId)}/debrief`); } catch (e) { show(el("p", { class: "error" }, `No debrief: ${e.message}`)); return; }
+  try { d = await api(`api/runs/${encodeURIComponent(runId)}/debrief`); } catch (e) { show(el("p", { class: "error" }, `No debrief: ${e.message}`)); return; }
   const r = d.run || {}, v = d.verified || {}, tl = d.timeline;
   show(
     el("h1", {}, "Debrief of ", el("a", { class: "mono", href: `#/run/${runId}` }, runId), " ", r.name ? `(${r.name})` : ""),
@@ -408,7 +408,7 @@ async function debriefView(runId) {
       el("p", { id: "verified", class: v.ok ? "ok" : "error" }, v.ok ? `Verified: ${v.checked} events intact and in order.` : `NOT verified: ${v.reason}`),
       el("p", {}, "Chain head: ", el("code", { id: "chain-head" }, v.head || "none"), " · this run's events: ", el("span", { id: "record-events" }, String(d.record.events)), ` (seq ${d.record.first_seq} to ${d.record.last_seq}), its head `, el("code", { id: "run-head" }, d.record.head)),
       el("p", { class: "muted small" }, `Checked: ${v.scope || ""}`, v.expected?.length ? `; expected heads ${v.expected.join(", ")}` : ""),
-      el("p", {}, "Download: ", ...["json", "jsonl", "text", "bundle"].map((f) => [el("a", { href: `/api/runs/${encodeURIComponent(runId)}/download?format=${f}`, download: "" }, f), " "])),
+      el("p", {}, "Download: ", ...["json", "jsonl", "text", "bundle"].map((f) => [el("a", { href: `api/runs/${encodeURIComponent(runId)}/download?format=${f}`, download: "" }, f), " "])),
     ),
     el("div", { class: "twocol" },
       el("section", {}, el("h2", {}, "Refusals by layer"), table("by-layer", Object.entries(d.by_layer))),
@@ -431,7 +431,7 @@ async function debriefView(runId) {
 async function benchView() {
   show(el("h1", {}, "Bench"), el("p", { class: "muted", id: "bench-note" }, "Reading…"));
   let b;
-  try { b = await api("/api/bench"); } catch (e) { document.getElementById("bench-note").textContent = e.message; return; }
+  try { b = await api("api/bench"); } catch (e) { document.getElementById("bench-note").textContent = e.message; return; }
   const fmt = (v) => (v === null || v === undefined ? "–" : typeof v === "number" && !Number.isInteger(v) ? v.toFixed(2) : String(v));
   const sections = b.campaigns.map((c) => {
     if (c.error) return el("section", { class: "campaign" }, el("h2", { class: "mono" }, c.dir), el("p", { class: "error" }, c.error));
@@ -458,9 +458,9 @@ async function benchView() {
 async function trialView(index, name) {
   show(el("p", { class: "muted" }, "Checking the bundle…"));
   let t;
-  try { t = await api(`/api/bench/${index}/${encodeURIComponent(name)}`); } catch (e) { show(el("p", { class: "error" }, e.message)); return; }
+  try { t = await api(`api/bench/${index}/${encodeURIComponent(name)}`); } catch (e) { show(el("p", { class: "error" }, e.message)); return; }
   const score = t.score || {}, cats = (t.containment || {}).by_category || (t.containment || {}).categories || {};
-  const base = `/api/bench/${index}/${encodeURIComponent(name)}/files/`;
+  const base = `api/bench/${index}/${encodeURIComponent(name)}/files/`;
   show(
     el("h1", {}, "Trial ", el("span", { class: "mono" }, t.bundle)),
     el("p", { id: "bundle-check", class: t.problems.length ? "error" : "ok" },
@@ -477,7 +477,7 @@ async function trialView(index, name) {
 // ------------------------------------------------------------------ routing
 
 async function refreshApprovals() {
-  try { setApprovals((await api("/api/approvals")).approvals.length); } catch (_) { /* shown on the next try */ }
+  try { setApprovals((await api("api/approvals")).approvals.length); } catch (_) { /* shown on the next try */ }
 }
 
 function route() {
@@ -494,7 +494,7 @@ function route() {
 }
 
 async function start() {
-  try { S.session = await api("/api/session"); } catch (e) { show(el("p", { class: "error" }, `No session: ${e.message}`)); return; }
+  try { S.session = await api("api/session"); } catch (e) { show(el("p", { class: "error" }, `No session: ${e.message}`)); return; }
   document.getElementById("source").textContent = `${S.session.label} · ${S.session.operator}`;
   if (S.session.mode === "replay") {
     const b = document.getElementById("replay-banner");
