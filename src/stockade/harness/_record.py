@@ -13,6 +13,7 @@ so, rather than being lost or forking the chain.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -22,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stockade.daemon import _paths
-from stockade.errors import StoreError
 from stockade.record import Event
 
 MAX_ATTEMPTS_LISTED = 50
@@ -122,8 +122,8 @@ def land(record: SampleRecord, *, state: str | None = None) -> dict[str, Any]:
     the run's directory instead. Returns where they are, for the report.
 
     Raises:
-        StoreError: the store exists but cannot be opened or written for
-            another reason than a running daemon (a corrupt file, a full disk).
+        StoreError: the store cannot be opened or written for another
+            reason than a running daemon (a corrupt file, a full disk).
     """
     from stockade.record._journaled import open_journaled_store
 
@@ -131,12 +131,10 @@ def land(record: SampleRecord, *, state: str | None = None) -> dict[str, Any]:
     events = record.events()
     os.makedirs(chosen, mode=0o700, exist_ok=True)
     path = _paths.store_path(chosen)
-    try:
-        store = open_journaled_store(path)
-    except StoreError as exc:
-        if "another process writes" not in str(exc):
-            raise
-        return _keep_beside(record, events, chosen, why=str(exc))
+    holder = _held_by_another(path + ".journal")
+    if holder:
+        return _keep_beside(record, events, chosen, why=f"{path}.journal is locked by another process")
+    store = open_journaled_store(path)
     try:
         stored = store.append(events)
     finally:
@@ -148,6 +146,22 @@ def land(record: SampleRecord, *, state: str | None = None) -> dict[str, Any]:
         "verify": f"stockade verify --db {path}",
         "export": f"stockade export --db {path} --run {record.run_id}",
     }
+
+
+def _held_by_another(journal: str) -> bool:
+    """Whether a writer (a daemon) holds the store's journal lock now: the
+    lock ``Journal.open`` takes, tried and let go at once."""
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the lock, if it was taken
+    return False
 
 
 def _keep_beside(record: SampleRecord, events: tuple[Event, ...], state: str, *, why: str) -> dict[str, Any]:
