@@ -135,6 +135,13 @@ def test_a_session_bound_to_a_run_ends_with_it(tmp_path: Path) -> None:
             made = session.exec(["sh", "-c", "echo from-session > made.txt"])
             assert made.returncode == 0
             assert (Path(run["workspace"]) / "made.txt").read_text() == "from-session\n"
+            # The run's gateway serves the session's loopback too.
+            probe = (
+                "import os, socket, urllib.parse as u; p = u.urlsplit(os.environ['HTTPS_PROXY']); "
+                "socket.create_connection((p.hostname, p.port), 5).close(); print(p.port)"
+            )
+            reached = session.exec([PY, "-I", "-c", probe])
+            assert reached.returncode == 0 and reached.stdout.strip().isdigit(), reached
             client.call("run.stop", run=run["id"], grace=0)
             for pushed in stream:
                 if kind_is("session.close", run["id"])(pushed):

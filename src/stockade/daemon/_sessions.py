@@ -112,6 +112,7 @@ class Sessions:
                 "unavailable", f"this daemon hosts {SESSIONS_MAX} sessions already; close one first"
             )
         run: Run | None = None
+        network: Any = None
         if p.get("run") is not None:
             found = self._runs.find(p.get("run"))
             if not isinstance(found, Run):
@@ -133,6 +134,9 @@ class Sessions:
                 )
             policy = run.policy
             workspace = workspace or run.workspace or None
+            # The run's own gateway (its allow list, its secrets, its LLM
+            # budget): only under the run's own policy, whose network it enforces.
+            network = run.gateway
         else:
             for key in ("policy_path", "policy_text"):
                 if p.get(key) is not None and not isinstance(p.get(key), str):
@@ -170,6 +174,7 @@ class Sessions:
                     audit=audit,  # type: ignore[arg-type]
                     records=records,
                     max_calls=max_calls,
+                    network=network,
                 ).start()
             )
         except (PolicyError, UsageError) as exc:
