@@ -308,3 +308,24 @@ def test_stockade_dashboard_replay_serves_as_nobody_without_a_daemon(tmp_path: P
                 proc.terminate()  # this test's own child, by its pid
     finally:
         shutil.rmtree(shared)
+
+
+def test_stockade_dashboard_prints_a_working_url_or_says_why_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stockade.cli._app import run_app
+    from stockade.daemon._server import DaemonThread
+
+    sock = str(tmp_path / "d.sock")
+    assert run_app(["dashboard", "--socket", sock]) == 4  # no daemon there
+    assert "not running" in capsys.readouterr().err
+    with DaemonThread(state=str(tmp_path / "bare"), socket_path=sock):  # a daemon without the dashboard
+        assert run_app(["dashboard", "--socket", sock]) == 5
+        assert "serves no dashboard" in capsys.readouterr().err
+    with dashboard_daemon(tmp_path) as dash:
+        assert run_app(["dashboard", "--socket", dash.thread.socket_path]) == 0
+        url = capsys.readouterr().out.strip()
+        with httpx.Client(timeout=10, follow_redirects=True) as browser:
+            page = browser.get(url)
+            assert page.status_code == 200 and "app.js" in page.text
+            assert str(page.url).startswith(f"{dash.base}/app/")

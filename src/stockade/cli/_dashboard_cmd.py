@@ -8,8 +8,6 @@ from typing import Any
 
 import click
 
-from stockade.errors import DaemonError
-
 
 @click.command("dashboard")
 @click.option("--open", "open_browser", is_flag=True, help="Open the URL in a browser too.")
@@ -73,9 +71,12 @@ def dashboard(
             opened = client.call("dashboard.open", port=port, bench=[os.path.abspath(d) for d in bench])
         except RemoteError as exc:
             if exc.code == "unknown_method":
-                raise DaemonError(
+                # Reachable, but without the dashboard: a daemon error (5), not "unreachable" (4).
+                raise RemoteError(
                     f"the daemon at {sock} serves no dashboard (it was started without one); "
-                    "restart it with `stockade daemon`, or replay a record with --replay"
+                    "restart it with `stockade daemon`, or replay a record with --replay",
+                    code=exc.code,
+                    method=exc.method,
                 ) from exc
             raise
     url = str(opened["url"])
