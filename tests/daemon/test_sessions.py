@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +258,36 @@ def test_the_exec_intent_runs_in_the_runs_own_session_only(tmp_path: Path) -> No
     assert denied, [e["kind"] for e in events]
     calls = [e for e in events if e["kind"] == "session.exec"]
     assert len(calls) == 2 and all(e["detail"]["session"] == own.session_id for e in calls)
+
+
+def test_calls_in_flight_past_the_sessions_limit_are_refused(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
+        session = client.open_session(policy_text=_policy_text(ws), max_calls=1)
+        session.exec(["mkfifo", "gate"])
+        got: list[Any] = []
+
+        def hold() -> None:
+            with Client(dt.socket_path, timeout=60) as other:
+                got.append(RemoteSession.attach(other, session.session_id).exec(["cat", "gate"], timeout=30))
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        # The first call is in flight once its cat holds the fifo open for
+        # reading (until then a writer that will not wait gets ENXIO).
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                gate = os.open(ws / "gate", os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the first call never started"
+        with pytest.raises(RemoteError) as full:
+            session.exec(["true"])
+        assert full.value.code == "unavailable" and "in flight" in str(full.value)
+        os.write(gate, b"open\n")
+        os.close(gate)
+        holder.join(30)
+        assert got and got[0].stdout == b"open\n"
+        assert session.exec(["true"]).returncode == 0  # the slot is free again
+        session.close()
