@@ -24,15 +24,15 @@ from stockade.cell._owners import OwnerLease, lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
 from stockade.cell._plan import NOBODY, CellPlan, plan_cell
 from stockade.cell._seccomp import build_notify_filter
-from stockade.cell._terminal import TerminalRelay, relay_if_terminal
 from stockade.cell._unotify import CellWatch, attach_guard, supervisor
-from stockade.cell._workbench import ImageView, Upper, check_upper, finish_upper, layers, make_upper
 from stockade.errors import CellError, HostError, PolicyError
 from stockade.policy import Policy, default_policy
 from stockade.record import Event
 
 if TYPE_CHECKING:
     from stockade.cell._audit import AuditReader
+    from stockade.cell._terminal import TerminalRelay
+    from stockade.cell._workbench import ImageView, Upper
 
 WORKSPACES_ROOT = "/var/lib/stockade/workspaces"
 """Where fresh workspaces are made. Every cell sees this directory as a decoy,
@@ -436,11 +436,18 @@ class Cell:
                 if range_fd >= 0:
                     made_userns.append(range_fd)
                 if plan.image_rootfs:
+                    # Imported here: a cell of the host's view (every `stockade
+                    # exec` without --image) does not pay for it (issue 18).
+                    from stockade.cell._workbench import check_upper, layers, make_upper
+
                     copy = plan.image_rootfs if layers() == "copy" else None  # stockade doctor
                     upper = make_upper(self._upper_dir, copy_from=copy)
                     check_upper(upper, plan)
             # A terminal is never the cell's: it gets a pty of its own (_terminal).
-            relay = relay_if_terminal(stdin)
+            if stdin is not None and os.isatty(stdin):
+                from stockade.cell._terminal import relay_if_terminal  # termios: only for a terminal
+
+                relay = relay_if_terminal(stdin)
             spec = LaunchSpec(
                 argv=command,
                 plan=plan,
@@ -520,6 +527,8 @@ class Cell:
             for fd in made_userns:
                 os.close(fd)  # C1 applied them to its mounts before the launch returned
             if upper is not None:
+                from stockade.cell._workbench import finish_upper
+
                 finish_upper(upper, plan)  # the cell is dead: nothing uses its layers
             if watch is not None:
                 connect_events = supervisor().unwatch(watch)
@@ -810,6 +819,8 @@ def _image_view(image: object | None, policy: Policy) -> ImageView | None:
         image = default_store().get(policy.image)
     if image is None:
         return None
+    from stockade.cell._workbench import ImageView
+
     if isinstance(image, ImageView):
         return image
     return ImageView.of(image)

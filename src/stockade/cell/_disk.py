@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import threading
 from collections.abc import Callable
 
@@ -265,6 +264,8 @@ class LimitedWorkspace:
             pass
 
     def _run(self, argv: list[str], what: str) -> None:
+        import subprocess  # only a workspace with a disk limit: not on every start
+
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise CellError(

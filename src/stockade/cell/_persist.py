@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import fnmatch
-import hashlib
 import os
 import stat
 from collections.abc import Iterator
@@ -415,6 +414,8 @@ def _all_files(snap: Snapshot, root: str, top: str, kind: Kind, budget: list[int
 
 
 def _note(snap: Snapshot, root: str, path: str, kind: Kind, st: os.stat_result, kept: list[int]) -> None:
+    import hashlib  # here: only a run that meets a file tools run pays for it
+
     is_dir = stat.S_ISDIR(st.st_mode)
     digest, content = "", None
     if stat.S_ISLNK(st.st_mode):

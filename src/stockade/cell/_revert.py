@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import shutil
 import stat
@@ -100,6 +99,8 @@ def save(
         "changes": rows,
         "cut": list(cut or ()),
     }
+    import json  # here: every `stockade exec` imports this module, few runs save a report
+
     tmp = os.path.join(where, "report.json.tmp")
     with open(tmp, "w") as f:
         json.dump(report, f, indent=1)
@@ -109,6 +110,8 @@ def save(
 
 def reports(directory: str, ident: str) -> list[tuple[str, dict[str, object]]]:
     """The reports of run or cell ``ident``, oldest first."""
+    import json
+
     found: list[tuple[str, dict[str, object]]] = []
     try:
         names = os.listdir(directory)
@@ -134,6 +137,8 @@ def revert(directory: str, ident: str) -> list[str]:
         FileNotFoundError: no report of ``ident`` is kept (it left nothing, or
             the id is wrong).
     """
+    import json
+
     found = reports(directory, ident)
     if not found:
         raise FileNotFoundError(ident)
