@@ -113,6 +113,11 @@ FLOOD_AGENT = textwrap.dedent(
             first = "open" if not sel.select([held[0]], [], [], 0)[0] else "answered"
             out = {"first": first, "last": last}
             plan.append({"op": "close", "socks": held})
+        elif op == "brokers":  # many connections to the broker socket, held open
+            held = [connect() for _ in range(step["n"])]
+            last = read_frame(held[-1])
+            out = {"last": last["error"]["code"] if last and not last.get("ok") else last}
+            plan.append({"op": "close", "socks": held})
         elif op == "timed":  # one intent, and how long its answer took
             import time
             s = connect()
@@ -401,6 +406,39 @@ def test_a_connection_flood_on_the_gateway_is_refused_counted_and_others_keep_th
     stored = _stored(str(tmp_path / "state" / "events.db"), held["id"])
     counts = [e["detail"]["count"] for e in stored if e["kind"] == "connection.refused"]
     assert counts == [1, 3], "the refusals after the first were not counted into the record"
+
+
+def test_a_broker_connection_flood_is_refused_and_others_keep_their_latency(tmp_path: Path) -> None:
+    """Past its 64 broker connections a run's next one is refused
+    (``unavailable``, one ``connection.refused``); another run's intents
+    answer about as fast while the 64 are held as before."""
+    from stockade.daemon._peer import MAX_BROKER_CONNECTIONS
+
+    fifo = workspace(tmp_path, "ws-brokers") / "hold"
+    os.mkfifo(fifo, 0o666)
+    flood = [{"op": "brokers", "n": MAX_BROKER_CONNECTIONS + 1}, {"op": "block", "fifo": str(fifo)}]
+    flooder = flood_policy(tmp_path, flood, name="brokers")
+    granted = tmp_path / "granted"
+    timed = {"op": "timed", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
+    tools = [{"id": "read", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}}]
+    before = flood_policy(tmp_path, [timed, timed, timed], name="before", tools=tools)
+    during = flood_policy(tmp_path, [timed, timed, timed], name="during", tools=tools)
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        _info, base = run_to_end(wire, events, before)
+        held = wire.call("run.start", {"policy_path": str(flooder), "detach": True})
+        seen = wait_output(dt.socket_path, held["id"], '"blocking"')
+        assert json.loads(seen.splitlines()[0])["out"] == {"last": "unavailable"}
+        refused = events.until(kind_is("connection.refused", held["id"]))[-1]["event"]
+        assert refused["layer"] == "broker"
+        _info, lines = run_to_end(wire, events, during)
+        release(fifo)
+        events.until(kind_is("run.end", held["id"]))
+    assert all(x["out"]["ok"] for x in base + lines)
+    calm = statistics.median(x["out"]["seconds"] for x in base)
+    flooded = statistics.median(x["out"]["seconds"] for x in lines)
+    assert flooded <= max(50 * calm, 2.0), (calm, flooded)  # compared, with a generous bound
 
 
 def test_a_connection_flood_on_the_llm_endpoint_is_refused_while_others_are_served(tmp_path: Path) -> None:
