@@ -291,7 +291,7 @@ def build_app(
         if not stored:
             return JSONResponse({"error": f"no events of run {run!r} in this record"}, status_code=404)
         verified = await source.verify(run)
-        report = debrief(stored, verified=bool(verified.get("ok")))
+        report = await asyncio.to_thread(debrief, stored, verified=bool(verified.get("ok")))
         report["verified"] = verified
         report["info"] = await source.run_info(run)
         return JSONResponse(report)
@@ -299,39 +299,28 @@ def build_app(
     async def download(request: Request, operator: str, token: str) -> Response:
         run = request.path_params["run"]
         fmt = request.query_params.get("format", "jsonl")
+        if fmt not in _FORMATS:
+            return PlainTextResponse(
+                f"no format {fmt!r}; ask for json, jsonl, text or bundle", status_code=400
+            )
         stored = await _all_events(source, run)
         if not stored:
             return PlainTextResponse(f"no events of run {run!r} in this record", status_code=404)
         name = f"stockade-{run}"
-        if fmt == "jsonl":
-            body = "".join(_line(s) + "\n" for s in stored).encode()
-            return _attachment(body, f"{name}.jsonl", "application/x-ndjson")
-        if fmt == "json":
-            body = ("[\n" + ",\n".join(_line(s) for s in stored) + "\n]\n").encode()
-            return _attachment(body, f"{name}.json", "application/json")
-        if fmt == "text":
-            from stockade.record._export import iso_utc, printable
-
-            lines = []
-            for s in stored:
-                e = s["event"]
-                lines.append(
-                    f"{s['seq']} {iso_utc(e['time'])} {printable(e.get('cell') or '-')} {e['layer']} "
-                    f"{e['outcome']} {printable(e.get('summary') or e['kind'])}\n"
-                )
-            return _attachment("".join(lines).encode(), f"{name}.txt", "text/plain; charset=utf-8")
-        if fmt == "bundle":
-            files = {
-                "events.jsonl": "".join(_line(s) + "\n" for s in stored).encode(),
-                "verify.json": json.dumps(await source.verify(run), indent=1).encode(),
-            }
-            info = await source.run_info(run)
-            if info is not None:
-                files["run.json"] = json.dumps(info, indent=1).encode()
-            text = (await source.transcript(run))["text"]
-            files["transcript.log"] = str(text).encode()
-            return _attachment(_tar(files), f"{name}.tar.gz", "application/gzip")
-        return PlainTextResponse(f"no format {fmt!r}; ask for json, jsonl, text or bundle", status_code=400)
+        # Rendered in a worker thread: a long run's export is not the daemon's loop's work.
+        if fmt != "bundle":
+            body = await asyncio.to_thread(_render, fmt, stored)
+            suffix, media = _FORMATS[fmt]
+            return _attachment(body, f"{name}{suffix}", media)
+        files = {
+            "events.jsonl": await asyncio.to_thread(_render, "jsonl", stored),
+            "verify.json": json.dumps(await source.verify(run), indent=1).encode(),
+        }
+        info = await source.run_info(run)
+        if info is not None:
+            files["run.json"] = json.dumps(info, indent=1).encode()
+        files["transcript.log"] = str((await source.transcript(run))["text"]).encode()
+        return _attachment(await asyncio.to_thread(_tar, files), f"{name}.tar.gz", "application/gzip")
 
     async def approvals(request: Request, operator: str, token: str) -> Response:
         return JSONResponse({"approvals": await source.approvals()})
@@ -505,6 +494,32 @@ async def _all_events(source: Source, run: str) -> list[dict[str, Any]]:
         if len(page) < EVENTS_MAX:
             return found
         after = int(page[-1]["seq"])
+
+
+_FORMATS = {
+    "jsonl": (".jsonl", "application/x-ndjson"),
+    "json": (".json", "application/json"),
+    "text": (".txt", "text/plain; charset=utf-8"),
+    "bundle": (".tar.gz", "application/gzip"),
+}
+
+
+def _render(fmt: str, stored: list[dict[str, Any]]) -> bytes:
+    """A run's events as JSON lines, a JSON array or text (``stockade export``'s formats)."""
+    if fmt == "jsonl":
+        return "".join(_line(s) + "\n" for s in stored).encode()
+    if fmt == "json":
+        return ("[\n" + ",\n".join(_line(s) for s in stored) + "\n]\n").encode()
+    from stockade.record._export import iso_utc, printable
+
+    lines = []
+    for s in stored:
+        e = s["event"]
+        lines.append(
+            f"{s['seq']} {iso_utc(e['time'])} {printable(e.get('cell') or '-')} {e['layer']} "
+            f"{e['outcome']} {printable(e.get('summary') or e['kind'])}\n"
+        )
+    return "".join(lines).encode()
 
 
 def _tar(files: dict[str, bytes]) -> bytes:
