@@ -323,3 +323,8 @@ def test_a_call_holds_only_its_stdio_and_cannot_reach_the_inits(session: Session
     peek = session.exec(["ls", "/proc/1/fd"])
     assert peek.returncode != 0 and b"Permission denied" in peek.stderr
     assert session.exec(["ls", "/proc/self/fd"]).returncode == 0  # control: its own are readable
+
+
+def test_an_error_report_that_holds_a_w_is_not_taken_for_the_end(session: Session) -> None:
+    missing = session.exec(["Weird-W42-no-such-command"])
+    assert missing.returncode == 127 and b"Weird-W42-no-such-command" in missing.stderr

@@ -31,6 +31,7 @@ import dataclasses
 import errno
 import math
 import os
+import re
 import select
 import socket
 import struct
@@ -69,6 +70,9 @@ SESSION_ARGV = ("stockade-session",)
 """What ``cell.start`` names as the command of a session's cell."""
 
 _READ = 65536
+_WAIT_STATUS = re.compile(rb"(?:^|\n)W-?\d+\n")
+"""The init's report of a call's end, on a line of its own (an error line
+before it may hold any text)."""
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid (unix(7))
 
 
@@ -945,7 +949,7 @@ def _pump(
                     got = ctl.recv(4096)
                     if got:
                         report.extend(got)
-                    if not got or b"W" in report:
+                    if not got or _WAIT_STATUS.search(report):
                         poller.unregister(ctl_fd)
                         exited = True
                         exited_at = now
