@@ -133,6 +133,15 @@ def test_a_run_that_ends_keeps_each_refusal_once_and_leaves_no_spool(tmp_path: P
         assert len(_kernel_denials(stored)) == REFUSALS == progress.stat().st_size
         assert not spool.exists()
         relay = _relay_pids(state)
+        assert wire.call("status")["audit_relay"] == {"pid": relay[0], "error": ""}
+        # A relay that dies is started again with the next run.
+        os.kill(relay[0], signal.SIGKILL)
+        assert wait_all_gone(relay) == []
+        second = wire.call("run.start", {"policy_path": str(policy), "detach": True})["id"]
+        wire.call("run.stop", {"run": second, "grace": 0})
+        status = wire.call("status")["audit_relay"]
+        assert status["pid"] not in (None, relay[0]) and status["error"] == ""
+        relay = [status["pid"]]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert wait_all_gone(relay, timeout=5.0) == []

@@ -446,6 +446,10 @@ class Daemon:
             "subscribers": self.bus.subscribers,
             "subscribers_dropped": self.bus.dropped,
             "store": store,
+            # The process that keeps the kernel's refusals across a SIGKILL (_relay).
+            "audit_relay": {"pid": runs.relay.pid, "error": runs.relay.error}
+            if runs.relay is not None
+            else None,
         }
 
     async def _logs(self, peer: Peer, p: Mapping[str, Any]) -> dict[str, Any]:
