@@ -27,7 +27,8 @@ What it does:
   spool as one JSON line, and the spool is ``fdatasync``ed in batches
   (every ``FLUSH_INTERVAL``): a few flushes a second, however many refusals.
   A spool is bounded by the same cap the daemon's reader has per cell
-  (``MAX_EVENTS``, 10,000); past it, refusals are counted, not kept.
+  (``MAX_EVENTS``, 10,000); past it, refusals are counted, not kept, and
+  one ``dropped`` line says how many when the cell is let go.
 * The pipe's end without a ``stop`` is the daemon's death. The relay then
   waits, on each watched cell's pidfd, for the cell to die (bounded by
   ``DRAIN_TIMEOUT``), sends a barrier through the audit log (everything the
@@ -306,6 +307,7 @@ class AuditRelay:
 @dataclass
 class _Watched:
     run: str
+    cell: str
     fd: int
     pidfd: int
     kept: int = 0
@@ -335,12 +337,10 @@ class _Relay:
             if w is None:
                 return
             if w.kept >= MAX_EVENTS:
-                w.dropped += 1
-                line = json.dumps({"dropped": 1, "cell": event.cell})
-            else:
-                w.kept += 1
-                line = json.dumps({"event": event.to_dict()})
-            self.pending.append((w, line.encode() + b"\n"))
+                w.dropped += 1  # counted; one line says how many when the cell is let go
+                return
+            w.kept += 1
+            self.pending.append((w, json.dumps({"event": event.to_dict()}).encode() + b"\n"))
 
     def _write_loop(self) -> None:
         while not self.done:
@@ -378,7 +378,7 @@ class _Relay:
         }
         os.write(fd, json.dumps(header).encode() + b"\n")
         with self.lock:
-            self.cells[cell] = _Watched(run, fd, pidfd)
+            self.cells[cell] = _Watched(run, cell, fd, pidfd)
         self.reader.watch(cell, session=int(msg["session"]), pid=int(msg["pid"]))
 
     def unwatch(self, cell: str) -> None:
@@ -419,6 +419,10 @@ class _Relay:
             self._close(w)
 
     def _close(self, w: _Watched) -> None:
+        if w.dropped:
+            with contextlib.suppress(OSError):
+                os.write(w.fd, json.dumps({"dropped": w.dropped, "cell": w.cell}).encode() + b"\n")
+                os.fdatasync(w.fd)
         for fd in (w.fd, w.pidfd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
