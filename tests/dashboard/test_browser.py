@@ -496,3 +496,28 @@ def _sync(coro: Any) -> Any:
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result(30)
+
+
+def test_a_dropped_stream_resumes_after_the_last_event_it_got(browser: Browser, tmp_path: Path) -> None:
+    """The browser's own reconnect: the server drops the run page's stream,
+    the page's EventSource comes back with ``Last-Event-ID`` = the last seq it
+    drew, and the events stored meanwhile arrive, each once."""
+    run = "r-0000000000dd"
+    note = [Event(kind="test.note", cell="", layer="broker", outcome="info", run=run) for _ in range(10)]
+    with dashboard_daemon(tmp_path) as dash, page_of(browser, dash.url) as page:
+        streams: list[dict[str, str]] = []
+        page.on("request", lambda r: streams.append(r.all_headers()) if "api/stream" in r.url else None)
+        seqs = _record(dash, note)
+        page.goto(f"{app(page)}#/run/{run}")
+        expect(page.locator("#run-counts")).to_contain_text("10 events", timeout=WAIT_MS)
+        expect(page.locator("#stream-status")).to_have_text("live")
+        server = dash.server()
+        assert server is not None
+        with page.expect_request(lambda r: "api/stream" in r.url, timeout=WAIT_MS) as again:
+            dash.thread.call(lambda: server.listening.close_streams(stopping=False))
+        assert again.value.all_headers().get("last-event-id") == str(seqs[-1])
+        later = _record(dash, note[:5])
+        expect(page.locator("#run-counts")).to_contain_text("15 events", timeout=WAIT_MS)
+        drawn = page.locator("[data-seq]").evaluate_all("ns => ns.map(n => Number(n.dataset.seq))")
+        assert drawn == seqs + later
+        assert len(streams) == 2, "one reconnect, no more"

@@ -134,11 +134,14 @@ class Listening:
     """The live streams being served, so that closing can end them."""
     closing: bool = False
 
-    def close_streams(self) -> None:
-        """End every live stream (the server is stopping): each sends what it
-        holds and returns, so the server stops without cancelling them."""
-        self.closing = True
+    def close_streams(self, *, stopping: bool = True) -> None:
+        """End every live stream: each sends what it holds and returns, so a
+        stopping server does not cancel them. ``stopping=False`` ends only the
+        streams open now (browsers reconnect, and resume after the last event
+        they got: what a dropped connection does)."""
+        self.closing = self.closing or stopping
         for feed in self.streams:
+            feed.closed = True
             feed.wake.set()
 
     def set_port(self, port: int) -> None:
@@ -405,6 +408,7 @@ class Feed:
         self.lines: collections.deque[str] = collections.deque()
         self.limit = limit if limit is not None else FEED_LIMIT
         self.behind = False
+        self.closed = False
         self.resyncs = 0
         self.wake = asyncio.Event()
 
@@ -458,7 +462,7 @@ async def _stream(
                 catch_up = True
                 yield f": resync after seq {last}: this reader fell behind; the rest comes from the store\n\n"
                 continue
-            if listening.closing:
+            if feed.closed or listening.closing:
                 return
             feed.wake.clear()
             if feed.lines:
