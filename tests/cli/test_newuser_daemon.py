@@ -340,3 +340,111 @@ def test_a_state_directory_made_beforehand_becomes_owner_only(tmp_path: Path) ->
             assert (os.stat(where).st_mode & 0o7777) == expected
         finally:
             dt.stop()
+
+
+AGENT = """
+import sys, stockade_agent as sa
+b = sa.Broker.connect()
+for step in sys.argv[1:]:
+    kind, _, arg = step.partition("=")
+    try:
+        if kind == "ask":
+            print("answer:", b.ask(arg), flush=True)
+        else:
+            b.write(arg, "x")
+            print("written", arg, flush=True)
+    except sa.NoAnswer:
+        print("NoAnswer", flush=True)
+    except sa.Denied as exc:
+        print("Denied", exc.reason, flush=True)
+"""
+
+
+def start_agent(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, d: Daemon, tools: str, *steps: str, extra: str = ""
+) -> str:
+    ws = tmp_path / "ws-agent"
+    ws.mkdir(exist_ok=True)
+    file = tmp_path / "agent.yaml"
+    file.write_text(
+        f"name: asker\nworkspace: {ws}\ncommand: {json.dumps(['python3', '-c', AGENT, *steps])}\n"
+        f"tools:\n{tools}{extra}"
+    )
+    code, out, err = cli(capsys, "run", "--detach", "-f", str(file), *place(d))
+    assert code == 0, err
+    return out.strip()
+
+
+def pending(d: Daemon) -> list[dict[str, object]]:
+    from stockade.daemon._client import Client
+
+    with Client(d.socket_path) as client:
+        result: list[dict[str, object]] = client.call("approvals.list")["approvals"]
+    return result
+
+
+def finish(capsys: pytest.CaptureFixture[str], d: Daemon, run_id: str) -> tuple[str, list[dict[str, object]]]:
+    from stockade.cli._daemon_cmds import run_events
+    from stockade.daemon._client import Client
+
+    code, out, err = cli(capsys, "logs", "-f", run_id, *place(d))
+    assert code == 0, err
+    with Client(d.socket_path) as client:
+        return out, run_events(client, run_id)
+
+
+def test_an_ask_under_an_ask_rule_is_one_approval_and_its_answer_arrives(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, daemon: Daemon
+) -> None:
+    run_id = start_agent(capsys, tmp_path, daemon, "  - {id: q, intent: ask, verdict: ask}\n", "ask=colour?")
+    wait_for(lambda: pending(daemon), "the question")
+    [question] = pending(daemon)
+    code, _, err = cli(capsys, "approve", str(question["id"]), "--reason", "blue", *place(daemon))
+    assert code == 0, err
+    out, events = finish(capsys, daemon, run_id)
+    assert out == "answer: blue\n"
+    assert [e["kind"] for e in events].count("approval.asked") == 1
+
+
+def test_a_question_nobody_answers_is_no_answer_not_denied(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    d = Daemon(tmp_path)
+    d.thread = DaemonThread(state=d.state, socket_path=d.socket_path, approval_timeout=0.5)
+    d.thread.start()
+    try:
+        run_id = start_agent(capsys, tmp_path, d, "  - {id: q, intent: ask, verdict: ask}\n", "ask=anyone?")
+        out, events = finish(capsys, d, run_id)
+    finally:
+        d.thread.stop()
+    assert out == "NoAnswer\n"
+    assert [e["kind"] for e in events].count("approval.asked") == 1
+
+
+def test_a_write_outside_the_grants_is_refused_before_anyone_is_asked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, daemon: Daemon
+) -> None:
+    granted = tmp_path / "granted"
+    outside = tmp_path / "outside"
+    granted.mkdir()
+    outside.mkdir()
+    rules = (
+        f'  - {{id: out, intent: fs.write, verdict: ask, match: {{path: "{outside}/*"}}}}\n'
+        f'  - {{id: in, intent: fs.write, verdict: ask, match: {{path: "{granted}/*"}}}}\n'
+    )
+    extra = f"filesystem: {{write: [{granted}]}}\n"
+    run_id = start_agent(
+        capsys, tmp_path, daemon, rules, f"write={outside}/x", f"write={granted}/y", extra=extra
+    )
+    # The write outside is refused at once; the one inside a grant (the control) is asked.
+    wait_for(lambda: pending(daemon), "the control's approval")
+    [asked] = pending(daemon)
+    assert str(granted / "y") in json.dumps(asked["args"])
+    code, _, _ = cli(capsys, "approve", str(asked["id"]), *place(daemon))
+    assert code == 0
+    out, events = finish(capsys, daemon, run_id)
+    lines = out.splitlines()
+    assert lines[0].startswith("Denied refused before asking:") and str(outside) in lines[0]
+    assert lines[1] == f"written {granted / 'y'}"
+    assert not (outside / "x").exists() and (granted / "y").read_text() == "x"
+    assert [e["kind"] for e in events].count("approval.asked") == 1

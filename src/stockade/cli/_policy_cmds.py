@@ -282,7 +282,9 @@ def _implausible(policy: Policy, fmt: str) -> list[str]:
             "allowed_hosts are reached through the gateway only (HTTP(S)_PROXY in the cell); "
             "a direct connect to them is refused, so a client that ignores the proxy cannot reach them"
         )
-    writable = [*policy.filesystem.write, *((policy.workspace,) if policy.workspace else ())]
+    # The broker's grants: filesystem.write and rw mounts, not the workspace
+    # (the agent writes there itself; the broker refuses it, docs/BROKER.md).
+    writable = [*policy.filesystem.write, *(m.source for m in policy.filesystem.mounts if m.mode == "rw")]
     for rule in policy.tools:
         path = dict(rule.match).get("path")
         if rule.intent != "fs.write" or rule.verdict == "deny" or not path or not path.startswith("/"):
@@ -291,7 +293,8 @@ def _implausible(policy: Policy, fmt: str) -> list[str]:
         if not covered_by(fixed, writable):
             out.append(
                 f"tools rule {rule.id!r} lets fs.write reach {path!r}, which is outside every writable grant "
-                f"(the workspace, filesystem.write), so the broker refuses it whatever the rule says; "
+                f"(filesystem.write; the broker's grants leave out the workspace), so the broker refuses it "
+                "whatever the rule says; "
                 f"add {fixed!r} to filesystem.write"
             )
     return out
