@@ -508,6 +508,27 @@ class IntentExecutor:
         self._session_exec = session_exec
         self._files = FileAccess(policy, workspace=workspace, hidden=hidden)
 
+    def grant_refusal(self, intent: str, args: Mapping[str, object]) -> str | None:
+        """Why the grants refuse this fs intent, without touching the
+        filesystem; None when they allow it (or it is not an fs intent, or
+        its arguments are malformed: ``execute`` says so). The daemon asks it
+        before putting an intent to a human: an approval the grants would
+        refuse anyway is a question that can only waste the operator's time."""
+        if intent not in ("fs.read", "fs.write", "fs.list"):
+            return None
+        try:
+            parsed = parse_args(intent, args)
+        except IntentError:
+            return None
+        path = getattr(parsed, "path", None)
+        if not isinstance(path, str):
+            return None
+        try:
+            self._files.check(path, write=intent == "fs.write")
+        except FsFailure as exc:
+            return exc.message if exc.code == "refused" else None
+        return None
+
     def execute(self, intent: str, args: Mapping[str, object]) -> dict[str, object]:
         """Execute ``intent``; return its JSON-serialisable value.
 

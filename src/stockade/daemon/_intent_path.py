@@ -308,10 +308,22 @@ class IntentPath:
         tool_call: str | None,
     ) -> dict[str, Any]:
         """Record the verdict, then deny, ask the operator, or execute."""
+        if decision.verdict == "ask" and run.executor is not None:
+            # The grants first: never ask a human to approve what would then
+            # be refused as outside them (the README's /srv/notes rule did).
+            refused = run.executor.grant_refusal(intent, args)
+            if refused is not None:
+                decision = Decision("deny", decision.rule, f"refused before asking: {refused}")
         await self._record_intent(run, cell, intent, args, decision, tool_call=tool_call)
         if decision.verdict == "deny":
             return _answer(decision)
         approval: Approval | None = None
+        if decision.verdict == "ask" and intent == "ask":
+            # A question under a `verdict: ask` rule is one approval, not two:
+            # putting it to the operator is the asking (approving the asking
+            # first, then asking again, dropped that first answer, and a
+            # question that timed out came back Denied, not NoAnswer).
+            decision = Decision("allow", decision.rule, "the question is put to the operator")
         if decision.verdict == "ask":
             approval = await self._ask(run, intent, args)
             decision = Decision(
