@@ -19,7 +19,7 @@ NAME = "stockade-inspect-test:1"
 PROGRAMS = (
     "sh", "dash", "bash", "cat", "ls", "id", "touch", "mkdir", "rm", "rmdir", "chmod", "chown", "env",
     "echo", "true", "false", "printf", "wc", "grep", "whoami", "sleep", "kill", "ps", "head", "dirname",
-    "basename", "tar", "cp", "mv", "useradd", "userdel", "groupadd", "stat",
+    "basename", "tar", "cp", "mv", "useradd", "userdel", "groupadd", "stat", "tr",
 )  # fmt: skip
 ADDUSER = """#!/bin/sh
 # adduser [--comment TEXT] [--disabled-password] NAME, over useradd.
@@ -37,8 +37,8 @@ exec /usr/sbin/useradd -m -U -c "$comment" -s /bin/sh "$1"
 """
 
 
-def store_image(state: Path) -> str:
-    """The image in ``<state>/images`` under ``NAME``; returns ``NAME``."""
+def store_image(state: Path, tag: str = NAME) -> str:
+    """The image in ``<state>/images`` under ``tag``; returns it."""
     store = ImageStore(state / "images")
     store.ensure()
     found = [shutil.which(p, path="/usr/bin:/usr/sbin:/bin:/sbin") for p in PROGRAMS]
@@ -84,6 +84,7 @@ def store_image(state: Path) -> str:
         (rootfs / "etc/group").write_text("root:x:0:\nusers:x:100:\nnogroup:x:65534:\n")
         (rootfs / "etc/shadow").write_text("root:*:19000:0:99999:7:::\n")
         (rootfs / "etc/gshadow").write_text("root:*::\n")
+        (rootfs / "etc/os-release").write_text('PRETTY_NAME="stockade test image"\nID=stockade-test\n')
         if os.path.exists("/etc/login.defs"):
             shutil.copy("/etc/login.defs", rootfs / "etc/login.defs")
         for name in ("shadow", "gshadow"):
@@ -103,5 +104,5 @@ def store_image(state: Path) -> str:
             labels={},
         )
         store.add(digest, rootfs, config, {"made_by": "tests/harness/_image.py", "approximate": False})
-    store.tag(NAME, digest)
-    return NAME
+    store.tag(tag, digest)
+    return tag

@@ -112,3 +112,15 @@ def test_an_allow_list_lets_the_task_run_and_refuses_a_host_off_it(tmp_path: Pat
     assert report["refusals_by_layer"].get("gateway", 0) >= 1
     assert any("off-the-list.example" in a["summary"] for a in report["attempts"]), report["attempts"]
     assert "403" in (trial / "stockade" / "root" / "app" / "curl.err").read_text()
+
+
+def test_an_image_named_as_the_task_is_the_trials_root(tmp_path: Path) -> None:
+    from tests.harness._image import store_image
+
+    store_image(tmp_path / "state", tag="hello-stockade")
+    result, trial = _harbor_run(tmp_path, "oracle")
+    assert _reward(result) == 1.0
+    # The image's own /etc/os-release has two lines; the host's has more.
+    assert (trial / "stockade" / "root" / "app" / "count.txt").read_text().strip() == "2"
+    first = json.loads((trial / "stockade" / "events.jsonl").read_text().splitlines()[0])
+    assert first["detail"]["image"] == "hello-stockade"

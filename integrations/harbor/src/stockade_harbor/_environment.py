@@ -178,10 +178,28 @@ class StockadeEnvironment(BaseEnvironment):
             limits=limits,
             env=env,
             network=network,
-            image=self._image or self.task_env_config.docker_image or base.image,
+            image=self._image_ref() or base.image,
             user=base.user or "root",
             workdir=self._workdir(),
         )
+
+    def _image_ref(self) -> str | None:
+        """The trial's image in the store of the state directory: ``--ek
+        image=REF``, else the task's ``docker_image``, else an image named as
+        the task (``stockade image build -t NAME environment/``, as the bench
+        proctor finds them); None: the host's own system directories."""
+        if self._image:
+            return self._image
+        if self.task_env_config.docker_image:
+            return str(self.task_env_config.docker_image)
+        from stockade.errors import ImageError
+        from stockade.image import default_store
+
+        try:
+            default_store(self._state).get(self.environment_name)
+        except ImageError:
+            return None
+        return self.environment_name
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -189,8 +207,12 @@ class StockadeEnvironment(BaseEnvironment):
         self._record = SampleRecord(
             _new_run_id(), harness="harbor", task=self.environment_name, sample=self.session_id
         )
+        image = self._image_ref()
         self._record.harness_event(
-            "harness.trial.start", f"harbor task {self.environment_name}: the agent phase starts"
+            "harness.trial.start",
+            f"harbor task {self.environment_name}: the agent phase starts, "
+            + (f"on image {image}" if image else "on the host's system directories (no image in the store)"),
+            image=image,
         )
         await self._open("agent")
 
