@@ -71,3 +71,78 @@ def test_a_missing_image_makes_the_trial_invalid(
     assert summary["status"] == "invalid"
     assert "stockade image build -t stockade-bench/hello:latest" in summary["invalid"]
     shutil.rmtree(tmp_path / "empty-state", ignore_errors=True)
+
+
+def _installing_task(tmp_path: Path) -> Path:
+    """hello-image, but its agent (root of the workbench) installs a program
+    outside the workdir, and its tests run that program: it only passes when
+    the verifier sees what the agent changed in the image."""
+    task = tmp_path / "install-task"
+    shutil.copytree(TASKS / "hello-image", task)
+    toml = (task / "task.toml").read_text()
+    toml = toml.replace('name = "stockade/hello-image"', 'name = "stockade/install-outside"')
+    toml = toml.replace("[agent]\n", '[agent]\nuser = "root"\n').replace(
+        "[verifier]\n", '[verifier]\nuser = "root"\n'
+    )
+    (task / "task.toml").write_text(toml)
+    (task / "instruction.md").write_text("Install a greet program in /usr/local/bin; it says hello.\n")
+    install = (
+        "mkdir -p /usr/local/bin && printf '#!/bin/sh\\necho installed-hello\\n' > /usr/local/bin/greet"
+        " && chmod 755 /usr/local/bin/greet && echo marker > /etc/greet.conf"
+    )
+    (task / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{install}\n")
+    (task / "solver.yaml").write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {"tool_calls": [{"name": "shell", "arguments": {"command": install}}]},
+                    {"content": "Done."},
+                ]
+            }
+        )
+    )
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        'if [ "$(/usr/local/bin/greet)" = installed-hello ] && [ "$(cat /etc/greet.conf)" = marker ]; then\n'
+        "    echo 1 > /logs/verifier/reward.txt\nelse\n    echo 0 > /logs/verifier/reward.txt\nfi\n"
+    )
+    return task
+
+
+@pytest.mark.parametrize("agent", ["oracle", "tool-loop"])
+def test_the_verifier_sees_what_the_agent_installed_outside_the_workdir(
+    world: World, image_store: ImageStore, tmp_path: Path, agent: str
+) -> None:
+    task = load_task(_installing_task(tmp_path))
+    with MockModel(routing_script([task])) as model:
+        config = ProctorConfig(
+            socket_path=world.daemon.socket_path,
+            out=tmp_path / "out",
+            agent=agent,
+            model="mock-llm",
+            llm_url=model.url,
+        )
+        summary = Trial(task, 1, config).run()
+    bundle = Path(summary["bundle"])
+    grader = (bundle / "grader.txt").read_text()
+    assert summary["status"] == "completed", json.loads((bundle / "trial.json").read_text())
+    # Reward 1 only if /usr/local/bin/greet and /etc/greet.conf, written by the
+    # agent's cell (or session), were there in the verifier's.
+    assert summary["reward"] == 1.0, (summary, grader)
+    assert verify_bundle(bundle) == []
+    # The image itself is untouched: the change lived in the trial's upper only.
+    assert not (image_store.get(REF).rootfs / "etc" / "greet.conf").exists()
+
+
+def test_without_the_agents_change_the_verifier_fails(
+    world: World, image_store: ImageStore, tmp_path: Path
+) -> None:
+    """The control: the same tests after an agent that installs nothing score 0,
+    so the reward above is the agent's change reaching the verifier."""
+    path = _installing_task(tmp_path)
+    (path / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
+    task = load_task(path)
+    config = ProctorConfig(socket_path=world.daemon.socket_path, out=tmp_path / "out", agent="oracle")
+    summary = Trial(task, 1, config).run()
+    assert summary["status"] == "completed", summary
+    assert summary["reward"] == 0.0, summary

@@ -291,3 +291,38 @@ def test_calls_in_flight_past_the_sessions_limit_are_refused(tmp_path: Path) -> 
         assert got and got[0].stdout == b"open\n"
         assert session.exec(["true"]).returncode == 0  # the slot is free again
         session.close()
+
+
+def test_a_kept_upper_carries_an_image_sessions_changes_to_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``upper``: what a root session on an image wrote outside any mount
+    (/etc) is there for the next session given the same upper, and not for one
+    without it; the image itself is never written."""
+    import subprocess
+
+    from stockade.image import ImageConfig, ImageStore
+    from tests.cell._image import build_rootfs
+
+    monkeypatch.setenv("STOCKADE_STATE", str(tmp_path / "state"))
+    store = ImageStore(tmp_path / "state" / "images")
+    store.ensure()
+    copy = store.tmp_dir / "rootfs-copy"
+    subprocess.run(["cp", "-al", str(build_rootfs()), str(copy)], check=True)
+    image = store.add("sha256:" + "c" * 64, copy, ImageConfig(env=("PATH=/usr/bin:/bin",)), {"kind": "test"})
+    policy = json.dumps({"name": "upper", "image": image.digest, "user": "root"})
+    upper = tmp_path / "kept" / "upper"
+    with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
+        with pytest.raises(RemoteError) as relative:
+            client.call("session.open", policy_text=policy, upper="kept/upper")
+        assert relative.value.code == "bad_params" and "absolute" in str(relative.value)
+        first = client.open_session(policy_text=policy, upper=str(upper))
+        wrote = first.exec(["sh", "-c", "echo installed > /etc/marker"])
+        assert wrote.returncode == 0, wrote
+        first.close()
+        with client.open_session(policy_text=policy, upper=str(upper)) as second:
+            assert second.read_file("/etc/marker") == b"installed\n"
+        with client.open_session(policy_text=policy) as fresh, pytest.raises(FileNotFoundError):
+            fresh.read_file("/etc/marker")  # the control: a session without the upper
+    assert (upper / "etc" / "marker").read_bytes() == b"installed\n"
+    assert not (image.rootfs / "etc" / "marker").exists()

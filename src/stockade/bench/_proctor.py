@@ -329,15 +329,24 @@ class Trial:
         name: str,
         session: dict[str, Any] | None = None,
         session_file: Path | None = None,
+        upper: Path | None = None,
     ) -> tuple[dict[str, Any], str]:
         """Start a run, follow its output to its end: (how it ended, its output).
 
         With ``session``, a workbench session bound to the run is opened once
-        the run exists, and its id written to ``session_file`` for the agent."""
-        info = client.call("run.start", policy_text=json.dumps(policy), unattended=True, name=name)
+        the run exists, and its id written to ``session_file`` for the agent.
+        ``upper`` is the workbench's kept upper layer on an image: the cell
+        that is the workbench (the run's, or the session's) keeps it there."""
+        extra = {"upper": str(upper)} if upper is not None and session is None else {}
+        info = client.call("run.start", policy_text=json.dumps(policy), unattended=True, name=name, **extra)
         run_id = str(info["id"])
         if session is not None and session_file is not None:
-            opened = client.call("session.open", run=run_id, policy_text=json.dumps(session))
+            opened = client.call(
+                "session.open",
+                run=run_id,
+                policy_text=json.dumps(session),
+                **({"upper": str(upper)} if upper is not None else {}),
+            )
             self.record["session"] = opened.get("id") or opened.get("session")
             part = session_file.with_suffix(".part")
             part.write_text(str(self.record["session"]), encoding="utf-8")
@@ -446,6 +455,14 @@ class Trial:
             self.record["status"] = "invalid"
             self.record["invalid"] = "the preflight could not clean the workbench (preflight.json)"
             return
+        # On an image, the agent's workbench keeps its upper layer and the
+        # verifier's cell starts over the same image + that upper: what the
+        # agent changed outside the workdir (a package, /etc) is there for the
+        # tests, as in Harbor, where the verifier shares the agent's container.
+        # Two cells over one kept upper rather than one cell through both
+        # phases: each phase is a run of its own (its own policy, mounts,
+        # user, timeout, record), and /tests only ever exists in the second.
+        upper = None if self.image is None else work / "upper"
         client = self._client()
         try:
             self._phase("agent")
@@ -463,15 +480,26 @@ class Trial:
                     yaml.safe_dump(session, sort_keys=False), encoding="utf-8"
                 )
                 ended, output = self._run(
-                    client, policy, f"bench-{task.short_name}-agent", session, agent_dir / "session"
+                    client, policy, f"bench-{task.short_name}-agent", session, agent_dir / "session", upper
                 )
             else:
-                ended, output = self._run(client, policy, f"bench-{task.short_name}-agent")
+                ended, output = self._run(client, policy, f"bench-{task.short_name}-agent", upper=upper)
             self.timings["agent"] = time.monotonic() - t1
             (self.bundle / "agent.txt").write_text(output, encoding="utf-8")
             self.record["agent_end"] = {
                 k: ended.get(k) for k in ("state", "exit_code", "halted", "error", "denials")
             }
+            if self.record.get("session"):
+                # The run's end closes its session; this waits for that close,
+                # so that the session's last events are in the record, and its
+                # kept upper is free for the verifier's cell.
+                from stockade.errors import RemoteError
+
+                try:
+                    client.call("session.close", session=self.record["session"])
+                except RemoteError as exc:
+                    if exc.code != "not_found":  # not_found: closed already, and gone
+                        raise
             self.events = self._export(client, self.record["runs"]["agent"])
             self._phase("grading")
             t2 = time.monotonic()
@@ -482,7 +510,7 @@ class Trial:
             (self.bundle / "verifier-policy.yaml").write_text(
                 yaml.safe_dump(vpolicy, sort_keys=False), encoding="utf-8"
             )
-            vended, voutput = self._run(client, vpolicy, f"bench-{task.short_name}-verifier")
+            vended, voutput = self._run(client, vpolicy, f"bench-{task.short_name}-verifier", upper=upper)
             self.timings["grading"] = time.monotonic() - t2
             (self.bundle / "grader.txt").write_text(voutput, encoding="utf-8")
             self.events += self._export(client, self.record["runs"]["verifier"])

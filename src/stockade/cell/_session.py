@@ -131,6 +131,7 @@ class Session:
         network: CellNetwork | None = None,
         records: str | None = None,
         max_calls: int = 64,
+        upper_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """
         Args:
@@ -145,6 +146,10 @@ class Session:
                 ``session.exec`` for each call), from the threads that make them.
             max_calls: calls in flight at once; one more waits for a free
                 slot (each holds a process and a few descriptors).
+            upper_dir: with an image, keep the session's upper layer there
+                (``Cell``'s): what its calls changed outside the mounts
+                (a package installed, ``/etc``) outlives it, and a later cell
+                or session given the same directory starts from it.
 
         Raises:
             HostError, PolicyError: as ``Cell`` (the host lacks a layer, the
@@ -166,6 +171,7 @@ class Session:
             network=network,
             records=records,
             image=image,  # a workbench's (cell/_workbench.py)
+            upper_dir=upper_dir,
         )
         self.policy = self._cell.policy
         self.run_id = run_id or ""

@@ -282,6 +282,7 @@ class Client:
         workspace: str | None = None,
         run: str | None = None,
         max_calls: int | None = None,
+        upper: str | None = None,
     ) -> RemoteSession:
         """``session.open``: a workbench session the daemon hosts (docs/SESSIONS.md).
 
@@ -299,6 +300,7 @@ class Client:
                 "policy_path": policy_path,
                 "policy_text": policy_text,
                 "image": image,
+                "upper": upper,
                 "workspace": workspace,
                 "run": run,
                 "max_calls": max_calls,

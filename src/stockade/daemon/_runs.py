@@ -402,7 +402,16 @@ class Runs:
             if parent is None and _family_limited(policy):
                 run.family_cgroup = await asyncio.to_thread(_family_cgroup, run)
             cell = await asyncio.to_thread(
-                _make_cell, policy, opts["workspace"], environ, run_id, sock_path, token, watch, run.gateway
+                _make_cell,
+                policy,
+                opts["workspace"],
+                environ,
+                run_id,
+                sock_path,
+                token,
+                watch,
+                run.gateway,
+                opts["upper"],
             )
             # Persistence reports go with the run's state, for `stockade revert`.
             cell.records = os.path.join(self.state_dir, "persistence")
@@ -785,6 +794,7 @@ def _start_params(params: Mapping[str, Any]) -> dict[str, Any]:
     for flag in ("detach", "unattended"):
         if not isinstance(params.get(flag, False), bool):
             raise RequestError("bad_params", f"'{flag}' must be true or false")
+    upper = upper_param(params)
     return {
         "policy_path": path,
         "policy_text": text,
@@ -794,7 +804,24 @@ def _start_params(params: Mapping[str, Any]) -> dict[str, Any]:
         "detach": bool(params.get("detach", False)),
         "unattended": bool(params.get("unattended", False)),
         "name": name,
+        "upper": upper,
     }
+
+
+def upper_param(params: Mapping[str, Any]) -> str | None:
+    """``upper``: where an image cell keeps its upper layer (``Cell(upper_dir=)``),
+    an absolute path that is a directory or does not exist yet; a later cell given
+    the same one continues from it (a bench's verifier sees what its agent changed)."""
+    upper = params.get("upper")
+    if upper is None:
+        return None
+    if not isinstance(upper, str) or not os.path.isabs(upper) or "\0" in upper:
+        raise RequestError("bad_params", f"'upper' must be an absolute path, not {upper!r}")
+    if os.path.lexists(upper) and not os.path.isdir(upper):
+        raise RequestError(
+            "bad_params", f"'upper' {upper!r} is not a directory; name a directory, or one not made yet"
+        )
+    return upper
 
 
 def _load_policy(opts: Mapping[str, Any], environ: Mapping[str, str]) -> Policy:
@@ -817,6 +844,7 @@ def _make_cell(
     token: str,
     watch: _CellWatch,
     gateway: Gateway | None,
+    upper: str | None = None,
 ) -> Cell:
     from stockade.cell._cell import Cell
 
@@ -835,6 +863,7 @@ def _make_cell(
         extra_env=env,
         files=files,
         network=gateway,
+        upper_dir=upper,
     )
 
 

@@ -85,6 +85,10 @@ class Sessions:
         self._runs = runs
         self._hosted: dict[str, _Hosted] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        """Sessions being closed: a ``session.close`` of one waits for that close
+        to end, so that "closed" means its cell is gone (its kept upper free for
+        the next cell: a bench's verifier, after the run closed its session)."""
 
     def methods(self) -> dict[str, Handler]:
         """The control socket's ``session.*`` methods (``Daemon.extensions``)."""
@@ -104,9 +108,10 @@ class Sessions:
     async def open(self, peer: Peer, p: Mapping[str, Any]) -> dict[str, Any]:
         from stockade.cell._session import Session
         from stockade.daemon._run import Run
-        from stockade.daemon._runs import _CellWatch, _load_policy, _shared_audit
+        from stockade.daemon._runs import _CellWatch, _load_policy, _shared_audit, upper_param
 
-        _only(p, {"policy_path", "policy_text", "image", "workspace", "run", "max_calls"})
+        _only(p, {"policy_path", "policy_text", "image", "workspace", "run", "max_calls", "upper"})
+        upper = upper_param(p)
         if len(self._hosted) >= SESSIONS_MAX:
             raise RequestError(
                 "unavailable", f"this daemon hosts {SESSIONS_MAX} sessions already; close one first"
@@ -175,6 +180,7 @@ class Sessions:
                     records=records,
                     max_calls=max_calls,
                     network=network,
+                    upper_dir=upper,
                 ).start()
             )
         except (PolicyError, UsageError) as exc:
@@ -189,12 +195,34 @@ class Sessions:
 
     async def close(self, peer: Peer, p: Mapping[str, Any]) -> dict[str, Any]:
         _only(p, {"session"})
+        wanted = p.get("session")
+        closing = self._closing.get(wanted) if isinstance(wanted, str) else None
+        if closing is not None:
+            return await asyncio.shield(closing)
         session_id, hosted = self._find(p)
         return await self._close(session_id, hosted)
 
     async def _close(self, session_id: str, hosted: _Hosted) -> dict[str, Any]:
         hosted.closing = True
         self._hosted.pop(session_id, None)
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._closing[session_id] = done
+        try:
+            reply = await self._end(session_id, hosted)
+        except Exception as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: a close nobody else waits for is not an unhandled error
+            raise
+        except BaseException:
+            done.cancel()
+            raise
+        else:
+            done.set_result(reply)
+            return reply
+        finally:
+            self._closing.pop(session_id, None)
+
+    async def _end(self, session_id: str, hosted: _Hosted) -> dict[str, Any]:
         try:
             result = await asyncio.to_thread(hosted.session.close)
         except StockadeError as exc:
