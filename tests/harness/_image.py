@@ -1,8 +1,9 @@
-"""A small image for the harness tests: the host's own shell, coreutils,
-procps and shadow's tools, hard-linked (tests/cell/_image.py's way), an /etc
-of its own, and an ``adduser`` of a few lines of sh over useradd (Debian's
-is Perl). Put into the image store of a state directory under the tests'
-own name."""
+"""A small image for the harness tests: the host's own shell, coreutils and
+procps, hard-linked (tests/cell/_image.py's way), an /etc of its own, and an
+``adduser``/``userdel`` of a few lines of sh (Debian's adduser is Perl, and
+shadow's useradd aborts when the kernel's audit socket is refused, as a
+cell's seccomp does). Put into the image store of a state directory under
+the tests' own name."""
 
 from __future__ import annotations
 
@@ -19,21 +20,31 @@ NAME = "stockade-inspect-test:1"
 PROGRAMS = (
     "sh", "dash", "bash", "cat", "ls", "id", "touch", "mkdir", "rm", "rmdir", "chmod", "chown", "env",
     "echo", "true", "false", "printf", "wc", "grep", "whoami", "sleep", "kill", "ps", "head", "dirname",
-    "basename", "tar", "cp", "mv", "useradd", "userdel", "groupadd", "stat", "tr",
+    "basename", "tar", "cp", "mv", "stat", "tr", "tail",
 )  # fmt: skip
 ADDUSER = """#!/bin/sh
-# adduser [--comment TEXT] [--disabled-password] NAME, over useradd.
+# adduser [--comment TEXT] [--disabled-password] NAME: the files' lines, by hand.
 comment=""
 while [ $# -gt 1 ]; do
-  case "$1" in
-    --comment) comment="$2"; shift 2 ;;
-    --disabled-password) shift ;;
-    --help) echo "adduser (stockade test image) --comment TEXT --disabled-password NAME"; exit 0 ;;
-    *) shift ;;
-  esac
+  case "$1" in --comment) comment="$2"; shift 2 ;; *) shift ;; esac
 done
-[ "$1" = "--help" ] && { echo "adduser (stockade test image)"; exit 0; }
-exec /usr/sbin/useradd -m -U -c "$comment" -s /bin/sh "$1"
+name="$1"
+[ "$name" = "--help" ] && { echo "adduser (stockade test image) [--comment TEXT] NAME"; exit 0; }
+grep -q "^$name:" /etc/passwd && { echo "adduser: the user '$name' already exists" >&2; exit 1; }
+uid=1000
+while grep -q "^[^:]*:[^:]*:$uid:" /etc/passwd; do uid=$((uid + 1)); done
+echo "$name:x:$uid:$uid:$comment:/home/$name:/bin/sh" >> /etc/passwd
+echo "$name:x:$uid:" >> /etc/group
+echo "$name:!:19000:0:99999:7:::" >> /etc/shadow
+mkdir -p "/home/$name" && chown "$uid:$uid" "/home/$name"
+"""
+USERDEL = """#!/bin/sh
+# userdel [-r] NAME
+[ "$1" = "-r" ] && shift
+for f in /etc/passwd /etc/group /etc/shadow; do
+  grep -v "^$1:" "$f" > "$f.new"; cat "$f.new" > "$f"; rm -f "$f.new"
+done
+rm -rf "/home/$1"
 """
 
 
@@ -76,8 +87,10 @@ def store_image(state: Path, tag: str = NAME) -> str:
                 and not (rootfs / "usr/sbin" / name).exists()
             ):
                 os.symlink(os.path.realpath(path), rootfs / "usr/bin" / name)
-        (rootfs / "usr/sbin/adduser").write_text(ADDUSER)
-        (rootfs / "usr/sbin/adduser").chmod(0o755)
+        for tool, script in (("adduser", ADDUSER), ("userdel", USERDEL)):
+            (rootfs / "usr/sbin" / tool).unlink(missing_ok=True)
+            (rootfs / "usr/sbin" / tool).write_text(script)
+            (rootfs / "usr/sbin" / tool).chmod(0o755)
         (rootfs / "etc/passwd").write_text(
             "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
         )

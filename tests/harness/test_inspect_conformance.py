@@ -21,10 +21,19 @@ XFAIL: dict[str, str] = {
     "test_exec_as_user": (
         "the default policy's cell is not a root workbench and shows the host's system "
         "directories read-only: `user='root'` is refused (SandboxUserUnsupportedError) and adduser "
-        "could not write /etc/passwd; it needs an image and `user: root`"
+        "could not write /etc/passwd; it passes with an image and `user: root` (test_root_image_workbench)"
     ),
 }
 """Checks this sandbox cannot pass with the default policy, and why."""
+
+ROOT_IMAGE_CHECKS = (
+    test_exec_as_user,  # noqa: F405
+    test_exec_as_nonexistent_user,  # noqa: F405
+    test_exec_timeout_kills_child_processes,  # noqa: F405
+    test_cwd_custom,  # noqa: F405
+)
+"""Checks run again in a root workbench on an image (``image:`` and ``user:
+root``), where the users are the image's own (test_root_image_workbench)."""
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +143,26 @@ async def test_a_compose_file_gives_the_sample_its_environment_and_workdir(tmp_p
 
     with pytest.raises(PolicyError, match=r"services\.default\.ports is not supported"):
         await sandbox_type.task_init("compose", str(compose))
+
+
+@pytest.fixture(scope="module")
+async def _root_image_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxEnvironment]:
+    from tests.harness._image import store_image
+
+    state = tmp_path_factory.mktemp("image-state")
+    name = store_image(state)
+    policy = state / "root.yaml"
+    policy.write_text(f"name: root-image\nimage: {name}\nuser: root\n")
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    config = sandbox_type.config_deserialize({"state": str(state), "policy": str(policy)})
+    envs = await sandbox_type.sample_init("root-image", config, {})
+    try:
+        yield envs["default"]
+    finally:
+        await sandbox_type.sample_cleanup("root-image", config, envs, False)
+
+
+@pytest.mark.parametrize("check", ROOT_IMAGE_CHECKS, ids=lambda c: c.__name__)
+async def test_root_image_workbench(check: Any, _root_image_env: SandboxEnvironment) -> None:
+    assert (await _root_image_env.exec(["id", "-u"])).stdout == "0\n"
+    await check(_root_image_env)
