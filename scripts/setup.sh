@@ -83,7 +83,8 @@ else
   hstamp=.venv-harbor/.stockade-installed
   if [ ! -x .venv-harbor/bin/python ]; then step "making .venv-harbor with $py312"; "$py312" -m venv .venv-harbor; fi
   if [ ! -f "$hstamp" ] || [ integrations/harbor/pyproject.toml -nt "$hstamp" ] || [ pyproject.toml -nt "$hstamp" ] \
-    || [ "$native" -nt "$hstamp" ] || ! .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" 2>/dev/null; then
+    || [ -n "$(find src/stockade -name '*.[ch]' -newer "$hstamp" 2>/dev/null)" ] \
+    || ! .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" 2>/dev/null; then
     step "installing Harbor and stockade into .venv-harbor"
     quietly .venv-harbor/bin/python -m pip install -q 'harbor==0.25.0' -e . -e integrations/harbor || true
     .venv-harbor/bin/python -c "import harbor, stockade.cell._native, stockade_harbor" \
