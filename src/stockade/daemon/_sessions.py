@@ -25,7 +25,10 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
+import json
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from stockade.daemon._peer import Peer
     from stockade.daemon._run import Run
     from stockade.daemon._runs import Runs
+    from stockade.gateway import Gateway
 
 INLINE_MAX = 384 * 1024
 """Bytes of one stream (or of a file) sent inline in a reply; more goes in a
@@ -73,6 +77,9 @@ class _Hosted:
     blobs: dict[str, bytearray] = field(default_factory=dict)
     blob_count: int = 0
     closing: bool = False
+    gateway: Gateway | None = None
+    """The session's own gateway (a policy of its own), whose rules
+    ``session.set_network`` changes; None when it shares its run's."""
 
     def blob_bytes(self) -> int:
         return sum(len(b) for b in self.blobs.values())
@@ -101,6 +108,7 @@ class Sessions:
             "session.list": self.listing,
             "session.blob_put": self.blob_put,
             "session.blob_get": self.blob_get,
+            "session.set_network": self.set_network,
         }
 
     # ------------------------------------------------------------------ open / close
@@ -153,6 +161,12 @@ class Sessions:
             policy = _load_policy(
                 {"policy_path": p.get("policy_path"), "policy_text": p.get("policy_text")}, os.environ
             )
+        own_gateway: Gateway | None = None
+        if network is None:
+            # A gateway of the session's own policy, as `stockade exec` has
+            # one: an allowed host is fetched through it, any other refused
+            # and recorded (and counted toward the bound run's tripwire).
+            own_gateway = network = self._gateway(policy, run)
         image = None
         if p.get("image") is not None:
             image = await asyncio.to_thread(_image, p.get("image"))
@@ -184,14 +198,83 @@ class Sessions:
                 ).start()
             )
         except (PolicyError, UsageError) as exc:
+            if own_gateway is not None:
+                await own_gateway.close()
             raise RequestError("bad_params", str(exc)) from exc
         except StockadeError as exc:
+            if own_gateway is not None:
+                await own_gateway.close()
             raise RequestError("unavailable", f"the session's cell could not start: {exc}") from exc
-        hosted = _Hosted(session, run.id if run is not None else "", time.time(), peer.who, max_calls)
+        hosted = _Hosted(
+            session, run.id if run is not None else "", time.time(), peer.who, max_calls, gateway=own_gateway
+        )
         self._hosted[session.session_id] = hosted
         if run is not None:
             self._spawn(self._close_with(run, session.session_id))
         return self._info(session.session_id, hosted)
+
+    def _gateway(self, policy: Any, run: Run | None) -> Gateway:
+        from stockade.gateway import Gateway
+
+        try:
+            return Gateway(
+                policy,
+                run_id=run.id if run is not None else "",
+                token=secrets.token_urlsafe(24),
+                hooks=_SessionHooks(self._runs, run),
+                loop=self._runs.loop,
+                environ=os.environ,
+                options=self._runs.gateway_options,
+            )
+        except PolicyError as exc:
+            raise RequestError("bad_params", str(exc)) from exc
+
+    async def set_network(self, peer: Peer, p: Mapping[str, Any]) -> dict[str, Any]:
+        """``session.set_network``: the session's gateway enforces ``network.allow``
+        rules given here from now on (a benchmark's agent phase, then its
+        verifier's); connections open now are ended. Recorded as ``session.network``."""
+        from stockade.policy import loads_policy
+
+        _only(p, {"session", "network"})
+        session_id, hosted = self._find(p)
+        if hosted.gateway is None:
+            raise RequestError(
+                "conflict",
+                f"session {session_id} shares the gateway of run {hosted.run} (it was opened under the "
+                "run's own policy); open it with a policy of its own to change its network",
+            )
+        given = p.get("network")
+        if not isinstance(given, dict) or set(given) - {"allow"}:
+            raise RequestError(
+                "bad_params",
+                f"'network' must be a table with only 'allow' (a policy's network.allow), not {given!r}",
+            )
+        try:
+            allow = loads_policy(
+                json.dumps({"name": "session-network", "network": given}), source="<session.set_network>"
+            ).network.allow
+        except PolicyError as exc:
+            raise RequestError("bad_params", str(exc)) from exc
+        current = hosted.gateway.egress.network
+        try:
+            await hosted.gateway.set_network(dataclasses.replace(current, allow=allow))
+        except PolicyError as exc:
+            raise RequestError("bad_params", str(exc)) from exc
+        hosts = [rule.host for rule in allow]
+        event = Event(
+            kind="session.network",
+            cell=hosted.session.cell_id,
+            layer="gateway",
+            outcome="info",
+            summary=f"session {session_id}'s gateway now allows {', '.join(hosts) or 'no host'}"[:1000],
+            detail={"session": session_id, "allow": hosts, "by": peer.who},
+            run=hosted.run,
+        )
+        try:
+            await self._runs.recorder.record_soon([event])
+        except StoreError as exc:
+            raise RequestError("unavailable", str(exc)) from exc
+        return {"session": session_id, "allow": hosts}
 
     async def close(self, peer: Peer, p: Mapping[str, Any]) -> dict[str, Any]:
         _only(p, {"session"})
@@ -478,6 +561,33 @@ class Sessions:
             "in_flight": hosted.in_flight,
             "opened_by": hosted.opened_by,
         }
+
+
+class _SessionHooks:
+    """What a session's own gateway calls back into (``GatewayHooks``): the
+    record (as the bound run's, if any), the bound run's tripwire and state."""
+
+    def __init__(self, runs: Runs, run: Run | None) -> None:
+        self._runs = runs
+        self._run = run
+
+    async def record(self, events: Any) -> None:
+        run_id = self._run.id if self._run is not None else ""
+        await self._runs.recorder.record_soon([dataclasses.replace(e, run=run_id) for e in events])
+
+    async def denied(self) -> None:
+        if self._run is not None:
+            await self._runs.intents.count_denial(self._run)
+
+    def halted(self) -> str | None:
+        run = self._run
+        if run is None:
+            return None
+        if run.halted:
+            return f"run {run.id} is halted ({run.halted})"
+        if run.done.is_set():
+            return f"run {run.id} has ended"
+        return None
 
 
 def _only(p: Mapping[str, Any], allowed: set[str]) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 from stockade._netns import listen_in
 from stockade.cell._layers import GATEWAY_PORT, LLM_PORT
-from stockade.errors import CellError
+from stockade.errors import CellError, PolicyError
 from stockade.gateway._ca import RunCA
 from stockade.gateway._egress import Egress
 from stockade.gateway._options import GatewayOptions
@@ -25,7 +25,7 @@ from stockade.gateway._proxy import GatewayHooks, Proxy
 from stockade.gateway._resolve import Resolver, make_resolver
 from stockade.gateway._secrets import Secrets
 from stockade.gateway._upstream import upstream_tls_context
-from stockade.policy import LlmPolicy, Policy
+from stockade.policy import LlmPolicy, NetworkPolicy, Policy
 
 PROXY_URL = f"http://127.0.0.1:{GATEWAY_PORT}"
 LLM_URL = f"http://127.0.0.1:{LLM_PORT}/v1"
@@ -106,6 +106,30 @@ class Gateway:
             return exc.reason
         decision = self.egress.decide(where.host, where.port, method="GET", path=where.target)
         return None if decision.verdict == "allow" else decision.reason
+
+    async def set_network(self, network: NetworkPolicy) -> None:
+        """Enforce ``network`` from now on, in place of the policy's (a session's
+        phases: a benchmark's agent and verifier have different rules), and end
+        every connection open now, so that a tunnel or a kept-alive request the
+        old rules allowed does not outlive them. Call it on the gateway's loop.
+
+        Raises:
+            PolicyError: a rule limits methods or paths (its requests must be
+                inspected), and this gateway was made without a CA; name
+                methods and paths in the policy the session was opened with.
+        """
+        inspects = any(rule.methods or rule.paths for rule in network.allow)
+        if inspects and self.ca is None:
+            first = next(r for r in network.allow if r.methods or r.paths)
+            raise PolicyError(
+                f"network.allow rule for {first.host!r} limits methods or paths, which needs this gateway "
+                "to inspect TLS, and it was made without a CA; open the session with a policy whose "
+                "network limits methods or paths, or drop them from this rule"
+            )
+        # One assignment: every decision reads egress.network (its cache of
+        # rules by address is keyed by the policy, so it is rebuilt).
+        self.egress.network = network
+        await self.proxy.drop_connections()
 
     # ------------------------------------------------------------ CellNetwork
 

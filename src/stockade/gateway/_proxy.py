@@ -170,6 +170,17 @@ class Proxy(Answers):
             await server.wait_closed()
         self._servers.clear()
 
+    async def drop_connections(self) -> None:
+        """End every client connection open now and forget the kept upstreams
+        (the rules changed: ``Gateway.set_network``); the listeners stay."""
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*list(self._connections), return_exceptions=True)
+        for kept in self._pool.values():
+            for upstream in kept:
+                upstream.close()
+        self._pool.clear()
+
     # ------------------------------------------------------------------ connections
 
     async def _connection(
