@@ -331,3 +331,31 @@ def test_stockade_agent_imports_in_an_exec_cell_and_says_there_is_no_broker(
     out, _ = capfd.readouterr()
     assert code == 0, out
     assert out.startswith("NotInCell ") and "started by `stockade exec`, which has no broker" in out
+
+
+def test_scenario_validate_reports_every_mistake_at_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad_policy = tmp_path / "bad.yaml"
+    bad_policy.write_text("name: t\nlimits: {memory: lots}\n")
+    file = tmp_path / "s.yaml"
+    file.write_text(
+        "name: s\nagents:\n"
+        "  - {name: a, policy: missing.yaml}\n"
+        "  - {name: a, policy: bad.yaml, depends_on: [zzz]}\n"
+        "  - {name: c, policy: bad.yaml, launch_when: success}\n"
+    )
+    code, _, err = cli(capsys, "scenario", "validate", str(file))
+    assert code == ExitCode.POLICY
+    assert "is used by agents[0] too" in err
+    assert "depends on 'zzz'" in err
+    assert "has launch_when but no depends_on" in err
+    assert "missing.yaml" in err and "does not exist" in err
+    # Control: with the group fixed, each agent's policy is checked, all of them.
+    file.write_text(
+        "name: s\nagents:\n  - {name: a, policy: missing.yaml}\n  - {name: b, policy: bad.yaml}\n"
+        "  - {name: c, policy: bad.yaml}\n"
+    )
+    code, _, err = cli(capsys, "scenario", "validate", str(file))
+    assert code == ExitCode.POLICY
+    assert "missing.yaml" in err and err.count("limits.memory 'lots' is not a size") == 2
