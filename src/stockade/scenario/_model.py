@@ -192,15 +192,64 @@ def loads_scenario(
     """``load_scenario`` of ``text``; relative policy paths are relative to ``source``'s directory."""
     doc = _Document(source)
     data = doc.compose(text)
+    base = os.path.dirname(os.path.abspath(source))
     try:
         model = ScenarioFile.model_validate(data)
     except ValidationError as exc:
-        raise doc.error([doc.pydantic_problem(e) for e in exc.errors(include_url=False)]) from None
-    base = os.path.dirname(os.path.abspath(source))
-    agents = _agents(doc, model, base)
+        problems = [doc.pydantic_problem(e) for e in exc.errors(include_url=False)]
+        if check_policies:
+            problems.extend(_missing_policies(doc, data, base))
+        raise doc.error(problems) from None
+    # Every mistake at once, as `validate` reports a policy's: the group's
+    # checks and each agent's policy, not one round per kind of mistake.
+    errors: list[PolicyError] = []
+    try:
+        agents = _agents(doc, model, base)
+    except PolicyError as exc:
+        errors.append(exc)
+        agents = []
+        missing = _missing_policies(doc, data, base) if check_policies else []
+        if missing:
+            errors.append(doc.error(missing))
     if check_policies:
-        agents = [_with_policy(doc, model.name, i, a, environ) for i, a in enumerate(agents)]
+        checked = []
+        for i, agent in enumerate(agents):
+            try:
+                checked.append(_with_policy(doc, model.name, i, agent, environ))
+            except PolicyError as exc:
+                errors.append(exc)
+        agents = checked
+    if errors:
+        raise _together(errors)
     return Scenario(name=model.name, source=os.path.abspath(source), agents=tuple(_ordered(agents)))
+
+
+def _missing_policies(doc: _Document, data: Any, base: str) -> list[_Problem]:
+    """Agents whose ``policy`` names no file, from the raw document (the
+    schema failed elsewhere, so there is no model to read it from)."""
+    agents = data.get("agents") if isinstance(data, dict) else None
+    out: list[_Problem] = []
+    for i, spec in enumerate(agents if isinstance(agents, list) else []):
+        policy = spec.get("policy") if isinstance(spec, dict) else None
+        if isinstance(policy, str) and policy and not os.path.isfile(os.path.join(base, policy)):
+            out.append(
+                _Problem(
+                    doc.at(("agents", i, "policy")),
+                    f"the policy {show(os.path.normpath(os.path.join(base, policy)))} of agents[{i}] does "
+                    "not exist; check the path (it is relative to the scenario file)",
+                )
+            )
+    return out
+
+
+def _together(errors: list[PolicyError]) -> PolicyError:
+    """One error for several: the first, the others (and their notes) as notes."""
+    first = errors[0]
+    for other in errors[1:]:
+        first.add_note(str(other))
+        for note in getattr(other, "__notes__", ()):
+            first.add_note(note)
+    return first
 
 
 def _read(name: str) -> str:
