@@ -26,7 +26,7 @@ class _PidSpy:
         self.pid = 0
         self.watched = threading.Event()
 
-    def watch(self, cell_id: str, *, session: int, pid: int) -> None:
+    def watch(self, cell_id: str, *, session: int, pid: int, places: object = None) -> None:
         self.pid = pid
         self.watched.set()
 

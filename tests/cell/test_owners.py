@@ -66,7 +66,7 @@ class _Owners:
         self.release = release
         """Written once the owner is read: the cell waits for it on stdin."""
 
-    def watch(self, cell_id: str, *, session: int, pid: int) -> None:
+    def watch(self, cell_id: str, *, session: int, pid: int, places: object = None) -> None:
         fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         try:
             buf = bytearray(4)

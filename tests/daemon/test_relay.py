@@ -32,18 +32,35 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cells under the daemo
 REFUSALS = 1500
 STEP = 100
 
-# Each attempt is counted in the workspace after the kernel refused it: the
-# file's size is how many refusals the agent met (one more may be in flight).
+MOUNT_EVERY = 10
+"""Every tenth step also meets the mount layer: a write into the workspace's
+protected ``.git/hooks`` (EROFS, kept) and a ``mv`` from /tmp into the
+workspace (EXDEV, an ordinary move: neither the daemon nor the relay keeps it)."""
+
+# Each attempt is counted in the workspace after the kernel refused it: "x"
+# for a Landlock refusal, "m" for one of the mount layer (one more of each
+# may be in flight).
 REFUSER = """
 import os, select, sys
-n, step, progress = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+n, step, progress, every = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 fd = os.open(progress, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+open("/tmp/moved", "w").close()
 for i in range(1, n + 1):
     try:
         open(f"/etc/stockade-relay-{i}", "w")
     except OSError:
         pass
     os.write(fd, b"x")
+    if i % every == 0:
+        try:
+            open(f".git/hooks/relay-{i}", "w")
+        except OSError:
+            pass
+        os.write(fd, b"m")
+        try:
+            os.rename("/tmp/moved", f"moved-{i}")
+        except OSError:
+            pass  # EXDEV: mv would copy instead
     if i % step == 0:
         print("at", i, flush=True)
 print("done", flush=True)
@@ -53,10 +70,12 @@ select.select([], [], [])
 
 def _policy(tmp_path: Path) -> tuple[Path, Path]:
     ws = workspace(tmp_path)
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     progress = ws / "progress"
     policy = {
         "name": "relay-refuser",
-        "command": [PY, "-c", REFUSER, str(REFUSALS), str(STEP), str(progress)],
+        "command": [PY, "-c", REFUSER, str(REFUSALS), str(STEP), str(progress), str(MOUNT_EVERY)],
         "workspace": str(ws),
         # Every kernel refusal counts toward the tripwire: let this one refuse on.
         "limits": {"denials": 1_000_000},
@@ -64,6 +83,17 @@ def _policy(tmp_path: Path) -> tuple[Path, Path]:
     path = tmp_path / "refuser.json"
     path.write_text(json.dumps(policy))
     return path, progress
+
+
+def _met(progress: Path) -> tuple[int, int]:
+    """The Landlock and the mount-layer refusals the agent met."""
+    data = progress.read_bytes()
+    return data.count(b"x"), data.count(b"m")
+
+
+def _mount_denials(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    kernel = (e["event"] for e in events)
+    return [e for e in kernel if e["kind"] == "cell.denied" and e["layer"] in ("mount", "dac")]
 
 
 def _relay_pids(state: Path) -> list[int]:
@@ -90,8 +120,9 @@ def test_a_daemon_killed_at_a_random_point_loses_no_kernel_refusal(tmp_path: Pat
         proc.wait()
     # The cell dies with the daemon (its death signals), a moment later.
     assert wait_all_gone(cell) == []
-    met = progress.stat().st_size
+    met, met_mount = _met(progress)
     assert at <= met <= REFUSALS
+    assert met_mount == met // MOUNT_EVERY
     with daemon_process(state, sock):
         # The restart waited for the old relay to drain and let go.
         assert wait_all_gone(relay, timeout=1.0) == []
@@ -100,18 +131,25 @@ def test_a_daemon_killed_at_a_random_point_loses_no_kernel_refusal(tmp_path: Pat
         stored = stored_events(wire, run)
         recorded = len(_kernel_denials(stored))
         assert met <= recorded <= met + 1, f"seed {seed}: the agent met {met}, the record has {recorded}"
+        # The mount layer's too, and only the attempts: each write into
+        # .git/hooks is there, no mv from /tmp (the relay judged them as the cell does).
+        mount = _mount_denials(stored)
+        assert met_mount <= len(mount) <= met_mount + 1, [e["summary"] for e in mount][-3:]
+        odd = [e for e in mount if e["detail"]["errno"] != "EROFS" or "/.git/hooks" not in e["summary"]]
+        assert not odd, odd[:3]
         gap = [e["event"] for e in stored if e["event"]["kind"] == "cell.audit_lost"]
         assert len(gap) == 1
         detail = gap[0]["detail"]
         assert detail["relay"] == "complete", gap[0]["summary"]
-        assert detail["kept"] + detail["recovered"] == recorded
-        assert "no Landlock or seccomp refusal is missing" in gap[0]["summary"]
+        assert detail["kept"] + detail["recovered"] == recorded + len(mount)
+        assert detail["uncovered"] == [] and detail["unjudged"] == 0
+        assert "no Landlock, seccomp or mount-layer refusal is missing" in gap[0]["summary"]
         kinds = [e["event"]["kind"] for e in stored]
         assert kinds[-1] == "run.end" and stored[-1]["event"]["detail"]["state"] == "lost"
         # Each refusal once (the kernel's serial), every one the run's, all before its gap.
         serials = [e["detail"]["serial"] for e in _kernel_denials(stored)]
         assert len(set(serials)) == len(serials)
-        assert all(e["run"] == run for e in _kernel_denials(stored))
+        assert all(e["run"] == run for e in _kernel_denials(stored) + mount)
         last_denial = max(i for i, e in enumerate(stored) if e["event"]["kind"] == "cell.denied")
         assert last_denial < kinds.index("cell.audit_lost")
 
@@ -130,10 +168,11 @@ def test_a_run_that_ends_keeps_each_refusal_once_and_leaves_no_spool(tmp_path: P
         assert spool.exists()
         wire.call("run.stop", {"run": run, "grace": 0})
         stored = stored_events(wire, run)
-        assert len(_kernel_denials(stored)) == REFUSALS == progress.stat().st_size
+        assert len(_kernel_denials(stored)) == REFUSALS == _met(progress)[0]
+        assert len(_mount_denials(stored)) == REFUSALS // MOUNT_EVERY == _met(progress)[1]
         assert not spool.exists()
         relay = _relay_pids(state)
-        assert wire.call("status")["audit_relay"] == {"pid": relay[0], "error": ""}
+        assert wire.call("status")["audit_relay"] == {"pid": relay[0], "error": "", "restarts": 0}
         # A relay that dies is started again with the next run.
         os.kill(relay[0], signal.SIGKILL)
         assert wait_all_gone(relay) == []

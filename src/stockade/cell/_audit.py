@@ -60,6 +60,8 @@ from stockade.record._event import Event
 if TYPE_CHECKING:
     import logging
 
+    from stockade.cell._attempts import Places
+
 
 def _log() -> logging.Logger:
     # logging costs ~5 ms to import and is needed only when something goes wrong.
@@ -439,10 +441,14 @@ class AuditReader:
 
     # -- cells --
 
-    def watch(self, cell_id: str, *, session: int, pid: int) -> None:
+    def watch(self, cell_id: str, *, session: int, pid: int, places: Places | None = None) -> None:
         """Attribute to ``cell_id`` the records of audit session ``session`` (read
         from ``/proc/<pid>/sessionid``) and of the Landlock domains that host pid
         ``pid`` (the cell's pid-1, which creates its domain) allocates.
+
+        ``places`` (``_attempts``) is for a stand-in that judges the cell's
+        mount-layer refusals itself (the daemon hands it to its audit relay);
+        this reader attributes, and ``Cell`` judges what it delivers.
 
         Call it before the cell can be denied anything; records from the few
         seconds before are still matched.

@@ -21,10 +21,16 @@ What it does:
 * The daemon starts it (``AuditRelay.start``) in a session of its own with
   no death signal, so neither SIGKILL of the daemon nor a terminal's Ctrl-C
   ends it, and tells it over a pipe (its stdin) each cell it watches: run,
-  cell, audit session, host pid of the cell's pid 1, and the spool file
+  cell, audit session, host pid of the cell's pid 1, the cell's places
+  (bounded: ``MAX_PLACES_BYTES``) and the spool file
   (``<state>/runs/<run>/kernel.spool``, in the run's 0700 directory).
-* Each Landlock or seccomp refusal it attributes is appended to that cell's
-  spool as one JSON line, and the spool is ``fdatasync``ed in batches
+* The daemon watches it: a relay that dies is started again at once and told
+  the live cells anew, each with the time since which no relay watched it
+  (``uncovered_since``); that window is in the spool, and a recovery names it.
+* Each refusal it attributes (Landlock, seccomp, and those of the mount layer
+  and of file permissions that ``_attempts.not_an_attempt`` keeps, judged by
+  the cell's ``Places``, which the daemon sends with the cell) is appended to
+  that cell's spool as one JSON line, and the spool is ``fdatasync``ed in batches
   (every ``FLUSH_INTERVAL``): a few flushes a second, however many refusals.
   A spool is bounded by the same cap the daemon's reader has per cell
   (``MAX_EVENTS``, 10,000); past it, refusals are counted, not kept, and
@@ -39,7 +45,9 @@ What it does:
 * ``stop`` (a daemon ending cleanly: every run ended and recorded) ends it at once.
 
 The spool format, one JSON object a line: ``{"watch": {run, cell, session,
-pid, time}}``, ``{"event": <Event.to_dict()>}``, ``{"dropped": N}`` and
+pid, time, places, uncovered_since}}`` (again for each relay that watched
+the cell), ``{"event": <Event.to_dict()>}``, ``{"dropped": N, "cell"}``,
+``{"unjudged": N, "cell"}`` (EXDEV refusals not kept: no places) and
 ``{"end": {cell, time, died, barrier}}``. ``read_spool`` parses it, and
 tolerates a last line cut short by a crash of the relay itself.
 """
@@ -60,12 +68,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
+from stockade.cell._attempts import MAX_PLACES_BYTES, Places, needs_places, not_an_attempt
 from stockade.errors import HostError
 from stockade.record._event import Event
 
 __all__ = [
     "DRAIN_TIMEOUT",
+    "KERNEL_LAYERS",
     "MAX_EVENTS",
+    "RELAY_ENV",
     "AuditRelay",
     "CellSpool",
     "event_key",
@@ -87,11 +98,16 @@ DRAIN_TIMEOUT: Final = 10.0
 somehow survives, which the next daemon's cgroup sweep then kills)."""
 START_TIMEOUT: Final = 15.0
 """Seconds the daemon waits for a new relay to have its audit socket open."""
-KERNEL_LAYERS: Final = frozenset({"landlock", "seccomp"})
-"""The refusals the relay keeps: those with no other witness. The mount
-layer's (``_audit_mount``) need the cell's plan to tell an attempt from the
-launcher's own or a benign crossing (``Cell._not_an_attempt``), which the
-relay does not have; a recovery says they are not recovered."""
+KERNEL_LAYERS: Final = frozenset({"landlock", "seccomp", "mount", "dac"})
+"""The refusals the relay keeps: every layer the kernel audit log reports,
+those with no other witness. The mount layer's and file permissions'
+(``_audit_mount``) are judged by the cell's places as ``Cell`` judges them
+(``_attempts.not_an_attempt``): the launcher's own and an ordinary ``mv``
+are not attempts."""
+RELAY_ENV: Final = "STOCKADE_AUDIT_RELAY"
+"""``off``: the daemon starts no relay (benchmarks measure its cost so;
+docs/PERFORMANCE.md). Internal: a daemon so started loses the refusals in
+flight when it is killed, and its recoveries say there was no relay."""
 
 
 # --------------------------------------------------------------------------- the spool
@@ -112,6 +128,12 @@ class CellSpool:
     """The relay saw the cell's pid 1 die before it drained."""
     barrier: bool = False
     """Its last barrier came back: every record the kernel emitted before it was read."""
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+    """Windows (wall-clock seconds, from, to) in which no relay watched the
+    cell: its relay died (or had not started) and its successor had not been
+    told of the cell yet."""
+    unjudged: int = 0
+    """EXDEV refusals not kept: the cell's places were past ``MAX_PLACES_BYTES``."""
 
 
 def read_spool(path: str) -> dict[str, CellSpool]:
@@ -136,6 +158,11 @@ def read_spool(path: str) -> dict[str, CellSpool]:
         if "watch" in entry:
             w = entry["watch"]
             last = cells.setdefault(str(w["cell"]), CellSpool(run=str(w["run"]), cell=str(w["cell"])))
+            since = w.get("uncovered_since")
+            if isinstance(since, (int, float)):
+                last.gaps.append((float(since), float(w["time"])))
+            # A later relay's watch: what an earlier one wrote at its end no longer holds.
+            last.ended = last.died = last.barrier = False
         elif "event" in entry:
             event = event_from_dict(entry["event"])
             spool = cells.get(event.cell)
@@ -145,6 +172,10 @@ def read_spool(path: str) -> dict[str, CellSpool]:
             spool = cells.get(str(entry.get("cell", ""))) or last
             if spool is not None:
                 spool.dropped += int(entry["dropped"])
+        elif "unjudged" in entry:
+            spool = cells.get(str(entry.get("cell", "")))
+            if spool is not None:
+                spool.unjudged += int(entry["unjudged"])
         elif "end" in entry:
             end = entry["end"]
             spool = cells.get(str(end["cell"]))
@@ -164,6 +195,8 @@ def event_key(event: Event) -> tuple[Any, ...]:
         return (event.cell, event.kind, event.layer, round(event.time, 3), event.summary)
     if event.layer == "seccomp":  # its own record names the call
         what: tuple[Any, ...] = (d.get("nr"), d.get("action"))
+    elif event.layer in ("mount", "dac"):
+        what = (d.get("nr"), d.get("errno"), tuple(d.get("paths") or ()))
     else:  # one system call may meet several Landlock refusals, one record each
         what = (tuple(d.get("blockers") or ()), d.get("path"), d.get("domain"))
     return (event.cell, event.kind, event.layer, round(event.time, 3), serial, what)
@@ -265,11 +298,38 @@ class AuditRelay:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def watch(self, *, run: str, cell: str, session: int, pid: int, spool: str) -> bool:
-        """Tell the relay of a cell just launched; False when it is gone."""
-        return self._send(
-            {"op": "watch", "run": run, "cell": cell, "session": session, "pid": pid, "spool": spool}
-        )
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the relay process to end; True when it has."""
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def watch(
+        self,
+        *,
+        run: str,
+        cell: str,
+        session: int,
+        pid: int,
+        spool: str,
+        places: Places | None = None,
+        uncovered_since: float | None = None,
+    ) -> bool:
+        """Tell the relay of a cell just launched (or, after a relay died,
+        still alive: ``uncovered_since`` says since when no relay watched
+        it); False when it is gone. ``places`` past ``MAX_PLACES_BYTES`` are
+        not sent: the relay then keeps none of the cell's EXDEV refusals."""
+        msg: dict[str, Any] = {"op": "watch", "run": run, "cell": cell, "session": session, "pid": pid}
+        msg["spool"] = spool
+        if places is not None:
+            sent = places.to_dict()
+            if len(json.dumps(sent)) <= MAX_PLACES_BYTES:
+                msg["places"] = sent
+        if uncovered_since is not None:
+            msg["uncovered_since"] = uncovered_since
+        return self._send(msg)
 
     def unwatch(self, cell: str) -> bool:
         """The cell ended and the daemon collected its refusals."""
@@ -310,8 +370,10 @@ class _Watched:
     cell: str
     fd: int
     pidfd: int
+    places: Places | None
     kept: int = 0
     dropped: int = 0
+    unjudged: int = 0
 
 
 class _Relay:
@@ -335,6 +397,11 @@ class _Relay:
         with self.lock:
             w = self.cells.get(event.cell)
             if w is None:
+                return
+            if w.places is None and needs_places(event):
+                w.unjudged += 1  # cannot tell an mv from an attempt; the recovery says so
+                return
+            if w.places is not None and not_an_attempt(event, w.places):
                 return
             if w.kept >= MAX_EVENTS:
                 w.dropped += 1  # counted; one line says how many when the cell is let go
@@ -367,6 +434,9 @@ class _Relay:
             pidfd = os.pidfd_open(int(msg["pid"]))
         except OSError:
             pidfd = -1  # already gone: nothing to wait for
+        sent = msg.get("places")
+        places = Places.from_dict(sent) if isinstance(sent, dict) else None
+        since = msg.get("uncovered_since")
         header = {
             "watch": {
                 "run": run,
@@ -374,11 +444,13 @@ class _Relay:
                 "session": msg["session"],
                 "pid": msg["pid"],
                 "time": time.time(),
+                "places": places is not None,
+                "uncovered_since": float(since) if isinstance(since, (int, float)) else None,
             }
         }
         os.write(fd, json.dumps(header).encode() + b"\n")
         with self.lock:
-            self.cells[cell] = _Watched(run, cell, fd, pidfd)
+            self.cells[cell] = _Watched(run, cell, fd, pidfd, places)
         self.reader.watch(cell, session=int(msg["session"]), pid=int(msg["pid"]))
 
     def unwatch(self, cell: str) -> None:
@@ -419,10 +491,11 @@ class _Relay:
             self._close(w)
 
     def _close(self, w: _Watched) -> None:
-        if w.dropped:
-            with contextlib.suppress(OSError):
-                os.write(w.fd, json.dumps({"dropped": w.dropped, "cell": w.cell}).encode() + b"\n")
-                os.fdatasync(w.fd)
+        for what, n in (("dropped", w.dropped), ("unjudged", w.unjudged)):
+            if n:
+                with contextlib.suppress(OSError):
+                    os.write(w.fd, json.dumps({what: n, "cell": w.cell}).encode() + b"\n")
+                    os.fdatasync(w.fd)
         for fd in (w.fd, w.pidfd):
             if fd >= 0:
                 with contextlib.suppress(OSError):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from stockade.cell import _host
+from stockade.cell._attempts import Places, not_an_attempt
 from stockade.cell._audit_core import unrecorded_event
 from stockade.cell._audit_mount import CELL_LOGINUID
 from stockade.cell._cgroup import CellCgroup
@@ -111,14 +112,15 @@ class _LiveEvents:
 
     The reader calls ``from_reader`` for every event of the host it
     attributes; this keeps the cell's own, drops the launcher's (see
-    ``_not_an_attempt``), gives each the run id once and remembers it, so that
+    ``_attempts.not_an_attempt``), gives each the run id once and remembers it, so that
     the same record collected at the end is the same object, delivered once.
     """
 
     def __init__(self, cell_id: str, run_id: str, plan: CellPlan, sink: EventSink | None) -> None:
         self._cell = cell_id
         self._run = run_id
-        self._plan = plan
+        self.places = Places.of(plan)
+        """What judges the mount layer's refusals (``_attempts``), handed to the reader too."""
         self._sink = sink
         self._lock = threading.Lock()
         self._settled: dict[int, Event] = {}
@@ -142,7 +144,7 @@ class _LiveEvents:
             self._deliver(self.settle(event))
 
     def from_reader(self, event: Event) -> None:
-        if self._sink is None or event.cell != self._cell or _not_an_attempt(event, self._plan):
+        if self._sink is None or event.cell != self._cell or not_an_attempt(event, self.places):
             return
         self._deliver(self.settle(event))
 
@@ -500,7 +502,7 @@ class Cell:
             for event in events:  # cell.start, and the gap it has if audit is off
                 live.start(event)
             if audit is not None and launched.session is not None:
-                audit.watch(cell_id, session=launched.session, pid=launched.init_pid)
+                audit.watch(cell_id, session=launched.session, pid=launched.init_pid, places=live.places)
             if session is not None:
                 session[1](cgroup, launched.init_pid)
             status, timed_out, stdout, stderr, truncated = _supervise(
@@ -552,7 +554,9 @@ class Cell:
         release_owner(owner)  # every process of the cell has ended
         if audit is not None and launched.session is not None:
             # Those delivered live come back here too: the same events, once.
-            events.extend(live.settle(e) for e in audit.collect(cell_id) if not _not_an_attempt(e, plan))
+            events.extend(
+                live.settle(e) for e in audit.collect(cell_id) if not not_an_attempt(e, live.places)
+            )
             audit.unwatch(cell_id)
         if unsubscribe is not None:
             # Only now: what collect's barrier brought in went to on_event too
@@ -1001,71 +1005,6 @@ def _start_event(cell_id: str, policy: Policy, command: tuple[str, ...], plan: C
             "hidden": list(plan.hidden),
         },
     )
-
-
-VIEW_STAGE = "/newroot"
-"""Where the launcher builds the cell's view before it pivots into it
-(``_native.c``): no path of the agent's starts there."""
-
-
-def _not_an_attempt(event: Event, plan: CellPlan) -> bool:
-    """A refusal of the mount layer or of file permissions that the agent did
-    not try: the launcher's own, while it built the view (every path under
-    ``VIEW_STAGE``: it touches files it will bind over, and root-owned ones
-    refuse), or an ordinary move between writable places (``_benign_crossing``)."""
-    if event.layer not in ("mount", "dac"):
-        return False
-    paths = event.detail.get("paths")
-    if (
-        isinstance(paths, list)
-        and paths
-        and all(isinstance(p, str) and (p == VIEW_STAGE or p.startswith(VIEW_STAGE + "/")) for p in paths)
-    ):
-        return True
-    return _benign_crossing(event, plan)
-
-
-def _benign_crossing(event: Event, plan: CellPlan) -> bool:
-    """A rename or link across mounts (EXDEV) into a place the cell may write:
-    what an ordinary ``mv`` from /tmp to the workspace meets before it copies
-    instead, not an attempt on anything. Kept (cell/_audit_mount.py): one
-    into a read-only mount inside those places (a protected directory), into
-    a directory pinned because it holds a protected path (``.git``), or into
-    a place the cell may not write (either directory: the kernel logs both
-    without saying which is the source). It logs only directories: a rename
-    from another mount straight onto a protected file of the workspace's top
-    directory is refused (EXDEV) but looks like any ``mv`` into it, so it is
-    not kept (``mv``'s copy that follows meets EROFS, which is)."""
-    if event.layer != "mount" or event.detail.get("errno") != "EXDEV":
-        return False
-    paths = event.detail.get("paths")
-    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
-        return False
-    writable = (*plan.grants.write, *plan.grants.write_exec)
-
-    def inside(path: str, root: str) -> bool:
-        return path == root or path.startswith(root.rstrip("/") + "/")
-
-    protected = [
-        m.dst
-        for m in plan.mounts
-        if m.kind == "bind" and not m.writable and any(inside(m.dst, w) for w in writable)
-    ]
-    # Both directories must be ordinary writable places: the kernel logs the
-    # two without saying which is the source.
-    if any(inside(path, p) for path in paths for p in protected):
-        return False
-    pinned = {
-        m.dst
-        for m in plan.mounts
-        if m.kind == "bind"
-        and m.writable
-        and m.dst != plan.workspace
-        and any(p != m.dst and inside(p, m.dst) for p in protected)
-    }
-    if any(path in pinned for path in paths):
-        return False
-    return all(any(inside(path, w) for w in writable) for path in paths)
 
 
 def _shortened(text: str, width: int = 200) -> str:

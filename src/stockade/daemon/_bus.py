@@ -489,6 +489,11 @@ KERNEL_LAYERS = frozenset({"landlock", "seccomp", "mount", "dac"})
 """The layers whose refusals the kernel reports through the audit log."""
 
 
+def _utc(t: float) -> str:
+    """A wall-clock time to the millisecond, as the kernel stamps its records."""
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}"
+
+
 def kernel_gap_event(
     store: EventStore,
     run_id: str,
@@ -499,6 +504,8 @@ def kernel_gap_event(
     relayed_cells: int = 0,
     complete: bool = False,
     dropped: int = 0,
+    gaps: Sequence[tuple[str, float, float]] = (),
+    unjudged: int = 0,
 ) -> Event:
     """What a restarted daemon knows of the kernel refusals of a run its
     predecessor did not see end. ``cell.audit_lost``, reason ``daemon``.
@@ -510,9 +517,12 @@ def kernel_gap_event(
     nothing the kernel reported for them is missing. Otherwise (no relay, or
     the relay itself was killed) any refusal after the last one recorded,
     until the cells died, could not be received: the kernel does not replay
-    what it multicast. Refusals of the mount layer are not relayed (telling
-    them from the launcher's own needs the cell's plan): those the dead daemon
-    had not stored are not recovered."""
+    what it multicast. Refusals of the mount layer and of file permissions are
+    relayed too, judged by each cell's places as the cell judges them.
+    ``gaps``: windows in which no relay watched a cell (it died and the
+    daemon started another): the daemon's own reader saw those live, and
+    what of them it had not stored when it died is not known. ``unjudged``:
+    EXDEV refusals the relay could not judge (places too big to send)."""
     kept = 0
     last = None
     for stored in store.query(run=run_id):
@@ -528,9 +538,11 @@ def kernel_gap_event(
     )
     if complete:
         tail = (
-            "; the relay saw every cell die and read the audit log to its end, so no Landlock or "
-            "seccomp refusal is missing (mount-layer refusals the daemon had not stored are not recovered)"
+            "; the relay saw every cell die and read the audit log to its end, so no Landlock, "
+            "seccomp or mount-layer refusal is missing"
         )
+        if gaps:
+            tail += " outside the windows below"
     elif relayed_cells:
         tail = (
             f"; the relay did not finish (killed too?): any the kernel reported {since}until the cells "
@@ -541,6 +553,14 @@ def kernel_gap_event(
             f"; there was no audit relay: any the kernel reported {since}until its cells died with "
             "the daemon could not be received (the kernel does not replay them)"
         )
+    for gap_cell, start, end in gaps:
+        tail += (
+            f"; no relay watched cell {gap_cell} from {_utc(start)} to {_utc(end)} UTC (it died or had "
+            "not started; the next one was told of the cell then): refusals of that window are those "
+            "the daemon stored"
+        )
+    if unjudged:
+        tail += f"; {unjudged} EXDEV refusals were not judged (the cell's places were too big to send)"
     if dropped:
         tail += f"; {dropped} past the per-cell cap were counted, not kept"
     return Event(
@@ -557,6 +577,8 @@ def kernel_gap_event(
             "recovered": recovered,
             "relay": "complete" if complete else "partial" if relayed_cells else "none",
             "dropped": dropped,
+            "uncovered": [{"cell": c, "from": a, "to": b} for c, a, b in gaps],
+            "unjudged": unjudged,
             "last_recorded": last,
             "restarted": now,
         },

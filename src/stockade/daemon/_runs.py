@@ -74,6 +74,7 @@ from stockade.record._chain import StoredEvent
 from stockade.sdk import IN_CELL_DIR, MODULE_PATH
 
 if TYPE_CHECKING:
+    from stockade.cell._attempts import Places
     from stockade.cell._audit import AuditReader
     from stockade.cell._cell import Cell, CellResult
     from stockade.cell._cgroup import CellCgroup
@@ -123,10 +124,10 @@ class _CellWatch:
         self._run = run
         self._relay = relay
 
-    def watch(self, cell_id: str, *, session: int, pid: int) -> None:
+    def watch(self, cell_id: str, *, session: int, pid: int, places: Places | None = None) -> None:
         self._reader.watch(cell_id, session=session, pid=pid)
         if self._relay is not None:
-            self._relay.watch(self._run, cell_id, session=session, pid=pid)
+            self._relay.watch(self._run, cell_id, session=session, pid=pid, places=places)
         run = self._run
         with run.lock:
             if cell_id not in run.cells:
@@ -309,6 +310,8 @@ class Runs:
                         relayed_cells=found_in_spool.cells,
                         complete=found_in_spool.complete,
                         dropped=found_in_spool.dropped,
+                        gaps=found_in_spool.gaps,
+                        unjudged=found_in_spool.unjudged,
                     )
                 )
                 events.append(run_lost_event(run_id, meta["error"]))

@@ -447,7 +447,7 @@ class Daemon:
             "subscribers_dropped": self.bus.dropped,
             "store": store,
             # The process that keeps the kernel's refusals across a SIGKILL (_relay).
-            "audit_relay": {"pid": runs.relay.pid, "error": runs.relay.error}
+            "audit_relay": {"pid": runs.relay.pid, "error": runs.relay.error, "restarts": runs.relay.restarts}
             if runs.relay is not None
             else None,
         }
