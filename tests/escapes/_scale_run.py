@@ -41,23 +41,36 @@ print("released", sys.stdin.readline().strip(), flush=True)
 """
 
 
-def secrets_policy(root: str) -> Policy:
-    """The default policy, with ``root`` readable and ``root/secrets`` hidden: a
-    decoy whose files every cell may see by name and none may read."""
+SECRETS_PER_DIR = 100
+"""Secrets in one hidden directory: a decoy lists at most 128 names of its
+top level (``_plan._DECOY_NAMES_MAX``), so five hundred cells' secrets are
+spread over directories of a hundred, each hidden."""
+
+
+def _secrets_dir(root: str, i: int) -> str:
+    group = i // SECRETS_PER_DIR
+    return os.path.join(root, "secrets" if group == 0 else f"secrets-{group}")
+
+
+def secrets_policy(root: str, n: int = SECRETS_PER_DIR) -> Policy:
+    """The default policy, with ``root`` readable and ``root/secrets`` (and
+    ``secrets-1``… for more than a hundred cells) hidden: decoys whose files
+    every cell may see by name and none may read."""
     base = default_policy("escapes-scale")
+    hidden = dict.fromkeys(_secrets_dir(root, i) for i in range(n))
     fs = dataclasses.replace(
         base.filesystem,
         read=(*base.filesystem.read, root),
-        deny=(*base.filesystem.deny, os.path.join(root, "secrets")),
+        deny=(*base.filesystem.deny, *hidden),
     )
     return dataclasses.replace(base, filesystem=fs)
 
 
 def make_secrets(root: str, n: int) -> list[str]:
-    os.makedirs(os.path.join(root, "secrets"), exist_ok=True)
     paths = []
     for i in range(n):
-        path = os.path.join(root, "secrets", f"secret-{i:03d}")
+        os.makedirs(_secrets_dir(root, i), exist_ok=True)
+        path = os.path.join(_secrets_dir(root, i), f"secret-{i:03d}")
         with open(path, "w") as f:
             f.write(f"secret {i}\n")
         paths.append(path)
@@ -223,6 +236,15 @@ class Wave:
     problems: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     alive_at_once: int = 0
+    fds_before: int = 0
+    """Descriptors this process held before the wave."""
+    fds_at_peak: int = 0
+    """Descriptors it held while every cell of the wave was alive (less the
+    test's own pidfds), so that a cell's cost in descriptors is counted."""
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
 
 
 @contextlib.contextmanager
@@ -246,7 +268,7 @@ def run_wave(n: int, policy: Policy, secrets: list[str]) -> Wave:
     start = threading.Barrier(n + 1)
     ready = threading.Semaphore(0)
     cells = [ScaleCell(i, policy, secrets[i], start, ready) for i in range(n)]
-    wave = Wave(cells)
+    wave = Wave(cells, fds_before=open_fds())
     problems = wave.problems
     t0 = time.monotonic()
     for c in cells:
@@ -333,6 +355,7 @@ def _check_all_alive(wave: Wave, pidfds: dict[int, int]) -> None:
     inits = [c.init_pid for c in cells if c.init_pid is not None]
     live = [pid for pid in inits if pid in pidfds and not _exited(pidfds[pid])]
     wave.alive_at_once = len(set(live))
+    wave.fds_at_peak = open_fds() - len(pidfds)
     if wave.alive_at_once != len(cells):
         problems.append(f"{wave.alive_at_once} of {len(cells)} cells' processes alive at once")
     names = set()
@@ -415,13 +438,13 @@ def _check_records(wave: Wave) -> None:
     if bad_end:
         wave.problems.append(f"{len(bad_end)} cells did not run to their end: " + "; ".join(bad_end[:5]))
     if unrecorded:
-        late = [c.index for c in wave.cells if c.index in unrecorded and c.ready_at - c.started_at > 10]
+        late = [c.index for c in wave.cells if c.index in unrecorded and c.ready_at - c.started_at > 60]
         wave.problems.append(
             f"{len(unrecorded)} cells have no event (or more than one) for the refused read of "
             f"their own secret: cells {unrecorded[:30]}"
             + (
-                f"; {len(late)} of them took more than 10 s to start (the audit reader's limbo "
-                f"keeps an unwatched cell's records for 10 s)"
+                f"; {len(late)} of them took more than 60 s to start (the audit reader's limbo "
+                f"keeps an unwatched cell's records for 60 s)"
                 if late
                 else ""
             )

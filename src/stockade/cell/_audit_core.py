@@ -378,7 +378,10 @@ class AuditCorrelator:
     A record that no watched cell claims is kept for a while in a bounded limbo
     (``limbo_size`` records, ``limbo_ttl`` seconds), so that a cell registered a
     moment after its first denial still gets it; after that it is forgotten: it
-    belongs to another process of this host.
+    belongs to another process of this host. Sixty seconds, not ten: with five
+    hundred cells started at once on two cores, a launching thread got back
+    to ``watch`` more than ten seconds after its cell's first refusal, and
+    the refusal was forgotten (issue 18); the limbo stays bounded by size.
     """
 
     def __init__(
@@ -386,7 +389,7 @@ class AuditCorrelator:
         *,
         group_ttl: float = 0.5,
         limbo_size: int = 4096,
-        limbo_ttl: float = 10.0,
+        limbo_ttl: float = 60.0,
         max_groups: int = 4096,
         max_events_per_cell: int = 10_000,
     ) -> None:

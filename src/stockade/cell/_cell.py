@@ -480,6 +480,13 @@ class Cell:
                 # instant is attributed as soon as ``watch`` claims it.
                 unsubscribe = audit.on_event(live.from_reader)
             launched = launch(spec)
+            for event in events:  # cell.start, and the gap it has if audit is off
+                live.start(event)
+            if audit is not None and launched.session is not None:
+                # First thing after the launch: the cell's refusals wait in the
+                # reader's limbo until it is watched, and under load (500 cells
+                # at once) every step before this one delays it by seconds.
+                audit.watch(cell_id, session=launched.session, pid=launched.init_pid, places=live.places)
             if limits.disk is not None:
                 # Watched while the cell runs: a limit reached is in the
                 # record live, even if the agent empties the place again.
@@ -499,10 +506,6 @@ class Cell:
                 notify_ours, cell_id, launched.init_pid, dict(self._sockets), plan.host_uid, policy,
                 live.start,
             )
-            for event in events:  # cell.start, and the gap it has if audit is off
-                live.start(event)
-            if audit is not None and launched.session is not None:
-                audit.watch(cell_id, session=launched.session, pid=launched.init_pid, places=live.places)
             if session is not None:
                 session[1](cgroup, launched.init_pid)
             status, timed_out, stdout, stderr, truncated = _supervise(

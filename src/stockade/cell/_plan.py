@@ -15,6 +15,8 @@ from __future__ import annotations
 import glob
 import os
 import stat
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -717,7 +719,49 @@ def _idmap(path: str, host_uid: int) -> int | None:
     return owner if owner != host_uid else None
 
 
+MIRROR_REUSE_SECONDS = 1.0
+"""How long the names of a hidden directory are reused by the plans of other
+cells, while the directory's own inode and mtime stay the same. Every cell
+hides the workspaces' root, which holds a workspace per running cell: five
+hundred cells started at once each listed the five hundred others (a stat of
+each, two levels deep), and their plans took the whole start-up (issue 18).
+A workspace made since changes the root's mtime and is seen at once (a
+listing made within ``_MTIME_TICK`` of the directory's last change is not
+kept: a change in the same clock tick would leave its mtime as it was); a
+file made inside another cell's workspace within the second may be missing
+from the list (a silent ENOENT there instead of a recorded refusal)."""
+_MTIME_TICK = 50_000_000
+"""Nanoseconds: more than the kernel's coarse clock tick that file times use."""
+_mirrors: dict[tuple[str, bool], tuple[float, int, int, tuple[str, ...]]] = {}
+_mirrors_lock = threading.Lock()
+"""Held while a listing is made: cells planned at the same moment wait for
+the one listing rather than each making its own."""
+
+
 def _mirror(path: str, *, follow: bool = False) -> list[str]:
+    """Relative names under ``path`` (``_list_mirror``), reused for
+    ``MIRROR_REUSE_SECONDS`` across the cells of this process."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    key = (path, follow)
+    with _mirrors_lock:
+        hit = _mirrors.get(key)
+        now = time.monotonic()
+        fresh = hit is not None and now - hit[0] < MIRROR_REUSE_SECONDS
+        if hit is not None and fresh and hit[1:3] == (st.st_ino, st.st_mtime_ns):
+            return list(hit[3])
+        listed_at = time.time_ns()
+        names = _list_mirror(path, follow=follow)
+        if len(_mirrors) > 256:
+            _mirrors.clear()
+        if listed_at - st.st_mtime_ns > _MTIME_TICK:
+            _mirrors[key] = (now, st.st_ino, st.st_mtime_ns, tuple(names))
+        return names
+
+
+def _list_mirror(path: str, *, follow: bool = False) -> list[str]:
     """Relative names under ``path``, two levels deep, directories ending in "/",
     at most ``_DECOY_NAMES_MAX`` of them, parents before children.
 
@@ -1009,8 +1053,8 @@ def _grants(
     # is worth a record. Directories that hold a hidden path may be listed.
     list_dirs: list[str] = []
 
-    def add(path: str, bucket: list[str]) -> None:
-        holes = [h for h in hidden if _is_under(h, path)]
+    def add(path: str, bucket: list[str], candidates: list[str] = hidden) -> None:
+        holes = [h for h in candidates if _is_under(h, path)]
         if not holes:
             bucket.append(path)
             return
@@ -1022,7 +1066,9 @@ def _grants(
         except OSError:
             return
         for name in names:
-            add(os.path.join(path, name), bucket)
+            # Only the holes under this directory can be under its entries:
+            # /etc's hundreds of entries are not each matched to every hidden path.
+            add(os.path.join(path, name), bucket, holes)
 
     for path in read_dirs:
         add(path, read)
