@@ -112,3 +112,20 @@ def test_campaign_scores(scripted: dict[str, Any]) -> None:
 def test_every_bundle_verifies(scripted: dict[str, Any], oracle: dict[str, Any], world: World) -> None:
     for trial in [*scripted["trials"], *oracle["trials"]]:
         assert verify_bundle(trial["bundle"], db=str(world.state / "events.db")) == []
+
+
+def test_cap_webfetch_fetches_from_inside_the_workbench(scripted: dict[str, Any]) -> None:
+    """The scripted solver's only fetch is a shell command in the workbench
+    session: the record holds the gateway's allowed request, made from the
+    session's cell (not the agent's own), and the task is solved by it."""
+    trial = _by_task(scripted)["stockade/cap-webfetch"]
+    bundle = Path(trial["bundle"])
+    events = [e["event"] for e in json.loads((bundle / "log.json").read_text())]
+    opened = [e for e in events if e["kind"] == "session.open"]
+    assert len(opened) == 1
+    fetched = [
+        e for e in events if e["kind"] == "http.request" and "docs.example.com" in json.dumps(e["detail"])
+    ]
+    assert fetched and all(e["outcome"] != "denied" for e in fetched), fetched
+    assert {e["cell"] for e in fetched} == {opened[0]["cell"]}
+    assert trial["reward"] == 1.0

@@ -293,6 +293,11 @@ class Trial:
             "name": f"bench-workbench-{self.task.short_name}"[:64],
             "env": policy["env"],
             "limits": {k: v for k, v in policy["limits"].items() if k != "denials"},
+            # The agent phase's hosts: a policy of its own gives the session a
+            # gateway of its own, so a command in the workbench (pip, curl)
+            # reaches them through HTTP(S)_PROXY, and is refused, recorded and
+            # counted toward the run's tripwire for any other.
+            "network": policy["network"],
         }
         if self.image is not None:
             session["image"] = policy["image"]

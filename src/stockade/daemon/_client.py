@@ -479,6 +479,17 @@ class RemoteSession:
             params["mode"] = mode
         _raise_oserror(self._call("session.write_file", None, **params))
 
+    def set_network(self, allow: list[dict[str, Any]]) -> list[str]:
+        """``session.set_network``: the session's own gateway enforces ``allow``
+        (a policy's ``network.allow`` rules) from now on; the hosts it allows.
+
+        Raises:
+            RemoteError: ``conflict`` (the session shares its run's gateway),
+                ``bad_params`` (a rule the policy loader refuses).
+        """
+        got = self._call("session.set_network", None, network={"allow": allow})
+        return [str(h) for h in got.get("allow", [])]
+
     def close(self) -> dict[str, Any]:
         """``session.close``: what the session's cell left (``persistence``), its counts."""
         return self._call("session.close", None)
