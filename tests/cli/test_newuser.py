@@ -359,3 +359,23 @@ def test_scenario_validate_reports_every_mistake_at_once(
     code, _, err = cli(capsys, "scenario", "validate", str(file))
     assert code == ExitCode.POLICY
     assert "missing.yaml" in err and err.count("limits.memory 'lots' is not a size") == 2
+
+
+def test_exec_lists_the_gateways_upstream_failures_beside_the_refusals(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    # The gateway asks a DNS server on loopback that never answers: a DNS failure, hermetically.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("STOCKADE_DNS", f"127.0.0.1:{silent.getsockname()[1]}")
+        policy = tmp_path / "p.yaml"
+        policy.write_text("name: t\nnetwork: {allow: [pkgs.test]}\n")
+        code = main(
+            ["exec", "-p", str(policy), "--", "sh", "-c", "curl -s -o /dev/null https://pkgs.test/x; true"]
+        )
+    _, err = capfd.readouterr()
+    assert code == 0
+    assert "stockade: 1 request(s) allowed by the gateway failed upstream" in err
+    assert "CONNECT pkgs.test:443: pkgs.test could not be resolved" in err and "(502)" in err

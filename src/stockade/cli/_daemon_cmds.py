@@ -343,14 +343,30 @@ def _refusals(client: Client, run_id: str) -> None:
     except StockadeError:
         return
     refused = [e for e in events if e.get("outcome") in ("denied", "audited")]
-    if not refused:
-        return
-    lines = [f"stockade: {len(refused)} refusal(s) in run {run_id}"]
-    for event in refused[:10]:
-        lines.append(f"  - {visible(str(event.get('summary', '')))} [{event.get('layer', '')}]")
-    if len(refused) > 10:
-        lines.append(f"  … and {len(refused) - 10} more (see `stockade report {run_id}`)")
-    click.echo("\n".join(lines), err=True)
+    failed = [
+        e
+        for e in events
+        if e.get("kind") == "http.request"
+        and e.get("outcome") == "allowed"
+        and (e.get("detail", {}).get("status") is None or int(e["detail"]["status"]) >= 500)
+    ]
+    lines = []
+    if refused:
+        lines.append(f"stockade: {len(refused)} refusal(s) in run {run_id}")
+        for event in refused[:10]:
+            lines.append(f"  - {visible(str(event.get('summary', '')))} [{event.get('layer', '')}]")
+        if len(refused) > 10:
+            lines.append(f"  … and {len(refused) - 10} more (see `stockade report {run_id}`)")
+    if failed:
+        # Allowed, but the upstream failed (DNS, TLS, 5xx): why pip found nothing.
+        lines.append(f"stockade: {len(failed)} request(s) allowed by the gateway failed upstream")
+        for event in failed[:10]:
+            detail = event.get("detail", {})
+            why = visible(str(detail.get("reason") or "no answer"))
+            where = f"{detail.get('method')} {detail.get('host')}:{detail.get('port')}"
+            lines.append(f"  - {where}: {why} [gateway]")
+    if lines:
+        click.echo("\n".join(lines), err=True)
 
 
 def _persistence(state_dir: str, run_id: str) -> None:

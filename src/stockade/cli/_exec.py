@@ -296,6 +296,7 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
     else:
         if not opts["quiet"]:
             _summarise(result.denials, result.limits_hit)
+            _failures(result.events)
         # Shown even with --quiet: what the operator's next git or shell would run.
         _persistence(result.events)
     return result.exit_code
@@ -356,6 +357,36 @@ def _persistence(events: tuple[Event, ...]) -> None:
             lines = report_lines(event.detail)
             if lines:
                 sys.stderr.write("stockade: " + "\n".join(lines) + "\n")
+
+
+def gateway_failures(events: tuple[Event, ...] | list[Event]) -> list[Event]:
+    """Requests the gateway allowed whose upstream then failed (DNS, TLS
+    verification, a refused connection, a 5xx): not refusals, but the reason
+    pip says only "No matching distribution"."""
+    out = []
+    for event in events:
+        if event.kind != "http.request" or event.outcome != "allowed":
+            continue
+        status = event.detail.get("status")
+        if status is None or (isinstance(status, int) and status >= 500):
+            out.append(event)
+    return out
+
+
+def _failures(events: tuple[Event, ...]) -> None:
+    failed = gateway_failures(events)
+    if not failed:
+        return
+    lines = [f"stockade: {len(failed)} request(s) allowed by the gateway failed upstream"]
+    for event in failed[:10]:
+        detail = event.detail
+        where = f"{detail.get('method')} {detail.get('host')}:{detail.get('port')}"
+        status = detail.get("status")
+        why = detail.get("reason") or "no answer"
+        lines.append(f"  - {where}: {why} ({status or 'no answer'}) [gateway]")
+    if len(failed) > 10:
+        lines.append(f"  … and {len(failed) - 10} more (see --events FILE)")
+    sys.stderr.write("\n".join(lines) + "\n")
 
 
 def _summarise(denials: tuple[object, ...], limits_hit: tuple[str, ...]) -> None:
