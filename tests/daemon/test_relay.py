@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -173,17 +175,80 @@ def test_a_run_that_ends_keeps_each_refusal_once_and_leaves_no_spool(tmp_path: P
         assert not spool.exists()
         relay = _relay_pids(state)
         assert wire.call("status")["audit_relay"] == {"pid": relay[0], "error": "", "restarts": 0}
-        # A relay that dies is started again with the next run.
+        # A relay that dies with no cell alive is started again at once too.
         os.kill(relay[0], signal.SIGKILL)
         assert wait_all_gone(relay) == []
-        second = wire.call("run.start", {"policy_path": str(policy), "detach": True})["id"]
-        wire.call("run.stop", {"run": second, "grace": 0})
-        status = wire.call("status")["audit_relay"]
-        assert status["pid"] not in (None, relay[0]) and status["error"] == ""
+        status = _restarted(wire, relay[0], 1)
+        assert status["error"] == ""
         relay = [status["pid"]]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert wait_all_gone(relay, timeout=5.0) == []
+
+
+def _restarted(wire: Wire, old: int, restarts: int, timeout: float = 15.0) -> dict[str, Any]:
+    """The relay's status once the daemon has started its ``restarts``-th
+    successor (bounded: a start takes ~0.2 s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status: dict[str, Any] = wire.call("status")["audit_relay"]
+        if status["restarts"] >= restarts and status["pid"] not in (None, old):
+            return status
+        assert time.monotonic() < deadline, f"no new relay after {timeout} s: {status}"
+        select.select([], [], [], 0.02)
+
+
+def _stored_until(wire: Wire, run: str, n: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(_kernel_denials(stored_events(wire, run))) < n:
+        assert time.monotonic() < deadline, f"the store has fewer than {n} refusals after {timeout} s"
+        select.select([], [], [], 0.05)
+
+
+def test_a_relay_killed_during_a_run_is_replaced_and_the_recovery_names_the_window(tmp_path: Path) -> None:
+    """The relay itself SIGKILLed while a cell runs: the daemon starts another
+    at once and tells it the live cell, the spool says since when no relay
+    watched it, and after the daemon too is killed the recovery names that
+    window; every refusal is still in the record (the daemon lived through
+    the window, its own reader recorded them live)."""
+    state, sock = tmp_path / "state", tmp_path / "d.sock"
+    policy, progress = _policy(tmp_path)
+    with daemon_process(state, sock) as proc:
+        wire = Wire(str(sock))
+        run = wire.call("run.start", {"policy_path": str(policy), "detach": True})["id"]
+        wait_output(str(sock), run, f"at {STEP}\n")
+        first = _relay_pids(state)
+        killed_at = time.time()
+        os.kill(first[0], signal.SIGKILL)
+        assert wait_all_gone(first) == []
+        status = _restarted(wire, first[0], 1)
+        rewatched = time.time()
+        assert _relay_pids(state) == [status["pid"]]
+        wait_output(str(sock), run, "done\n")
+        # Refusals the agent made while no relay watched: the daemon's own
+        # reader has them; let it store them all before it too is killed.
+        _stored_until(wire, run, REFUSALS)
+        cell = list(cell_processes(proc.pid))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert wait_all_gone(cell) == []
+    assert wait_all_gone([status["pid"]]) == []  # the second relay drained and ended
+    met, met_mount = _met(progress)
+    assert met == REFUSALS
+    spool = read_spool(str(state / "runs" / run / "kernel.spool"))
+    (cell_spool,) = spool.values()
+    ((since, until),) = cell_spool.gaps
+    assert killed_at <= since <= until <= rewatched
+    assert cell_spool.ended and cell_spool.died and cell_spool.barrier
+    with daemon_process(state, sock):
+        wire = Wire(str(sock))
+        stored = stored_events(wire, run)
+        assert len(_kernel_denials(stored)) == met
+        assert len(_mount_denials(stored)) == met_mount
+        (gap,) = [e["event"] for e in stored if e["event"]["kind"] == "cell.audit_lost"]
+        assert gap["detail"]["uncovered"] == [{"cell": cell_spool.cell, "from": since, "to": until}]
+        assert f"no relay watched cell {cell_spool.cell} from " in gap["summary"], gap["summary"]
+        assert "outside the windows below" in gap["summary"]
 
 
 def _event(i: int, t: float = 1.0) -> Event:
