@@ -18,6 +18,7 @@ STOCKADE_SOAK=1 (10 waves of 100).
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import socket
 import tempfile
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stockade.cell import Cell
+from stockade.cell import Cell, _cell
 from stockade.cell._cgroup import layout
 from tests.escapes._net_cell import PYTHON, READY, LiveCell
 from tests.escapes._scale_run import (
@@ -42,7 +43,7 @@ SOAK = os.environ.get("STOCKADE_SOAK") == "1"
 SCALE = 100
 AT_ONCE = 500 if SOAK else SCALE
 """Cells alive at the same moment in the at-once test: 500 in the soak form."""
-FDS_PER_CELL = 12
+FDS_PER_CELL = _cell.FDS_PER_CELL
 """Descriptors a running cell holds in the launching process, at most."""
 
 
@@ -87,6 +88,9 @@ def test_a_hundred_cells_at_once_are_each_enforced_and_leave_nothing(secrets_roo
     # limit below is a figure, not a guess (RLIMIT_NOFILE, docs/PERFORMANCE.md).
     per_cell = (wave.fds_at_peak - wave.fds_before) / AT_ONCE
     assert per_cell <= FDS_PER_CELL, f"{per_cell:.1f} descriptors per running cell (at most {FDS_PER_CELL})"
+    # And the process has room for them (``_cell._room_for_cells``).
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft >= min(_hard, FDS_PER_CELL * _cell.CELLS_AT_ONCE), (soft, _hard)
 
 
 @pytest.mark.soak

@@ -193,6 +193,39 @@ def shared_audit_reader() -> AuditReader:
     return _shared_audit
 
 
+FDS_PER_CELL = 8
+"""Descriptors a running cell holds in the process that launched it, at most
+(its output pipes, pidfds, the supervisor's listener, cgroup handles): 7.0
+counted with 100 cells at once (tests/escapes/test_scale.py counts them)."""
+CELLS_AT_ONCE = 1000
+"""Cells one process should be able to run at the same time."""
+_room_checked = False
+
+
+def _room_for_cells() -> None:
+    """Raise this process's soft RLIMIT_NOFILE, once, to room for
+    ``CELLS_AT_ONCE`` running cells (within the hard limit): the soft limit
+    is 1,024 on many hosts, which 85 cells at once would exhaust, and the
+    cell that finds no descriptor fails to start. Never lowered; the cells
+    inherit it, as they would the daemon's (which raises it to the hard
+    limit)."""
+    global _room_checked
+    if _room_checked:
+        return
+    _room_checked = True
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FDS_PER_CELL * CELLS_AT_ONCE + 1024
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if new > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            except (ValueError, OSError):
+                pass  # then the limit stays; a cell short of one says so when it fails
+
+
 class Cell:
     """A kernel sandbox for one command, configured by a policy.
 
@@ -393,6 +426,7 @@ class Cell:
         if not command:
             raise CellError("no command to run: pass one, or set `command` in the policy")
         cell_id = "c-" + os.urandom(6).hex()
+        _room_for_cells()
         policy = self.policy
         limits = policy.limits
         deadline_seconds = timeout if timeout is not None else limits.timeout
