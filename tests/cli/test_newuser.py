@@ -379,3 +379,9 @@ def test_exec_lists_the_gateways_upstream_failures_beside_the_refusals(
     assert code == 0
     assert "stockade: 1 request(s) allowed by the gateway failed upstream" in err
     assert "CONNECT pkgs.test:443: pkgs.test could not be resolved" in err and "(502)" in err
+
+
+def test_what_vulture_found_unused_is_gone() -> None:
+    from stockade.cell._audit_core import AuditCorrelator
+
+    assert not hasattr(AuditCorrelator, "watched")
