@@ -447,9 +447,6 @@ class AuditCorrelator:
         self._overflow.pop(cell, None)
         self._told.discard(cell)
 
-    def watched(self) -> list[str]:
-        return list(self._watches)
-
     def take(self, cell: str) -> list[Event]:
         """The cell's events so far, oldest first; they are forgotten."""
         events = self._events.get(cell)
