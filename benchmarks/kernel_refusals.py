@@ -3,7 +3,7 @@ beside the floor, the same refusal's audit record reaching a raw audit socket.
 
 Run as root from the repository:
 
-    .venv/bin/python benchmarks/kernel_refusals.py [--refusals N] [--gap MS]
+    .venv/bin/python benchmarks/kernel_refusals.py [--refusals N] [--gap MS] [--relay both|on|off]
 
 A daemon is started in a process of its own (``stockade.daemon._server.serve``)
 on a fresh state directory; this process subscribes to its live stream
@@ -22,7 +22,12 @@ the wall-clock time just before each call. Each refusal is then timed twice:
   loop, the durable write of the record and the push to a subscriber.
 
 Both clocks are CLOCK_REALTIME of one machine (the cell has no time
-namespace). Nothing here asserts a time; it prints the figures.
+namespace). With ``--relay both`` (the default) the whole measurement is made
+twice, alternating, with the daemon's audit relay (``cell._audit_relay``: a
+second reader in a process of its own) and without it
+(``STOCKADE_AUDIT_RELAY=off`` in the daemon's environment), ``--rounds``
+times each, and the ratios with / without are printed: what the relay costs
+the live path. Nothing here asserts a time; it prints the figures.
 """
 
 from __future__ import annotations
@@ -103,15 +108,8 @@ def _figures(name: str, ms: list[float]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--refusals", type=int, default=300, help="refusals timed (default 300)")
-    parser.add_argument("--gap", type=float, default=10.0, help="milliseconds between refusals (default 10)")
-    args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("run as root: cells under the daemon and the audit log need it")
+def measure(refusals: int, gap: float, relay: bool) -> tuple[list[float], list[float], list[float], int]:
+    """One daemon, one run: (raw, stream, added) latencies in ms, and how many calls the agent made."""
     tmp = Path(tempfile.mkdtemp(prefix="stockade-bench-", dir="/tmp"))
     os.chmod(tmp, 0o755)
     ws = tmp / "ws"
@@ -122,8 +120,8 @@ def main() -> None:
             {
                 "name": "refuser",
                 "workspace": str(ws),
-                "command": ["/usr/bin/python3", "-I", "-S", "-c", AGENT, str(args.refusals), str(args.gap)],
-                "limits": {"timeout": "10m", "denials": args.refusals * 10},
+                "command": ["/usr/bin/python3", "-I", "-S", "-c", AGENT, str(refusals), str(gap)],
+                "limits": {"timeout": "10m", "denials": refusals * 10},
             }
         )
     )
@@ -132,9 +130,13 @@ def main() -> None:
         "import sys\nfrom stockade.daemon._server import serve\n"
         "serve(state=sys.argv[1], socket_path=sys.argv[2], ready=lambda d: print('ready', flush=True))\n"
     )
+    env = dict(os.environ)
+    env.pop("STOCKADE_AUDIT_RELAY", None)
+    if not relay:
+        env["STOCKADE_AUDIT_RELAY"] = "off"
     raw = RawAudit()
     daemon = subprocess.Popen(
-        [sys.executable, "-c", code, str(state), str(sock_path)], stdout=subprocess.PIPE, cwd=ROOT
+        [sys.executable, "-c", code, str(state), str(sock_path)], stdout=subprocess.PIPE, cwd=ROOT, env=env
     )
     try:
         assert daemon.stdout is not None
@@ -156,12 +158,16 @@ def main() -> None:
                 break
         stream.close()
         logs = client.call("run.logs", run=run)["data"]
+        relay_status = client.call("status")["audit_relay"]
         client.close()
     finally:
         daemon.terminate()
         daemon.wait()
         raw.close()
         shutil.rmtree(tmp, ignore_errors=True)
+    # The switch took: a relay ran, or none did.
+    if relay != (relay_status is not None and relay_status.get("pid") is not None):
+        raise SystemExit(f"asked for relay={relay}, the daemon's status says {relay_status}")
     calls = [float(line) for line in logs.split()]
     if not arrivals:
         raise SystemExit("no refusal reached the live stream")
@@ -169,13 +175,53 @@ def main() -> None:
     raw_times = [t for t, d in raw.seen if d == domain]
     stream_times = [t for t, d in arrivals if d == domain.decode()]
     n = min(len(calls), len(raw_times), len(stream_times))
-    print(
-        f"kernel-refusal latency, {n} Landlock refusals one every {args.gap:g} ms "
-        f"(calls {len(calls)}, raw records {len(raw_times)}, stream events {len(stream_times)})"
+    return (
+        [(raw_times[i] - calls[i]) * 1000 for i in range(n)],
+        [(stream_times[i] - calls[i]) * 1000 for i in range(n)],
+        [(stream_times[i] - raw_times[i]) * 1000 for i in range(n)],
+        len(calls),
     )
-    print(_figures("raw", [(raw_times[i] - calls[i]) * 1000 for i in range(n)]))
-    print(_figures("stream", [(stream_times[i] - calls[i]) * 1000 for i in range(n)]))
-    print(_figures("added", [(stream_times[i] - raw_times[i]) * 1000 for i in range(n)]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--refusals", type=int, default=300, help="refusals timed (default 300)")
+    parser.add_argument("--gap", type=float, default=10.0, help="milliseconds between refusals (default 10)")
+    parser.add_argument(
+        "--relay", choices=("both", "on", "off"), default="both", help="with the relay, without, or both"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each mode, alternating (default 2)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: cells under the daemon and the audit log need it")
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.relay]
+    got: dict[bool, tuple[list[float], list[float], list[float]]] = {m: ([], [], []) for m in modes}
+    for _ in range(args.rounds):
+        for mode in modes:
+            raw, stream, added, _calls = measure(args.refusals, args.gap, mode)
+            for into, values in zip(got[mode], (raw, stream, added), strict=True):
+                into.extend(values)
+    for mode in modes:
+        raw, stream, added = got[mode]
+        print(
+            f"kernel-refusal latency {'with' if mode else 'without'} the audit relay, {len(stream)} Landlock "
+            f"refusals one every {args.gap:g} ms ({args.rounds} runs)"
+        )
+        print(_figures("raw", raw))
+        print(_figures("stream", stream))
+        print(_figures("added", added))
+    if len(modes) == 2:
+        on, off = got[True], got[False]
+        print("with / without the relay:")
+        for i, name in enumerate(("raw", "stream", "added")):
+            a, b = sorted(on[i]), sorted(off[i])
+            p99a, p99b = a[min(len(a) - 1, int(len(a) * 0.99))], b[min(len(b) - 1, int(len(b) * 0.99))]
+            print(
+                f"{name:<8} p50 {statistics.median(a) / statistics.median(b):5.2f}x   "
+                f"p99 {p99a / p99b:5.2f}x   mean {statistics.fmean(a) / statistics.fmean(b):5.2f}x"
+            )
 
 
 if __name__ == "__main__":
