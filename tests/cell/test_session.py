@@ -328,3 +328,44 @@ def test_a_call_holds_only_its_stdio_and_cannot_reach_the_inits(session: Session
 def test_an_error_report_that_holds_a_w_is_not_taken_for_the_end(session: Session) -> None:
     missing = session.exec(["Weird-W42-no-such-command"])
     assert missing.returncode == 127 and b"Weird-W42-no-such-command" in missing.stderr
+
+
+def test_write_file_fails_on_an_existing_file_or_appends_to_it(session: Session) -> None:
+    session.write_file("notes.txt", b"one\n", exist="fail")  # a new file: made
+    with pytest.raises(FileExistsError):
+        session.write_file("notes.txt", b"two\n", exist="fail")
+    session.write_file("notes.txt", b"two\n", exist="append")
+    assert session.read_file("notes.txt") == b"one\ntwo\n"
+    session.write_file("notes.txt", b"three\n")  # the default: replaced
+    assert session.read_file("notes.txt") == b"three\n"
+    with pytest.raises(UsageError, match="exist"):
+        session.write_file("notes.txt", b"x", exist="merge")  # type: ignore[arg-type]
+
+
+def test_list_dir_sees_the_cells_view_without_following_links(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"s" * 99)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with Session(workspace=ws) as s:
+        s.write_file("a.txt", b"12345")
+        assert s.exec(["sh", "-c", f"mkdir sub && ln -s {outside} out && mkfifo pipe"]).returncode == 0
+        entries, truncated = s.list_dir(str(ws))
+        assert not truncated
+        assert entries == [
+            ("a.txt", "file", 5),
+            ("out", "symlink", 0),
+            ("pipe", "fifo", 0),
+            ("sub", "dir", 0),
+        ]
+        assert s.list_dir(".", limit=2) == (entries[:2], True)  # relative: the workdir
+        with pytest.raises(NotADirectoryError):
+            s.list_dir("a.txt")
+        with pytest.raises(FileNotFoundError):
+            s.list_dir("/no/such/dir")
+        # The link's target is a host directory outside the cell's view:
+        # through the link the cell finds nothing, as `ls` there would.
+        with pytest.raises(FileNotFoundError):
+            s.list_dir(f"{ws}/out")
+        assert ("bin", "dir", 0) in s.list_dir("/usr")[0]  # the control: a granted directory lists

@@ -34,6 +34,7 @@ import os
 import re
 import select
 import socket
+import stat
 import struct
 import threading
 import time
@@ -428,7 +429,13 @@ class Session:
             os.close(fd)
 
     def write_file(
-        self, path: str, data: bytes, *, user: str | int | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: bytes,
+        *,
+        user: str | int | None = None,
+        mode: int | None = None,
+        exist: Literal["replace", "fail", "append"] = "replace",
     ) -> None:
         """Create or replace ``path`` with ``data``, as ``user`` inside the cell.
 
@@ -436,6 +443,9 @@ class Session:
             path: absolute, or relative to the cell's workdir; its directory must exist.
             mode: the file's permission bits (e.g. 0o755); a new file gets
                 0o644 (0o666 less the cell's umask) by default.
+            exist: what to do with a file already there: ``replace`` its
+                content, ``fail`` (``FileExistsError``: the broker's
+                ``fs.write`` mode ``create``), or ``append`` to it.
 
         Raises:
             FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
@@ -452,7 +462,10 @@ class Session:
             not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777
         ):
             raise UsageError(f"mode {mode!r} is not a file mode from 0 to 0o7777; pass e.g. 0o644")
-        fd = self._open(where, uid, gid, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, -1 if mode is None else mode)
+        how = {"replace": os.O_TRUNC, "fail": os.O_EXCL, "append": os.O_APPEND}.get(exist)
+        if how is None:
+            raise UsageError(f"exist {exist!r} is not one of replace, fail, append; pass e.g. 'replace'")
+        fd = self._open(where, uid, gid, os.O_WRONLY | os.O_CREAT | how, -1 if mode is None else mode)
         try:
             view = memoryview(body)
             while view:
@@ -460,6 +473,46 @@ class Session:
                     view = view[os.write(fd, view) :]
                 except OSError as exc:
                     raise OSError(exc.errno, os.strerror(exc.errno or 0), where) from None
+        finally:
+            os.close(fd)
+
+    def list_dir(
+        self, path: str, *, user: str | int | None = None, limit: int = 10_000
+    ) -> tuple[list[tuple[str, str, int]], bool]:
+        """The entries of the directory ``path`` as ``user`` sees it inside the
+        cell: ``([(name, type, size)…], truncated)``, sorted by name, at most
+        ``limit``; ``type`` as the broker's ``fs.list`` says it (``file``, ``dir``,
+        ``symlink``, ``fifo``, ``socket``, ``char``, ``block``, ``other``).
+
+        The directory is opened inside the cell (as the user, in its view, as
+        ``read_file`` opens a file); its entries are read and each is
+        ``lstat``-ed through that descriptor, one name at a time, never
+        following a link, so that nothing outside the directory is looked at.
+
+        Raises:
+            FileNotFoundError, PermissionError, NotADirectoryError, OSError: for
+                the path inside the cell.
+            UsageError, CellError: as ``read_file``.
+        """
+        where = self._path(path)
+        uid, gid = self._user(user)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise UsageError(f"limit {limit!r} is not a number of entries; pass e.g. 10000")
+        fd = self._open(where, uid, gid, os.O_RDONLY | os.O_DIRECTORY, -1)
+        try:
+            try:
+                names = sorted(os.listdir(fd))
+            except OSError as exc:
+                raise OSError(exc.errno, os.strerror(exc.errno or 0), where) from None
+            entries: list[tuple[str, str, int]] = []
+            for name in names[:limit]:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue  # gone since it was listed
+                kind = _KINDS.get(stat.S_IFMT(st.st_mode), "other")
+                entries.append((name, kind, st.st_size if kind == "file" else 0))
+            return entries, len(names) > limit
         finally:
             os.close(fd)
 
@@ -818,6 +871,18 @@ class Session:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+_KINDS = {
+    stat.S_IFREG: "file",
+    stat.S_IFDIR: "dir",
+    stat.S_IFLNK: "symlink",
+    stat.S_IFIFO: "fifo",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFCHR: "char",
+    stat.S_IFBLK: "block",
+}
+"""File types by ``S_IFMT``, named as ``fs.list`` names them (broker/_fs.py)."""
 
 
 def _argv(argv: Sequence[str]) -> tuple[str, ...]:
