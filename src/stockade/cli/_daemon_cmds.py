@@ -24,12 +24,13 @@ import click
 
 from stockade.cli._style import Duration
 from stockade.errors import DaemonError, PolicyError
+from stockade.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from stockade.daemon._client import Client
 
-EXIT_HOST = 5
-EXIT_INTERRUPTED = 130
+EXIT_HOST = ExitCode.HOST
+EXIT_INTERRUPTED = ExitCode.INTERRUPTED
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
 
 

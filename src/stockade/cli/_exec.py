@@ -14,6 +14,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from stockade.exit_codes import ExitCode
+
 if TYPE_CHECKING:
     from stockade.record import Event
 
@@ -56,8 +58,8 @@ Exit codes: the command's own; 2 usage, 3 bad policy, 5 host or cell error,
 130 interrupted (docs/CLI.md).
 """
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_USAGE = ExitCode.USAGE
+EXIT_INTERRUPTED = ExitCode.INTERRUPTED
 _HELP = "stockade exec"
 
 

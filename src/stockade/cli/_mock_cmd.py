@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 import click
 
+from stockade.exit_codes import ExitCode
+
 if TYPE_CHECKING:
     from stockade.llm import Script
 
-EXIT_USAGE = 2
+EXIT_USAGE = ExitCode.USAGE
 
 
 @click.command("mock-llm")

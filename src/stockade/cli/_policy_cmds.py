@@ -19,9 +19,10 @@ from typing import Any
 import click
 
 from stockade.errors import PolicyError
+from stockade.exit_codes import ExitCode
 from stockade.policy._model import Policy
 
-EXIT_POLICY = 3
+EXIT_POLICY = ExitCode.POLICY
 _LOCATED = re.compile(r"^(.*:\d+:\d+): (.*)$", re.DOTALL)
 
 

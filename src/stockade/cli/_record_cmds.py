@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import click
 
 from stockade.errors import NotFoundError, StoreError
+from stockade.exit_codes import ExitCode
 from stockade.record._export import FORMATS, ExportFormat, export, export_to_file, parse_since, printable
 from stockade.record._head import Head, head_path, parse_head, read_head
 
@@ -26,12 +27,12 @@ if TYPE_CHECKING:
     from stockade.record._chain import StoredEvent
     from stockade.record._store import SqliteStore
 
-EXIT_BROKEN = 1
+EXIT_BROKEN = ExitCode.FAILED
 """``stockade verify``: the chain is not intact."""
-EXIT_UNANCHORED = 7
+EXIT_UNANCHORED = ExitCode.UNANCHORED
 """``stockade verify``: the chain is intact but does not hold an expected head
 (``--expect``, or the daemon's published head): cut short or rewritten."""
-EXIT_NOT_FOUND = 6
+EXIT_NOT_FOUND = ExitCode.NOT_FOUND
 
 
 def default_db() -> str:

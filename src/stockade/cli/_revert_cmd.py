@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import click
 
-EXIT_NOT_FOUND = 6
+from stockade.exit_codes import ExitCode
+
+EXIT_NOT_FOUND = ExitCode.NOT_FOUND
 
 
 @click.command("revert")

@@ -20,8 +20,9 @@ import click
 from stockade.cli._daemon_cmds import _JSON, _place, _where
 from stockade.cli._style import Duration
 from stockade.errors import DaemonError, PolicyError
+from stockade.exit_codes import ExitCode
 
-EXIT_POLICY = 3
+EXIT_POLICY = ExitCode.POLICY
 _TAIL_LINES = 5
 
 
