@@ -448,3 +448,38 @@ def test_a_write_outside_the_grants_is_refused_before_anyone_is_asked(
     assert lines[1] == f"written {granted / 'y'}"
     assert not (outside / "x").exists() and (granted / "y").read_text() == "x"
     assert [e["kind"] for e in events].count("approval.asked") == 1
+
+
+def test_prune_workspaces_spares_those_in_use_and_recent(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stockade.cell._cell as cell_module
+
+    root = tmp_path / "workspaces"
+    for name in ("ws-old", "ws-busy", "ws-new"):
+        (root / name).mkdir(parents=True)
+    week_ago = time.time() - 7 * 86400
+    for name in ("ws-old", "ws-busy"):
+        os.utime(root / name, (week_ago, week_ago))
+    monkeypatch.setattr(cell_module, "WORKSPACES_ROOT", str(root))
+    sock = str(tmp_path / "none.sock")
+    with subprocess.Popen(["sleep", "60"], cwd=root / "ws-busy") as busy:
+        try:
+            code, out, err = cli(
+                capsys,
+                "prune",
+                "--workspaces",
+                "--older-than",
+                "1d",
+                "--yes",
+                "--state",
+                str(tmp_path / "st"),
+                "--socket",
+                sock,
+            )
+        finally:
+            busy.kill()
+    assert code == 0, err
+    assert f"removing workspace {root / 'ws-old'}" in out
+    assert not (root / "ws-old").exists()
+    assert (root / "ws-busy").exists() and (root / "ws-new").exists()

@@ -253,8 +253,8 @@ def report(run_ref: str, show_all: bool, as_json: bool, state: str | None, socke
 # --------------------------------------------------------------------------- prune
 
 
-def _live_runs(state: str | None, socket_path: str | None) -> set[str] | None:
-    """The ids of the daemon's live runs, or None when no daemon answers."""
+def _live_runs(state: str | None, socket_path: str | None) -> tuple[set[str], set[str]] | None:
+    """The ids and workspaces of the daemon's live runs, or None when no daemon answers."""
     from stockade.daemon._client import Client
 
     try:
@@ -262,7 +262,28 @@ def _live_runs(state: str | None, socket_path: str | None) -> set[str] | None:
             runs = client.call("run.list", all=False)["runs"]
     except DaemonError:
         return None
-    return {str(r["id"]) for r in runs if r.get("state") in ("running", "stopping")}
+    live = [r for r in runs if r.get("state") in ("running", "stopping")]
+    return {str(r["id"]) for r in live}, {
+        os.path.realpath(str(r["workspace"])) for r in live if r.get("workspace")
+    }
+
+
+def _in_use(path: str) -> bool:
+    """Whether a process works in ``path`` (a running `exec` cell's fresh
+    workspace, or a shell of the operator's): its cwd or root is under it. A
+    cell sees its workspace at the same path, so its cwd reads the same."""
+    prefix = os.path.realpath(path) + "/"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        for link in ("cwd", "root"):
+            try:
+                target = os.readlink(f"/proc/{pid}/{link}")
+            except OSError:
+                continue
+            if (target + "/").startswith(prefix):
+                return True
+    return False
 
 
 def _size(path: str) -> int:
@@ -316,7 +337,8 @@ def prune(
     from stockade.daemon import _paths
 
     state_dir, _sock = _where(state, socket_path)
-    live = _live_runs(state, socket_path)
+    found_live = _live_runs(state, socket_path)
+    live, live_workspaces = found_live if found_live is not None else (None, set())
     cutoff = time.time() - older_than
     doomed: list[dict[str, Any]] = []
     root = _paths.runs_dir(state_dir)
@@ -340,7 +362,8 @@ def prune(
                 continue
             if os.lstat(path).st_mtime > cutoff:
                 continue
-            if any(live_id in entry for live_id in (live or ())):
+            # Never a live run's workspace, nor one a process works in.
+            if os.path.realpath(path) in live_workspaces or _in_use(path):
                 continue
             doomed.append({"kind": "workspace", "id": entry, "path": path, "bytes": _size(path)})
     total = sum(int(d["bytes"]) for d in doomed)
