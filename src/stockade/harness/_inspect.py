@@ -41,11 +41,11 @@ from inspect_ai.util import (
 )
 from pydantic import BaseModel
 
-from stockade.daemon import _paths
 from stockade.errors import UsageError
 from stockade.harness import _compose
-from stockade.harness._record import SampleRecord, containment_report, land
-from stockade.harness._workbench import ExecFiles, Workbench, open_workbench
+from stockade.harness._hosted import SampleHost, start_sample
+from stockade.harness._record import containment_report
+from stockade.harness._workbench import ExecFiles, Workbench
 from stockade.policy import Policy, default_policy, load_policy
 
 T = TypeVar("T")
@@ -119,13 +119,13 @@ def resolve_policy(config: SandboxEnvironmentConfigType | None) -> tuple[Policy,
 class StockadeSandboxEnvironment(SandboxEnvironment):
     """One sample's workbench session, contained by stockade."""
 
-    def __init__(self, workbench: Workbench, record: SampleRecord, cwd: str, state: str | None) -> None:
+    def __init__(self, workbench: Workbench, host: SampleHost, cwd: str) -> None:
         super().__init__()
         self._workbench = workbench
         self._files = ExecFiles(workbench)
-        self.record = record
+        self.host = host
+        self.record = host.record
         self._cwd = cwd
-        self._state = state
         self._closed = False
         self.report: dict[str, Any] | None = None
         """The containment report, once the sample has been cleaned up."""
@@ -168,17 +168,25 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
 
         current = sample_state()  # set before the sandbox is (Inspect's task runner)
         sample_id = f"{current.sample_id}/{current.epoch}" if current is not None else ""
-        record = SampleRecord(_paths.new_run_id(), harness="inspect", task=task_name, sample=sample_id)
-        record.harness_event(
+        # A daemon's run when one runs (`stockade ps` lists the sample, its
+        # events are stored live), else a session in this process (_hosted).
+        host = await _in_thread(
+            lambda: start_sample(harness="inspect", task=task_name, sample=sample_id, state=state)
+        )
+        host.record.harness_event(
             "harness.sample.start",
-            f"inspect task {task_name}: a sample starts in a stockade session",
+            f"inspect task {task_name}: a sample starts in a stockade session ({host.via})",
             policy=policy.name,
             image=policy.image,
+            via=host.via,
         )
-        workbench = await _in_thread(
-            lambda: open_workbench(policy, run_id=record.run_id, on_event=record.add, state=state)
-        )
-        env = cls(workbench, record, "/", state)
+        try:
+            workbench = await _in_thread(lambda: host.open(policy))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await _in_thread(host.finish)
+            raise
+        env = cls(workbench, host, "/")
         try:
             pwd = await _in_thread(lambda: workbench.exec(["/bin/pwd"], timeout=30))
             env._cwd = pwd.stdout.decode("utf-8", "replace").strip() or "/"
@@ -220,15 +228,14 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         if self._closed:
             return
         self._closed = True
-        result = await _in_thread(self._workbench.close)
-        self.record.extend(result.events)
+        await _in_thread(lambda: self.host.close(self._workbench))
         self.record.harness_event(
             "harness.sample.end",
             f"inspect task {self.record.task}: the sample's session ended"
             + (" (interrupted)" if interrupted else ""),
             interrupted=interrupted,
         )
-        landed = await _in_thread(lambda: land(self.record, state=self._state))
+        landed = await _in_thread(self.host.finish)
         self.report = containment_report(self.record, landed=landed)
         _attach_to_sample(self.report)
 

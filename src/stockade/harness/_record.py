@@ -1,14 +1,16 @@
 """A harness sample's record: its events into stockade's store, and the
 containment report that goes into the harness's own log.
 
-A harness (Inspect, Harbor) runs its sandboxes in its own process, with no
-daemon involved: the events of a sample's session are collected there and
-appended to the store at the end of the sample, through the same journaled
-writer the daemon uses (``open_journaled_store``), which locks the store's
-journal. While a daemon runs it holds that lock, and the store has one writer
-only (its hash chain depends on it): the events are then kept in the run's
-directory as JSONL (``<state>/runs/<run>/events.jsonl``) and the report says
-so, rather than being lost or forking the chain.
+Where a daemon runs, a sample's sessions are the daemon's and their events
+go to its store as they happen (``_hosted.DaemonHost``). Without one, the
+sessions run in the harness's process and their events are collected there
+and appended to the store at the end of the sample (``land``), through the
+same journaled writer the daemon uses (``open_journaled_store``), which locks
+the store's journal. Should a daemon have started meanwhile and hold that
+lock, the store keeps one writer only (its hash chain depends on it): the
+events are then kept in the run's directory as JSONL
+(``<state>/runs/<run>/events.jsonl``) and the report says so, rather than
+being lost or forking the chain.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ class SampleRecord:
     def extend(self, events: Iterable[Event]) -> None:
         for event in events:
             self.add(event)
+
+    def replace(self, events: Iterable[Event]) -> None:
+        """Make ``events`` the record (the store's copy of the sample, read back from a daemon)."""
+        with self._lock:
+            self._events = [_with_run(e, self.run_id) for e in events]
+            self._seen.update((id(e), e) for e in self._events)
 
     def events(self) -> tuple[Event, ...]:
         with self._lock:

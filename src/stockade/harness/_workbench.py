@@ -6,12 +6,9 @@ until the sample ends). The harness talks to it through ``Workbench``, the
 part of the Session contract it uses, so that the file operations can also be
 made of plain execs (``ExecFiles``) where a session does not offer them.
 
-Why in-process and not the daemon's hosted sessions: a harness sample is one
-process's short-lived child, Inspect's tests move 50 MiB through ``exec``
-stdin and ``write_file`` (twenty times the daemon's control frames), and a
-per-call round trip through the daemon would double the latency budget
-(docs/PERFORMANCE.md); the record still lands in the store
-(``_record.land``).
+This is the in-process session, used when no daemon runs; where one runs,
+the sample's sessions are the daemon's (``_hosted``), with the same
+``Workbench`` face.
 """
 
 from __future__ import annotations
@@ -64,7 +61,10 @@ class Workbench(Protocol):
         self, path: str, data: bytes, *, user: str | int | None = None, mode: int | None = None
     ) -> None: ...
 
-    def close(self) -> CellResult: ...
+    def close(self) -> Any:
+        """End the session: a ``CellResult`` in this process, the daemon's
+        ``session.close`` reply for a session it hosts."""
+        ...
 
 
 def open_workbench(
@@ -143,9 +143,8 @@ class ExecFiles:
         result: ExecResult = self._session.exec(list(argv), **kw)
         return result
 
-    def close(self) -> CellResult:
-        result: CellResult = self._session.close()
-        return result
+    def close(self) -> Any:
+        return self._session.close()
 
     def read_file(self, path: str, *, user: str | int | None = None, limit: int | None = None) -> bytes:
         argv = ["/bin/cat", "--", path] if limit is None else ["/usr/bin/head", "-c", str(limit), "--", path]

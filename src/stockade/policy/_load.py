@@ -816,7 +816,10 @@ def _to_policy(doc: _Document, model: PolicyFile, source: str | None) -> Policy:
                     f"{show(program)} is hidden by filesystem.deny; remove it",
                 )
             )
-    if model.workdir is not None and covered_by(model.workdir, grants) is None:
+    # A mount's target is a grant of the cell's view too, and on an image the
+    # whole of the image's / is there to enter (the harnesses' task workdirs).
+    entered = [*grants, *(str(m.target) for m in fs.mounts)]
+    if model.workdir is not None and model.image is None and covered_by(model.workdir, entered) is None:
         problems.append(
             Problem(
                 ("workdir",),

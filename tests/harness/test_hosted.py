@@ -1,0 +1,108 @@
+"""Where a harness sample's sessions live: the daemon's when one runs (the
+sample is a run `stockade ps` lists, its events are stored as they happen),
+this process's when none runs; and the policy document a daemon session gets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
+
+from stockade.daemon import _paths
+from stockade.daemon._client import Client
+from stockade.daemon._server import DaemonThread
+from stockade.harness._hosted import policy_document
+from stockade.policy import DiskLimit, HostRule, MountRule, ToolRule, default_policy, loads_policy
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _stored(client: Client, run: str) -> list[dict[str, Any]]:
+    page = client.call("events.export", run=run, format="jsonl")
+    return [json.loads(line)["event"] for line in page["data"].splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("flavour", ["inspect", "harbor"])
+def test_a_policy_document_reads_back_as_the_same_policy(tmp_path: Path, flavour: str) -> None:
+    base = default_policy(flavour)
+    changed = dataclasses.replace(
+        base,
+        image="bench/py:3.11",
+        user="root",
+        workdir="/app",
+        filesystem=dataclasses.replace(
+            base.filesystem, mounts=(MountRule(str(tmp_path), "/app", "rw"),), deny=("/tests",)
+        ),
+        network=dataclasses.replace(base.network, allow=(HostRule("*.example.com", (80, 443)),)),
+        limits=dataclasses.replace(base.limits, timeout=None, cpu=1.5, disk=DiskLimit(bytes=1 << 30)),
+        env=dataclasses.replace(base.env, set=(("PATH", "/usr/bin:/bin"), ("A", "b c"))),
+        tools=(ToolRule("t", "exec", "allow", (("argv0", "make"),)),),
+    )
+    for policy in (base, changed):
+        back = loads_policy(json.dumps(policy_document(policy)), source="<document>")
+        assert dataclasses.replace(back, source=None) == dataclasses.replace(policy, source=None)
+
+
+async def test_with_a_daemon_the_sample_is_its_run_and_recorded_live(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    config = sandbox_type.config_deserialize({"state": str(state)})
+    # The harness finds a daemon by the state directory's own socket.
+    dt = DaemonThread(state=str(state), socket_path=_paths.socket_path(state=str(state)))
+    dt.start()
+    try:
+        with Client(dt.socket_path, timeout=60) as client:
+            envs = await sandbox_type.sample_init("hosted", config, {})
+            env = envs["default"]
+            try:
+                run = env.record.run_id
+                # Live: `stockade ps` lists the sample's run, its session is the daemon's.
+                (listed,) = [r for r in client.call("run.list")["runs"] if r["id"] == run]
+                assert listed["name"] == "inspect/hosted" and listed["state"] == "running"
+                assert [s["run"] for s in client.sessions(run)] == [run]
+                refused = await env.exec(["cat", "/etc/shadow"])
+                assert refused.returncode != 0
+                done = await env.exec(["sh", "-c", "echo ok > done.txt && cat done.txt"])  # the control
+                assert done.stdout == "ok\n"
+                await env.write_file("sub/f.bin", b"\x00\xff" * 300_000)  # over one frame: blobs
+                assert await env.read_file("sub/f.bin", text=False) == b"\x00\xff" * 300_000
+                # In the store while the sample still runs, with the run's id.
+                stored = _stored(client, run)
+                assert any(
+                    e["kind"] == "session.exec" and e["detail"]["argv"] == ["cat", "/etc/shadow"]
+                    for e in stored
+                )
+            finally:
+                await sandbox_type.sample_cleanup("hosted", config, envs, False)
+            report = env.report
+            assert report["record"]["via"] == "daemon"
+            assert report["record"]["store"] == _paths.store_path(str(state))
+            assert any("/etc/shadow" in a["summary"] for a in report["attempts"])
+            (ended,) = [r for r in client.call("run.list", all=True)["runs"] if r["id"] == run]
+            assert ended["state"] != "running"
+            assert client.sessions(run) == []
+            kinds = [e["kind"] for e in _stored(client, run)]
+            assert "session.close" in kinds and kinds[-1] == "run.end"
+            assert len(kinds) + 2 == report["events"]  # and the harness's own two
+    finally:
+        dt.stop()
+
+
+async def test_without_a_daemon_the_sample_lives_in_this_process(tmp_path: Path) -> None:
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    config = sandbox_type.config_deserialize({"state": str(tmp_path / "state")})
+    envs = await sandbox_type.sample_init("alone", config, {})
+    env = envs["default"]
+    assert (await env.exec(["echo", "hi"])).stdout == "hi\n"
+    await sandbox_type.sample_cleanup("alone", config, envs, False)
+    assert env.report["record"]["via"] == "process"
+    assert env.report["record"]["store"] == _paths.store_path(str(tmp_path / "state"))
