@@ -339,3 +339,18 @@ def test_a_failed_setup_step_names_its_stage_and_error(tmp_path: Path) -> None:
     assert str(caught.value) == (
         f"cell setup failed while entering the workdir: workdir {tmp_path}/missing: No such file or directory"
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mapping another uid's range needs CAP_SETUID")
+def test_userns_makes_a_mapped_namespace_without_a_fork() -> None:
+    from stockade.cell import _native
+
+    fd = _native.userns(b"0 1048577 65535\n", b"0 1048577 65535\n")
+    try:
+        assert os.readlink(f"/proc/self/fd/{fd}").startswith("user:[")
+        # A namespace of its own, not this process's (a bad map is refused below).
+        assert os.stat(f"/proc/self/fd/{fd}").st_ino != os.stat("/proc/self/ns/user").st_ino
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        _native.userns(b"not a map\n", b"0 1048577 1\n")

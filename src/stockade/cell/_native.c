@@ -1581,6 +1581,95 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
     return PyLong_FromLong((long)pid);
 }
 
+/* ------------------------------------------ user namespaces for idmapped mounts */
+
+static int userns_holder(void *arg) {
+    /* Shares the caller's memory (CLONE_VM) and touches none of it: it was
+     * born in its new user namespace, waits for the caller to be done with
+     * it and exits. Only raw syscalls, no errno kept. */
+    const int *fds = arg;
+    char c;
+    /* Its own copy of the write end would hold back the EOF it waits for. */
+    (void)syscall(SYS_close, fds[1]);
+    (void)syscall(SYS_read, fds[0], &c, 1);
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static int write_proc(pid_t pid, const char *name, const char *data, size_t len) {
+    char path[64], digits[24];
+    int fd;
+    if (join(path, sizeof path, "/proc/", digits_of(digits, (unsigned long)pid), "/") < 0 ||
+        join(path + strlen(path), sizeof path - strlen(path), name, NULL, NULL) < 0)
+        return -1;
+    if ((fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) return -1;
+    if (write_all(fd, data, len) < 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return close(fd);
+}
+
+/* userns(uid_map, gid_map) -> fd: a fresh user namespace with these maps,
+ * for mount_setattr(MOUNT_ATTR_IDMAP), without forking the caller: a
+ * CLONE_VM child is born in it (no copy of a large process's page tables;
+ * a workbench makes two per run, since its slot's ids change every run). */
+static PyObject *userns(PyObject *module, PyObject *args) {
+    const char *uid_map, *gid_map;
+    Py_ssize_t uid_len, gid_len;
+    int pipe_fds[2], held[2], err = 0, ns = -1, status;
+    char *stack;
+    char path[64], digits[24];
+    pid_t pid;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y#y#:userns", &uid_map, &uid_len, &gid_map, &gid_len)) return NULL;
+    if (pipe2(pipe_fds, O_CLOEXEC) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    stack = mmap(NULL, 64 * 1024, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) {
+        err = errno;
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    /* The child reads its own copy: the caller changes pipe_fds below, and
+     * the two share memory. */
+    held[0] = pipe_fds[0];
+    held[1] = pipe_fds[1];
+    pid = clone(userns_holder, stack + 64 * 1024, CLONE_NEWUSER | CLONE_VM | SIGCHLD, held);
+    if (pid < 0) {
+        err = errno;
+    } else {
+        if (write_proc(pid, "uid_map", uid_map, (size_t)uid_len) < 0 ||
+            write_proc(pid, "setgroups", "deny", 4) < 0 ||
+            write_proc(pid, "gid_map", gid_map, (size_t)gid_len) < 0 ||
+            join(path, sizeof path, "/proc/", digits_of(digits, (unsigned long)pid), "/ns/user") < 0 ||
+            (ns = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+            err = errno;
+        close(pipe_fds[1]); /* EOF: the holder exits */
+        pipe_fds[1] = -1;
+        while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR) {
+        }
+    }
+    Py_END_ALLOW_THREADS
+    close(pipe_fds[0]);
+    if (pipe_fds[1] >= 0) close(pipe_fds[1]);
+    munmap(stack, 64 * 1024);
+    if (ns < 0) {
+        errno = err ? err : EIO;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(ns);
+}
+
+PyDoc_STRVAR(userns_doc,
+             "userns(uid_map: bytes, gid_map: bytes) -> int\n\n"
+             "The fd of a fresh user namespace with these maps (setgroups denied), for\n"
+             "idmapped mounts; made by a CLONE_VM child, not a fork of the caller.");
+
 PyDoc_STRVAR(spawn_doc,
              "spawn(*, argv, env, workdir, mounts, landlock, seccomp, cgroup_procs, loginuid, stdio,\n"
              "      status_pipe, go_pipe, cap_last, keep_fds, notify=None, userns_owner=None,\n"
@@ -1591,6 +1680,7 @@ PyDoc_STRVAR(spawn_doc,
 
 static PyMethodDef native_methods[] = {
     {"spawn", (PyCFunction)(void (*)(void))spawn, METH_VARARGS | METH_KEYWORDS, spawn_doc},
+    {"userns", (PyCFunction)userns, METH_VARARGS, userns_doc},
     {NULL, NULL, 0, NULL},
 };
 
