@@ -12,13 +12,15 @@ Needs root and kernel audit; a host without them skips, naming what it lacks.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import subprocess
 import sys
 
 import pytest
 
-from stockade.cell._audit import AUDIT_ADD_RULE, RULE_ATTEMPTS, AuditReader, _Waiter
+from stockade.cell._audit import AUDIT_ADD_RULE, RULE_ATTEMPTS, RULES_LEASE, AuditReader, _Waiter
 from stockade.cell._audit_mount import rule_payloads
 
 _LACKS = (
@@ -72,8 +74,8 @@ def test_a_rule_lost_every_time_is_said_not_hidden() -> None:
         assert f"{RULE_ATTEMPTS} times" in reader.mount_rules_error
         assert reader._core.mount_rules_missing == reader.mount_rules_error
     finally:
-        reader.close()
         _LosesAcks.lose = 0
+        reader.close()
 
 
 _MANY_AT_ONCE = """
@@ -98,3 +100,65 @@ def test_cells_started_together_share_one_reader_with_its_rules() -> None:
         [sys.executable, "-c", _MANY_AT_ONCE], capture_output=True, text=True, timeout=60, check=True
     ).stdout.split()
     assert out == ["40", "1", "None"], out
+
+
+def _rules_present() -> bool:
+    """Whether the kernel has stockade's first rule: adding it again answers
+    EEXIST; if it was absent the probe removes what it added."""
+    import socket
+    import struct
+
+    from stockade.cell._audit_mount import AUDIT_DEL_RULE
+
+    payload = rule_payloads()[0]
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 9) as sock:
+        sock.bind((0, 0))
+
+        def ask(kind: int) -> int:
+            sock.send(struct.pack("=IHHII", 16 + len(payload), kind, 0x5, 1, 0) + payload)
+            while True:
+                data = sock.recv(65536)
+                if struct.unpack_from("=H", data, 4)[0] == 2:  # NLMSG_ERROR: the ack
+                    return -struct.unpack_from("=i", data, 16)[0]
+
+        answer = ask(AUDIT_ADD_RULE)
+        if answer == 0:
+            ask(AUDIT_DEL_RULE)
+        return answer == errno.EEXIST
+
+
+def test_the_rules_stay_while_a_reader_needs_them_and_go_with_the_last() -> None:
+    """Two readers: the first to close leaves the rules to the other; the
+    last one of the host removes them (every process pays for them while
+    they are loaded), and the next reader adds them again."""
+    first, second = AuditReader(timeout=1.0), AuditReader(timeout=1.0)
+    try:
+        assert first.mount_rules_error is None and second.mount_rules_error is None
+        first.close()
+        assert not first.rules_removed
+        assert _rules_present()  # the control: the other reader still needs them
+    finally:
+        first.close()
+        second.close()
+    # Another stockade process of this host may hold the lease too; while this
+    # test holds the lock exclusively, no reader can add or need the rules.
+    fd = os.open(RULES_LEASE, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        if alone and second.rules_removed:
+            # No reader can have added them since: the lock is this test's.
+            assert not _rules_present()
+        elif not alone:
+            assert _rules_present()  # the other reader's, still held
+    finally:
+        os.close(fd)
+    again = AuditReader(timeout=1.0)
+    try:
+        assert again.mount_rules_error is None
+        assert _rules_present()
+    finally:
+        again.close()

@@ -22,7 +22,9 @@ The refusals of the mount layer and of file permissions (a write to a
 protected file, a rename of a mount point, a connect to a decoy socket, an
 overwrite of a root-owned file) happen before Landlock looks, so it logs
 nothing for them; the reader installs the kernel audit rules of
-``_audit_mount`` that do, and leaves them, like auditing, when it closes.
+``_audit_mount`` that do. Unlike auditing, they do not stay: the last reader
+of the host to close removes them (``RULES_LEASE``), since while they are
+loaded every system call of every process pays for them.
 
 Nothing is lost silently: a socket overrun, a rise of the kernel's ``lost``
 counter, or a Landlock domain that counted more denials than were logged each
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import select
 import socket
@@ -49,6 +52,7 @@ from stockade._netns import initial, inside_path
 from stockade.cell._audit_core import AUDIT_SYSCALL, AUDIT_USER_AVC, AuditCorrelator
 from stockade.cell._audit_mount import (
     AUDIT_ADD_RULE,
+    AUDIT_DEL_RULE,
     KEY_FIELD,
     decoy_rule,
     ensure_proc_decoy,
@@ -207,6 +211,11 @@ class AuditReader:
         """Events attributed but not yet handed to the callbacks."""
         self._congested = False
         self._audit_default = _booted_with_audit()
+        self._lease = -1
+        """A shared lock on ``RULES_LEASE`` while this reader needs the rules."""
+        self._rule_payloads: list[bytes] = []
+        self.rules_removed = False
+        """Whether this reader, the last of the host, removed the rules at close."""
         self.netns = "own"
         """Whose network namespace the socket is in: ``own`` (this process's,
         or the one it imported stockade in) or ``pid1`` (pid 1's, entered
@@ -253,6 +262,8 @@ class AuditReader:
         except BaseException:
             self._sock.close()
             self._close_pipe()
+            if self._lease >= 0:
+                os.close(self._lease)
             raise
 
     def _socket(self, where: contextlib.AbstractContextManager[None]) -> socket.socket:
@@ -345,11 +356,14 @@ class AuditReader:
         self.mount_rules_error: str | None = None
         """Why the rules that record refusals of read-only mounts could not be
         added (``_audit_mount``); None when they are in place. They stay when
-        the reader closes, as auditing stays on: another reader may need them."""
+        the reader closes while another reader of the host needs them."""
         payloads = list(rule_payloads())
         decoy = ensure_proc_decoy()
         if decoy is not None:  # the host files of a cell's /proc (PROC_DECOY)
             payloads.append(decoy_rule(decoy.st_ino, decoy.st_dev))
+        self._rule_payloads = payloads
+        if self._lease < 0:
+            self._lease = _take_lease()
         self.mount_rules_error = self._add_rules(payloads, timeout)
         if self.mount_rules_error is not None:
             # Not fatal: Landlock and seccomp are still recorded; every cell's
@@ -362,7 +376,7 @@ class AuditReader:
                 why,
             )
 
-    def _add_rules(self, payloads: list[bytes], timeout: float) -> str | None:
+    def _add_rules(self, payloads: list[bytes], timeout: float, *, kind: int = AUDIT_ADD_RULE) -> str | None:
         """Add the kernel audit rules, all at once, and wait for their acks;
         returns why they could not all be added (None: they are in place).
 
@@ -377,13 +391,13 @@ class AuditReader:
         error: str | None = None
         for attempt in range(1, RULE_ATTEMPTS + 1):
             # Sent before any ack is awaited: one round trip for all of them.
-            sent = [(payload, self._send(AUDIT_ADD_RULE, payload)) for payload in pending]
+            sent = [(payload, self._send(kind, payload)) for payload in pending]
             deadline = time.monotonic() + timeout * attempt
             late: list[bytes] = []
             for payload, waiter in sent:
                 if not self._wait(waiter.done, deadline):
                     late.append(payload)
-                elif waiter.error and waiter.error != errno.EEXIST and error is None:
+                elif waiter.error and waiter.error not in (errno.EEXIST, errno.ENOENT) and error is None:
                     error = os.strerror(waiter.error)
             with self._lock:
                 self._forget(*(waiter for _, waiter in sent))
@@ -411,7 +425,12 @@ class AuditReader:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread and close the socket. Auditing stays enabled (see the module doc)."""
+        """Stop the thread and close the socket; the last reader of the host
+        removes the audit rules. Auditing stays enabled (see the module doc)."""
+        with self._lock:
+            if self._closed:
+                return
+        self._remove_rules_if_last()  # while the socket still reads the acks
         with self._lock:
             if self._closed:
                 return
@@ -423,6 +442,26 @@ class AuditReader:
         with self._io_lock:
             self._sock.close()
             self._close_pipe()
+
+    def _remove_rules_if_last(self) -> None:
+        """Remove the kernel audit rules when no other reader of this host
+        holds ``RULES_LEASE``: with any rule loaded, every system call of
+        every process on the host pays for it (docs/PERFORMANCE.md), so they
+        are there only while stockade runs. A reader that starts meanwhile
+        waits for the lock, then adds them again."""
+        lease, self._lease = self._lease, -1
+        if lease < 0:
+            return
+        try:
+            try:
+                # Converting the shared lock may drop it first (flock(2)):
+                # harmless, this reader is done with the rules either way.
+                fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return  # another reader holds it: the rules stay, for it
+            self.rules_removed = self._add_rules(self._rule_payloads, 0.5, kind=AUDIT_DEL_RULE) is None
+        finally:
+            os.close(lease)
 
     def __enter__(self) -> AuditReader:
         self.start()
@@ -805,6 +844,30 @@ def _other_netns(limit: int = 3) -> list[tuple[int, str]]:
             seen.add(ino)
             found.append((pid, path))
     return found[:limit]
+
+
+RULES_LEASE: Final = "/run/stockade/audit-rules.lock"
+"""Every reader of this host holds a shared ``flock`` on this file while it
+needs the audit rules; the last one to close (it gets the exclusive lock)
+removes them. A host without a writable ``/run`` keeps them, as before."""
+
+
+def _take_lease() -> int:
+    """A descriptor holding a shared lock on ``RULES_LEASE``, or -1 when it
+    cannot be had (the rules then stay when the reader closes)."""
+    try:
+        os.makedirs(os.path.dirname(RULES_LEASE), mode=0o755, exist_ok=True)
+        fd = os.open(RULES_LEASE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return -1
+    try:
+        # Blocks only while a closing reader removes the rules (a few round
+        # trips): the rules it removes are added again right after.
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
 
 
 def _booted_with_audit() -> bool:

@@ -64,6 +64,7 @@ from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES
 AUDIT_PATH: Final = 1302
 AUDIT_CWD: Final = 1307
 AUDIT_ADD_RULE: Final = 1011
+AUDIT_DEL_RULE: Final = 1012
 RULE_KEY: Final = "stockade-vfs"
 KEY_FIELD: Final = f'key="{RULE_KEY}"'
 """How the key appears in a SYSCALL record's body: a cheap test before parsing."""

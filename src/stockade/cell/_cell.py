@@ -189,6 +189,11 @@ def shared_audit_reader() -> AuditReader:
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         reader = AuditReader()
         reader.start()
+        import atexit
+
+        # Closed at exit so that the last stockade process of the host
+        # removes the audit rules (``AuditReader.close``).
+        atexit.register(reader.close)
         _shared_audit = reader
     return _shared_audit
 
