@@ -613,9 +613,17 @@ class Cell:
             )
         if stats.oom_killed:
             limits_hit.append("memory")
-            events.append(
-                _limit_event(cell_id, "cgroup", f"memory limit of {limits.memory} bytes reached: killed")
+            # At its own limit a cell's peak is the limit (to a page); one
+            # killed well short of it met its family's (cgroup_within).
+            peak = stats.memory_peak
+            own = limits.memory is None or peak is None or peak >= limits.memory * 0.9
+            whose = (
+                f"memory limit of {limits.memory} bytes"
+                if own
+                else f"memory limit of its run's family (this cell held at most {peak} bytes "
+                f"of its own {limits.memory})"
             )
+            events.append(_limit_event(cell_id, "cgroup", f"{whose} reached: killed"))
         if stats.pids_limit_hit:
             limits_hit.append("pids")
             # Refused by its family's limit (cgroup_within), not its own: say whose.
