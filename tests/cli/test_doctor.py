@@ -122,10 +122,12 @@ def test_a_bad_policy_file_exits_3(capsys: pytest.CaptureFixture[str], tmp_path:
     assert out == ""
 
 
-def test_a_missing_policy_file_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_missing_policy_file_is_exit_3_as_under_validate_and_exec(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     code = _run(["doctor", "--policy", str(tmp_path / "nope.yaml")])
     _, err = capsys.readouterr()
-    assert code == 2
+    assert code == 3  # one code per kind of problem (docs/CLI.md)
     assert "nope.yaml" in err
 
 
