@@ -129,3 +129,21 @@ def test_cap_webfetch_fetches_from_inside_the_workbench(scripted: dict[str, Any]
     assert fetched and all(e["outcome"] != "denied" for e in fetched), fetched
     assert {e["cell"] for e in fetched} == {opened[0]["cell"]}
     assert trial["reward"] == 1.0
+
+
+def test_the_tool_loops_file_tools_are_fs_intents_in_the_session(scripted: dict[str, Any]) -> None:
+    """cap-data's solver reads and writes files: each is an fs.read / fs.write
+    intent naming the workbench session (done inside its cell), not a `cat` or
+    `printf` exec, and the file it wrote is what the verifier graded."""
+    trial = _by_task(scripted)["stockade/cap-data"]
+    events = [e["event"] for e in json.loads((Path(trial["bundle"]) / "log.json").read_text())]
+    opened = next(e for e in events if e["kind"] == "session.open")
+    session = opened["detail"]["session"]
+    intents = [e["detail"] for e in events if e["kind"] == "intent"]
+    fs = [d for d in intents if d["intent"] in ("fs.read", "fs.write")]
+    assert {d["intent"] for d in fs} == {"fs.read", "fs.write"}, intents
+    assert all(d["args"]["session"] == session and d["verdict"] == "allow" for d in fs), fs
+    assert all(d["args"]["path"].startswith("/") for d in fs)
+    execs = [" ".join(d["args"]["argv"]) for d in intents if d["intent"] == "exec"]
+    assert not [a for a in execs if a.startswith(("/bin/cat", "/bin/sh -c printf"))], execs
+    assert trial["reward"] == 1.0

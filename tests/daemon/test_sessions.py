@@ -326,3 +326,115 @@ def test_a_kept_upper_carries_an_image_sessions_changes_to_the_next(
             fresh.read_file("/etc/marker")  # the control: a session without the upper
     assert (upper / "etc" / "marker").read_bytes() == b"installed\n"
     assert not (image.rootfs / "etc" / "marker").exists()
+
+
+FS_AGENT = textwrap.dedent(
+    """
+    import json, os, select, socket, struct, sys
+    fifo, plan = sys.argv[1], sys.argv[2]
+
+    def frame(obj):
+        body = json.dumps(obj).encode()
+        return struct.pack(">I", len(body)) + body
+
+    def read_frame(s):
+        head = b""
+        while len(head) < 4:
+            head += s.recv(4 - len(head))
+        n = struct.unpack(">I", head)[0]
+        body = b""
+        while len(body) < n:
+            body += s.recv(n - len(body))
+        return json.loads(body)
+
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    print("ready", flush=True)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll()
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["STOCKADE_BROKER"])
+    for i, (intent, args) in enumerate(json.load(open(plan)), 1):
+        s.sendall(frame({"v": 1, "id": i, "method": "intent",
+                         "params": {"token": os.environ["STOCKADE_TOKEN"], "intent": intent, "args": args}}))
+        print(json.dumps(read_frame(s)), flush=True)
+    """
+)
+
+
+def test_fs_intents_in_the_runs_session_are_done_inside_its_cell(tmp_path: Path) -> None:
+    """fs.write / fs.read / fs.list naming the run's session: done in the
+    session's view, as its user (its workspace is the run's); a path the
+    session's cell may not read fails there; a session of another run is the
+    broker's refusal, recorded."""
+    ws = workspace(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    fifo = shared / "go"
+    os.mkfifo(fifo)
+    plan = shared / "plan.json"
+    policy = tmp_path / "agent.json"
+    policy.write_text(
+        json.dumps(
+            {
+                "name": "agent",
+                "command": [PY, "-c", FS_AGENT, str(fifo), str(plan)],
+                "workspace": str(ws),
+                "filesystem": {"read": [str(shared)]},
+                "tools": [
+                    {"id": i, "intent": i, "verdict": "allow"} for i in ("fs.read", "fs.write", "fs.list")
+                ],
+            }
+        )
+    )
+    other_fifo = tmp_path / "other"
+    os.mkfifo(other_fifo)
+    other = agent_policy(
+        tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=workspace(tmp_path, "o")
+    )
+    marker = f"{ws}/from-intent.txt"
+    with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
+        run = client.call("run.start", policy_path=str(policy), detach=True)
+        elsewhere = client.call("run.start", policy_path=str(other), detach=True)
+        own = client.open_session(run=run["id"])
+        foreign = client.open_session(run=elsewhere["id"])
+        sid = own.session_id
+        plan.write_text(
+            json.dumps(
+                [
+                    ["fs.write", {"path": marker, "content": "in the session\n", "session": sid}],
+                    ["fs.write", {"path": marker, "content": "again\n", "session": sid}],
+                    ["fs.write", {"path": marker, "content": "more\n", "mode": "append", "session": sid}],
+                    ["fs.read", {"path": marker, "session": sid}],
+                    ["fs.list", {"path": str(ws), "session": sid}],
+                    ["fs.read", {"path": "/etc/shadow", "session": sid}],
+                    ["fs.read", {"path": marker, "session": foreign.session_id}],
+                ]
+            )
+        )
+        wait_output(dt.socket_path, run["id"], "ready")
+        with client.subscribe("events.subscribe", run=run["id"]) as stream:
+            release(fifo)
+            for pushed in stream:
+                if kind_is("run.end", run["id"])(pushed):
+                    break
+        logs = client.call("run.logs", run=run["id"])["data"]
+        replies = [json.loads(line)["result"] for line in logs.splitlines() if line.startswith("{")]
+        events = _events(client, run["id"])
+        client.call("run.stop", run=elsewhere["id"], grace=0)
+    made, exists, appended, read, listed, shadow, refused = replies
+    assert made["value"] == {"path": marker, "bytes": 15, "created": True, "mode": "create"}
+    assert exists["value"]["error"]["code"] == "exists"
+    assert appended["value"]["created"] is False
+    assert read["value"]["content"] == "in the session\nmore\n"
+    names = {e["name"]: e for e in listed["value"]["entries"]}
+    assert names[os.path.basename(marker)]["type"] == "file" and names[os.path.basename(marker)]["size"] == 20
+    written = Path(marker)
+    assert written.read_bytes() == b"in the session\nmore\n"
+    assert (
+        shadow["value"]["error"]["code"] == "io"
+        and "permission denied" in shadow["value"]["error"]["message"]
+    )
+    assert refused["verdict"] == "deny" and "not an open session of this run" in refused["reason"]
+    denied = [e for e in events if e["outcome"] == "denied" and foreign.session_id in json.dumps(e)]
+    assert denied, [e["kind"] for e in events]

@@ -324,7 +324,13 @@ class Trial:
                 else str(bench.workdir),
             }
         }
-        agent["tools"] = [{"id": "bench-workbench", "intent": "exec", "verdict": "allow"}]
+        # The workbench's commands and files: exec and fs.* intents, each in
+        # the session (its cell's view decides what they reach); without a
+        # session an fs intent meets the agent cell's own grants.
+        agent["tools"] = [
+            {"id": f"bench-workbench-{intent}", "intent": intent, "verdict": "allow"}
+            for intent in ("exec", "fs.read", "fs.write", "fs.list")
+        ]
         return agent, session
 
     def _run(

@@ -10,9 +10,9 @@ an intent already allowed.
 ========== =================================================== ==============================
 intent     arguments                                           value
 ========== =================================================== ==============================
-fs.read    ``path``                                            ``path, size, content, encoding``
-fs.write   ``path, content, mode?, encoding?``                 ``path, bytes, created, mode``
-fs.list    ``path``                                            ``path, entries, truncated``
+fs.read    ``path, session?``                                  ``path, size, content, encoding``
+fs.write   ``path, content, mode?, encoding?, session?``       ``path, bytes, created, mode``
+fs.list    ``path, session?``                                  ``path, entries, truncated``
 exec       ``argv, timeout?, cwd?, session?``                  ``exit_code, stdout, stderr, …``
 ask        ``question``                                        ``answer``
 agent.*    spawn ``policy, argv?, name?``; send ``to, message``; executed by the daemon
@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from stockade.broker._fs import MAX_WRITE, FileAccess, FsFailure
+from stockade.broker._fs import MAX_LIST, MAX_READ, MAX_WRITE, FileAccess, FsFailure
 from stockade.broker._rules import normalize_path
-from stockade.errors import IntentError, StockadeError
+from stockade.errors import IntentError, StockadeError, UsageError
 from stockade.policy._model import NetworkPolicy, Policy
 
 if TYPE_CHECKING:
     from stockade.cell._cell import CellResult
-    from stockade.cell._session import SessionResult
+    from stockade.cell._session import Session, SessionResult
 
 INTENTS = (
     "fs.read",
@@ -114,16 +114,25 @@ class _Args(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+SessionId = Annotated[str, Field(pattern=r"^s-[0-9a-f]{12}$")]
+"""A workbench session of the same run (``session.open`` with ``run``): an
+intent that names one is done there, in the session's view, as its user,
+instead of on the host under the run's grants."""
+
+
 class FsReadArgs(_Args):
     path: AbsPath
+    session: SessionId | None = None
 
 
 class FsListArgs(_Args):
     path: AbsPath
+    session: SessionId | None = None
 
 
 class FsWriteArgs(_Args):
     path: AbsPath
+    session: SessionId | None = None
     content: Annotated[str, Field(max_length=MAX_WRITE * 4 // 3 + 4)]
     mode: Literal["create", "overwrite", "append"] = "create"
     encoding: Literal["utf-8", "base64"] = "utf-8"
@@ -151,7 +160,7 @@ class ExecArgs(_Args):
     argv: Annotated[list[Word], Field(min_length=1, max_length=MAX_ARGV), AfterValidator(_argv_size)]
     timeout: Annotated[float, Field(gt=0, le=EXEC_TIMEOUT_MAX, allow_inf_nan=False)] | None = None
     cwd: AbsPath | None = None
-    session: Annotated[str, Field(pattern=r"^s-[0-9a-f]{12}$")] | None = None
+    session: SessionId | None = None
     """A workbench session of the same run (``session.open`` with ``run``):
     the command runs there, where earlier commands' state lasts, instead of in
     a fresh cell."""
@@ -469,6 +478,9 @@ RunWorkbench = Callable[[list[str], Policy], "CellResult"]
 SessionExec = Callable[[str, list[str], float, "str | None", int], "SessionResult | None"]
 """Runs ``argv`` in the run's session ``session`` with a timeout, a cwd and an
 output cap; None when the run has no open session of that id."""
+SessionFor = Callable[[str], "Session | None"]
+"""The run's open session of that id (for ``fs.*`` with ``session``), or None
+when it is not one bound to this run."""
 Answer = Callable[[str], "str | None"]
 
 
@@ -484,6 +496,7 @@ class IntentExecutor:
         answer: Answer | None = None,
         hidden: Sequence[str] = (),
         session_exec: SessionExec | None = None,
+        session_for: SessionFor | None = None,
     ) -> None:
         """
         Args:
@@ -500,12 +513,15 @@ class IntentExecutor:
             session_exec: runs an ``exec`` that names a ``session`` there
                 (the daemon's, ``_sessions``); without it such an exec fails
                 as ``unavailable``.
+            session_for: the run's session of an id, for ``fs.*`` intents
+                that name a ``session``; without it they fail as ``unavailable``.
         """
         self.policy = policy
         self.workspace = workspace
         self._run_workbench = run_workbench
         self._answer = answer
         self._session_exec = session_exec
+        self._session_for = session_for
         self._files = FileAccess(policy, workspace=workspace, hidden=hidden)
 
     def grant_refusal(self, intent: str, args: Mapping[str, object]) -> str | None:
@@ -521,8 +537,8 @@ class IntentExecutor:
         except IntentError:
             return None
         path = getattr(parsed, "path", None)
-        if not isinstance(path, str):
-            return None
+        if not isinstance(path, str) or getattr(parsed, "session", None) is not None:
+            return None  # in a session, its cell's own view decides
         try:
             self._files.check(path, write=intent == "fs.write")
         except FsFailure as exc:
@@ -540,6 +556,8 @@ class IntentExecutor:
     def execute_parsed(self, parsed: IntentArgs) -> dict[str, object]:
         """``execute`` of arguments that ``parse_args`` already gave (the
         daemon's fast path validates them first: once is enough)."""
+        if isinstance(parsed, FsReadArgs | FsWriteArgs | FsListArgs) and parsed.session is not None:
+            return self._fs_in_session(parsed)
         try:
             if isinstance(parsed, FsReadArgs):
                 data = self._files.read(parsed.path)
@@ -647,6 +665,68 @@ class IntentExecutor:
             "session": args.session,
             "call": result.call,
         }
+
+    def _fs_in_session(self, args: FsReadArgs | FsWriteArgs | FsListArgs) -> dict[str, object]:
+        """An ``fs.*`` intent in the run's own workbench session, through the
+        session's file calls: the file is opened inside the session's cell,
+        as its user, so its view, permissions, Landlock and protected paths
+        decide, and a layer's refusal is that layer's event (attributed to
+        the call), not the broker's: it is not counted twice."""
+        assert args.session is not None
+        if self._session_for is None:
+            return failure("unavailable", "this broker has no sessions; leave 'session' out")
+        session = self._session_for(args.session)
+        if session is None:
+            return failure(
+                "refused",
+                f"session {args.session} is not an open session of this run; open one bound to it "
+                "(session.open with run), or leave 'session' out",
+            )
+        path = args.path
+        where = f"{path} in session {args.session}"
+        try:
+            if isinstance(args, FsReadArgs):
+                data = session.read_file(path, limit=MAX_READ)
+                return {"path": path, "size": len(data), **blob(data)}
+            if isinstance(args, FsListArgs):
+                entries, truncated = session.list_dir(path, limit=MAX_LIST)
+                return {
+                    "path": path,
+                    "entries": [_entry(name, kind, size) for name, kind, size in entries],
+                    "truncated": truncated,
+                }
+            data = args.data()
+            if len(data) > MAX_WRITE:
+                return failure("too_large", f"{len(data)} bytes is more than the 16 MiB fs.write limit")
+            try:
+                # O_EXCL first: a new file is made, and fs.write says whether it was.
+                session.write_file(path, data, exist="fail")
+                created = True
+            except FileExistsError:
+                if args.mode == "create":
+                    raise
+                session.write_file(path, data, exist="append" if args.mode == "append" else "replace")
+                created = False
+            return {"path": path, "bytes": len(data), "created": created, "mode": args.mode}
+        except FileNotFoundError:
+            return failure("not_found", f"{where} does not exist (or its directory does not)")
+        except FileExistsError:
+            return failure("exists", f"{where} exists; write it with mode overwrite or append")
+        except IsADirectoryError:
+            return failure("is_a_directory", f"{where} is a directory")
+        except NotADirectoryError:
+            return failure("not_a_directory", f"{where}: a part of the path is not a directory")
+        except PermissionError:
+            return failure(
+                "io",
+                f"{where}: permission denied inside the session's cell (a layer's refusal is in the record)",
+            )
+        except OSError as exc:
+            return failure("io", f"{where} failed: {exc.strerror}")
+        except UsageError as exc:  # the file is over MAX_READ
+            return failure("too_large", str(exc))
+        except StockadeError as exc:  # CellError: the session's cell is gone
+            return failure("failed", f"{where} could not be done: {exc}")
 
     def _ask(self, args: AskArgs) -> dict[str, object]:
         if self._answer is None:

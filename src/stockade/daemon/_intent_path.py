@@ -255,7 +255,7 @@ class IntentPath:
             decision = Decision(
                 "deny", decision.rule, f"{decision.reason}; the run is unattended, so nobody can approve"
             )
-        if decision.verdict == "allow" and intent in _READ_ONLY:
+        if decision.verdict == "allow" and intent in _READ_ONLY and args.get("session") is None:
             return self._read_now(run, cell, intent, args, parsed, decision, tool_call)
         return self._decided(run, cell, intent, args, decision, tool_call)
 
@@ -440,9 +440,10 @@ class IntentPath:
             value = await self.agents.execute(run, cell, intent, args)
         elif intent == "ask":
             value = await self._question(run, str(args["question"]))
-        elif intent == "exec":
+        elif intent == "exec" or args.get("session") is not None:
             # It takes seconds to minutes: a thread of its own (a run holds at
-            # most WORKBENCHES_PER_RUN of them).
+            # most WORKBENCHES_PER_RUN of them). An fs intent in a session is
+            # a call into its cell: a thread too, never the loop.
             try:
                 value = await self.loop.run_in_executor(self._workbench_pool, executor.execute, intent, args)
             except IntentError as exc:

@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     from stockade.cell._audit import AuditReader
     from stockade.cell._cell import Cell, CellResult
     from stockade.cell._cgroup import CellCgroup
-    from stockade.cell._session import SessionResult
+    from stockade.cell._session import Session, SessionResult
     from stockade.gateway import Gateway, GatewayOptions
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
@@ -204,6 +204,9 @@ class Runs:
         """An ``exec`` intent naming a session: the daemon's sessions run it
         (``_sessions.Sessions.exec_for_run``); None when ``session`` is not
         an open session of that run."""
+        self.session_for: Callable[[str, str], Session | None] = lambda run_id, session: None
+        """The open session ``session`` bound to run ``run_id``, for ``fs.*``
+        intents that name it (``_sessions.Sessions.session_for_run``), or None."""
         self.refusing: str = ""
         """Set when new runs are refused (the store failed): the reason."""
         self.agents = Agents(
@@ -429,6 +432,7 @@ class Runs:
                 session_exec=lambda session, argv, timeout, cwd, output: self.session_exec(
                     run.id, session, argv, timeout, cwd, output
                 ),
+                session_for=lambda session: self.session_for(run.id, session),
             )
             uid, gid = _cell_identity(cell.workspace)
             run.close_broker = await self.host.open_broker(run, sock_path, uid, gid)

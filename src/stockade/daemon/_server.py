@@ -168,6 +168,7 @@ class Daemon:
             self.sessions = Sessions(self.runs)
             self.extensions.update(self.sessions.methods())
             self.runs.session_exec = self.sessions.exec_for_run
+            self.runs.session_for = self.sessions.session_for_run
             events = [self._daemon_event("daemon.start", f"daemon started (pid {os.getpid()})")]
             events.extend(self._previous_store_error())
             events.extend(await asyncio.to_thread(self.runs.recover))

@@ -481,6 +481,16 @@ class Sessions:
         hosted.calls += 1
         return hosted.session.exec(argv, cwd=cwd, timeout=timeout, output_limit=output)
 
+    def session_for_run(self, run_id: str, session_id: str) -> Session | None:
+        """The open session ``session_id`` if it is bound to run ``run_id``
+        (an ``fs.*`` intent of that run names it), else None: the broker
+        refuses it, and records so."""
+        hosted = self._hosted.get(session_id)
+        if hosted is None or not run_id or hosted.run != run_id or hosted.closing:
+            return None
+        hosted.calls += 1
+        return hosted.session
+
     # ------------------------------------------------------------------ helpers
 
     async def _call(self, hosted: _Hosted, fn: Callable[[], object]) -> object:

@@ -383,21 +383,27 @@ class Broker:
 
     # ------------------------------------------------------------------ intents
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, *, session: str | None = None) -> bytes:
         """The content of the file at ``path`` (absolute), at most 16 MiB.
+
+        ``session``: read it inside that workbench session of this run (its
+        view, as its user), as ``exec(session=…)`` runs a command there.
 
         Raises:
             Denied, IntentFailed (``not_found``, ``is_a_directory``, ``too_large``…),
             RunHalted, Unauthorized, Unreachable, BrokerError.
         """
-        value = self._value("fs.read", {"path": path})
+        value = self._value("fs.read", {"path": path, **({"session": session} if session else {})})
         return _unblob(value, "fs.read")
 
-    def write(self, path: str, data: bytes | str, *, mode: str = "create") -> WriteResult:
+    def write(
+        self, path: str, data: bytes | str, *, mode: str = "create", session: str | None = None
+    ) -> WriteResult:
         """Write ``data`` (bytes, or text as UTF-8) to the file at ``path``.
 
         ``mode``: ``create`` (the default: fails with ``exists`` if anything is
         there), ``overwrite`` or ``append`` (both create a missing file).
+        ``session``: write it inside that workbench session of this run.
 
         Raises:
             Denied, IntentFailed (``exists``, ``not_found`` for a missing
@@ -410,9 +416,10 @@ class Broker:
             content, encoding = _blob_args(bytes(data))
         else:
             raise TypeError(f"write() takes bytes or str data, not {type(data).__name__}; encode it first")
-        value = self._value(
-            "fs.write", {"path": path, "content": content, "mode": mode, "encoding": encoding}
-        )
+        args = {"path": path, "content": content, "mode": mode, "encoding": encoding}
+        if session:
+            args["session"] = session
+        value = self._value("fs.write", args)
         return WriteResult(
             path=_field(value, "path", str, "fs.write"),
             bytes=_field(value, "bytes", int, "fs.write"),
@@ -420,14 +427,15 @@ class Broker:
             mode=_field(value, "mode", str, "fs.write"),
         )
 
-    def list(self, path: str) -> Listing:
-        """The entries of the directory at ``path``.
+    def list(self, path: str, *, session: str | None = None) -> Listing:
+        """The entries of the directory at ``path`` (inside the workbench
+        session ``session`` of this run, when given).
 
         Raises:
             Denied, IntentFailed (``not_found``, ``not_a_directory``…), RunHalted,
             Unauthorized, Unreachable, BrokerError.
         """
-        value = self._value("fs.list", {"path": path})
+        value = self._value("fs.list", {"path": path, **({"session": session} if session else {})})
         entries = []
         for raw in _field(value, "entries", list, "fs.list"):
             if not isinstance(raw, dict):

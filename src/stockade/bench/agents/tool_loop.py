@@ -16,10 +16,13 @@ Tools (the vocabulary of the bench's mock-model scripts):
   provider would fetch it: the LLM endpoint refuses a remote one).
 
 In **broker mode** (``$STOCKADE_BENCH_SESSION_FILE`` set) the agent's own cell
-holds nothing of the workbench: ``shell``, ``read_file`` and ``write_file``
-are ``exec`` intents in the workbench session the proctor opened for the run
-(``stockade_agent``'s ``Broker.exec(session=…)``); ``fetch`` and the model
-stay in the agent's cell, through its gateway and LLM endpoint.
+holds nothing of the workbench: ``shell`` is an ``exec`` intent in the
+workbench session the proctor opened for the run (``stockade_agent``'s
+``Broker.exec(session=…)``), ``read_file`` and ``write_file`` are ``fs.read``
+and ``fs.write`` intents in it (``Broker.read/write(session=…)``: the file is
+opened inside the session's cell, as its user, no ``cat`` or shell needed in
+the image); ``fetch`` and the model stay in the agent's cell, through its
+gateway and LLM endpoint.
 
 Usage: ``python3 tool_loop.py INSTRUCTION_FILE``. One JSON line per call and
 result goes to stdout (the bundle's ``agent.txt``).
@@ -30,6 +33,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import posixpath
 import subprocess
 import sys
 import time
@@ -108,21 +112,26 @@ def shell(command: str) -> str:
     return f"exit {done.returncode}\n{done.stdout}{done.stderr}"
 
 
+def _in_workdir(path: str, workdir: str) -> str:
+    """The fs intents take absolute, normalised paths; the model's are often relative."""
+    return posixpath.normpath(posixpath.join(workdir, path))
+
+
 def read_file(path: str) -> str:
-    if _session() is not None:
-        code, out = _exec(["/bin/cat", "--", path])
-        if code != 0:
-            raise OSError(out.strip())
-        return out
+    found = _session()
+    if found is not None:
+        broker, session, workdir = found
+        data: bytes = broker.read(_in_workdir(path, workdir), session=session)
+        return data.decode("utf-8", "replace")
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
 
 
 def write_file(path: str, content: str) -> str:
-    if _session() is not None:
-        code, out = _exec(["/bin/sh", "-c", 'printf %s "$1" > "$2"', "write_file", content, path])
-        if code != 0:
-            raise OSError(out.strip())
+    found = _session()
+    if found is not None:
+        broker, session, workdir = found
+        broker.write(_in_workdir(path, workdir), content, mode="overwrite", session=session)
     else:
         with open(path, "w", encoding="utf-8") as f:
             f.write(content)
