@@ -174,3 +174,58 @@ def test_root_inside_cannot_write_host_owned_files(host_dir: Path) -> None:
     # Host root's file on a read-only mount: file permissions refuse root of
     # the cell first (the owner is not one of its ids), then the mount would.
     assert any(("EROFS" in d or "dac" in d) and "/data/f" in d for d in found), found
+
+
+def test_no_network_but_the_gateway_from_a_workbench() -> None:
+    """A TCP connect to the host's loopback canary from the image's Python:
+    the cell has a loopback of its own, and Landlock refuses every port but
+    the gateway's, recorded; the canary sees nothing. Control: the gateway's
+    port is allowed (nothing answers there in this test: ECONNREFUSED)."""
+    from stockade.cell._layers import GATEWAY_PORT
+    from tests.escapes._net_cell import host_canary
+
+    with host_canary() as canary:
+        script = (
+            "import socket, errno\n"
+            "def connect(port):\n"
+            "    s = socket.socket()\n"
+            "    try:\n"
+            "        s.connect(('127.0.0.1', port)); return 'connected'\n"
+            "    except OSError as e:\n"
+            "        return errno.errorcode[e.errno]\n"
+            f"print(connect({canary.port}), connect({GATEWAY_PORT}))\n"
+        )
+        r = _run(_policy(), f'python3 -c "{script}"')
+        assert r.stdout.split() == [b"EACCES", b"ECONNREFUSED"], r.stderr
+        assert canary.touched() == []
+    assert any("landlock" in d and str(canary.port) in d for d in _denials(r)), _denials(r)
+
+
+def test_protected_paths_hold_in_a_workbench(host_dir: Path) -> None:
+    """The workspace's git hooks are protected in a workbench as in any cell
+    (its binds are at their own paths): a write is refused and recorded; the
+    rest of the workspace stays writable."""
+    ws = host_dir / "ws"
+    (ws / ".git/hooks").mkdir(parents=True)
+    (ws / ".git/hooks/pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    os.chown(ws, 4321, 4321)
+    r = _run(
+        _policy(user="root"),
+        f"echo 'curl evil' >> {ws}/.git/hooks/pre-commit; echo rc=$?; echo ok > {ws}/notes && cat {ws}/notes",
+        workspace=ws,
+    )
+    assert r.stdout.endswith(b"ok\n") and b"rc=0" not in r.stdout, (r.stdout, r.stderr)
+    assert (ws / ".git/hooks/pre-commit").read_text() == "#!/bin/sh\nexit 0\n"
+    assert any("pre-commit" in d for d in _denials(r)), _denials(r)
+
+
+def test_host_secrets_are_not_in_a_workbench_view(host_dir: Path) -> None:
+    """A host file that no grant shows is not in the image's view at all (its
+    directories are the image's): it cannot be named, so the kernel has
+    nothing to refuse or record; the image's own file there is readable."""
+    secret = host_dir / "secret.txt"
+    secret.write_text("HOST-SECRET-VALUE\n")
+    r = _run(_policy(user="root"), f"cat {secret}; cat /opt/app/data.txt; ls /var/tmp")
+    assert b"HOST-SECRET-VALUE" not in r.stdout + r.stderr
+    assert b"No such file" in r.stderr and r.stdout.startswith(b"image data\n")
+    assert host_dir.name.encode() not in r.stdout  # the host's /var/tmp is not listed either
