@@ -385,3 +385,37 @@ def test_what_vulture_found_unused_is_gone() -> None:
     from stockade.cell._audit_core import AuditCorrelator
 
     assert not hasattr(AuditCorrelator, "watched")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("init", "-o", "/nonexistent-dir/x.yaml"), ExitCode.USAGE),
+        (("demo", "--model-url", "notaurl"), ExitCode.USAGE),
+        (("export", "--out", "/nonexistent-dir/f", "--db", "{db}"), ExitCode.USAGE),
+        (("verify", "--db", "/nonexistent-dir/x.db"), ExitCode.NOT_FOUND),
+        (("report", "r-000000000000", "--state", "{tmp}"), ExitCode.NOT_FOUND),
+        (("revert", "r-000000000000", "--state", "{tmp}"), ExitCode.NOT_FOUND),
+        (("validate", "{tmp}"), ExitCode.POLICY),
+        (("doctor", "--policy", "/nonexistent-dir/p.yaml"), ExitCode.POLICY),
+        (("exec", "-p", "/nonexistent-dir/p.yaml", "--", "true"), ExitCode.POLICY),
+        (("run", "-f", "/nonexistent-dir/p.yaml"), ExitCode.POLICY),
+        (("scenario", "validate", "/nonexistent-dir/s.yaml"), ExitCode.POLICY),
+        (("logs", "r-000000000000", "--socket", "{tmp}/none.sock"), ExitCode.DAEMON_UNREACHABLE),
+        (("completion", "tcsh"), ExitCode.USAGE),
+        (("exec", "-t"), ExitCode.USAGE),
+    ],
+)
+def test_a_mistake_is_a_message_and_its_code_never_a_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: tuple[str, ...], expected: int
+) -> None:
+    from stockade.record._store import open_store
+
+    db = str(tmp_path / "events.db")
+    with open_store(db):
+        pass
+    filled = [a.replace("{tmp}", str(tmp_path)).replace("{db}", db) for a in args]
+    code, _, err = cli(capsys, *filled)
+    assert code == expected, err
+    assert_one_style(err)
+    assert "Traceback" not in err

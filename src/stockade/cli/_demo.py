@@ -121,6 +121,12 @@ def demo(
     if model_key_env is not None and not os.environ.get(model_key_env):
         raise click.UsageError(f"--model-key-env names {model_key_env}, which is not set; export it first")
     if model_url is not None:
+        if not model_url.startswith(("http://", "https://")):
+            raise click.BadParameter(
+                f"{model_url!r} is not an http:// or https:// URL; give the endpoint's, such as "
+                "http://127.0.0.1:11434/v1",
+                param_hint="'--model-url'",
+            )
         _reachable(model_url)
     options = DemoOptions(out_dir=out_dir, model_url=model_url, model=model, model_key_env=model_key_env)
     hooks: dict[str, Any] = {}

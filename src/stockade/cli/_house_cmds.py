@@ -123,9 +123,19 @@ def init(out: str, name: str | None, force: bool) -> int:
     base = re.sub(r"[^a-z0-9-]+", "-", (name or os.path.basename(cwd) or "agent").lower()).strip("-")
     chosen = (base or "agent")[:63]
     text = _starter(path, chosen, cwd)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise click.BadParameter(
+            f"{out!r}: the directory {directory!r} does not exist; create it first", param_hint="'--out'"
+        )
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise PolicyError(
+            f"cannot write the starter policy to {out!r}: {exc.strerror}; choose another --out"
+        ) from None
     click.echo(
         f"stockade: wrote {out} (policy {chosen!r}); check it with `stockade validate {out}`", err=True
     )
