@@ -269,7 +269,6 @@ def plan_workbench(
     Raises:
         PolicyError: the policy cannot be honoured with this image.
     """
-    del extra_hidden  # the host's places are not in the image's view at all
     rootfs = os.path.realpath(image.rootfs)
     if not os.path.isdir(rootfs):
         raise PolicyError(
@@ -320,6 +319,14 @@ def plan_workbench(
     # elsewhere the image's, shown as decoys whether or not the image has them
     # (/tests, /solution). base: system's secrets name the host's /etc: the
     # image's own /etc/shadow is the image's business.
+    # The host's places the caller hides (the persistence reports' directory
+    # when a writable grant holds it) matter only where a bind shows them;
+    # elsewhere the host is not in the image's view at all.
+    for path in extra_hidden:
+        inside = [c for c, h in binds.items() if _is_under(path, c) and path != c]
+        if inside and _exists(path):
+            hidden.append(path)
+            entries.append((path, _decoy_from(path, path)))
     for pattern in fs.deny:
         for path in _expand(pattern):
             inside = [c for c, h in binds.items() if _is_under(path, c)]
@@ -539,9 +546,14 @@ def _image_grants(
         if name in _OWN or "/" + name in own_writes or os.path.islink(os.path.join(rootfs, name)):
             continue  # a link (/bin -> usr/bin) has the rights of where it leads
         add("/" + name, write)
+    # The host's binds, with holes where a decoy lies inside one (a deny
+    # entry in the workspace, the persistence reports' directory), listed on
+    # the host (the binds are at their own paths).
+    inner_holes = [*hidden, *shown_files]
     for path in reads:
-        read.append(path)
-    write.extend(writes)
+        _add_host(path, inner_holes, read, list_dirs)
+    for path in writes:
+        _add_host(path, inner_holes, write, list_dirs)
     write.extend(own_writes)
     read.append("/proc")
     if os.path.isdir("/sys"):
