@@ -419,3 +419,31 @@ def test_a_mistake_is_a_message_and_its_code_never_a_traceback(
     assert code == expected, err
     assert_one_style(err)
     assert "Traceback" not in err
+
+
+def test_a_shell_at_a_terminal_is_not_recorded_as_a_refused_listing(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    stockade_bin = os.path.join(os.path.dirname(sys.executable), "stockade")
+    events = tmp_path / "events.jsonl"
+    primary, secondary = os.openpty()  # the operator's terminal on stdin, as at a shell
+    try:
+        done = subprocess.run(
+            [stockade_bin, "exec", "--events", str(events), "--", "sh", "-c", "tty; bash -i -c true; ls /"],
+            stdin=secondary,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    import json
+
+    refused = [json.loads(line) for line in events.read_text().splitlines()]
+    listings = [e["detail"].get("path") for e in refused if e.get("outcome") == "denied"]
+    assert "/dev" not in listings, done.stderr  # ttyname(3)'s scan of /dev is routine
+    assert "/" in listings  # control: listing / is still refused and recorded
+    assert "listing of / refused" in done.stderr
