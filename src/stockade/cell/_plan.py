@@ -1083,6 +1083,10 @@ def _grants(
         add("/sys", read)  # with holes at its decoys (_sys_hidden)
     devices = (*(f"/dev/{name}" for name in SYSTEM_DEVICES), "/dev/pts", "/dev/ptmx")
     write.append("/dev/shm")
+    # The cell's own /dev (a tmpfs of a few device nodes) may be listed:
+    # ttyname(3) scans it, so `tty`, `bash -i` and every login shell were
+    # recorded as a refused listing, noise that teaches users to skip refusals.
+    list_dirs.append("/dev")
     # Shown files are read-only; their directories may be listed (Python's
     # importer lists a directory before it finds a module in it).
     for path in shown_files:
