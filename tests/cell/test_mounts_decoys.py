@@ -104,3 +104,18 @@ def test_a_target_inside_a_host_bind_that_is_not_there_is_refused(tmp_path: Path
     with Cell(policy) as cell, pytest.raises(PolicyError, match="cannot be made"):
         cell.run(["/bin/true"])
     assert not os.path.exists("/usr/no-such-dir")
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_a_deny_entry_inside_the_workspace_is_a_decoy(view: str, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "secret").mkdir(parents=True)
+    (ws / "secret/key").write_text("KEY\n")
+    (ws / "notes").write_text("mine\n")
+    os.chown(ws, 65534, 65534)
+    os.chown(ws / "notes", 65534, 65534)
+    with _cell(_policy(deny=(str(ws / "secret"),)), view, workspace=ws) as cell:
+        r = cell.run(["/bin/sh", "-c", f"cat {ws}/secret/key; echo more >> {ws}/notes && cat {ws}/notes"])
+    assert r.stdout == b"mine\nmore\n", r.stderr  # the control: the workspace's own file
+    assert b"KEY" not in r.stdout
+    assert any(f"{ws}/secret/key" in e.summary for e in r.denials), r.denials

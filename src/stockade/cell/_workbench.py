@@ -31,6 +31,7 @@ from stockade.cell._plan import (
     _PROC_HIDDEN,
     CELL_UID,
     ROOT_CAPS,
+    SCRATCH,
     SYSTEM_DEVICES,
     CellPlan,
     Grants,
@@ -396,10 +397,24 @@ def plan_workbench(
         entries.append((workdir, MountOp("dir", workdir)))
     entries.sort(key=lambda e: e[0].rstrip("/").count("/") if e[0] != "/" else -1)
 
+    # As in any cell (``_plan._scratch_dir``): a right on /tmp would cover a
+    # decoy or a read-only bind shown under it, so the cell's scratch is then
+    # a directory of its own in it, and /tmp may only be listed.
+    scratch = tmp
+    if any(_is_under(p, tmp) for p in (*hidden, *host_reads, *shown_files)):
+        scratch = os.path.join(tmp, os.path.basename(SCRATCH))
+        entries.append((scratch, MountOp("dir", scratch)))
+        entries.sort(key=lambda e: e[0].rstrip("/").count("/") if e[0] != "/" else -1)
     grants = _image_grants(
-        rootfs, host_reads, host_writes, hidden, shown_files, [tmp, *made_dirs], [d for d, _ in sockets]
+        rootfs,
+        host_reads,
+        host_writes,
+        hidden,
+        shown_files,
+        [scratch, *made_dirs],
+        [tmp] if scratch != tmp else [],
     )
-    env = dict(_environment(policy, workspace, environ, tmp))
+    env = dict(_environment(policy, workspace, environ, scratch))
     policy_set = dict(policy.env.set)
     for entry in image.env:
         key, sep, value = entry.partition("=")
@@ -487,7 +502,7 @@ def _decoy_from(host: str, dst: str) -> MountOp:
     return MountOp("decoy_file", dst)
 
 
-_OWN = ("proc", "sys", "dev")
+_OWN = ("proc", "sys", "dev", "tmp")
 """Top-level places of the cell's own making, granted apart."""
 
 
@@ -498,7 +513,7 @@ def _image_grants(
     hidden: list[str],
     shown_files: list[str],
     own_writes: list[str],
-    sockets: list[str],
+    listed: list[str],
 ) -> Grants:
     """Landlock for a workbench: the image's tree is the cell's to read, write
     and run (its upper is the run's own), entry by entry from ``/`` so that
@@ -511,13 +526,12 @@ def _image_grants(
     rights cover a whole tree, and a listable ``/`` would let every decoy be
     listed without a record.
     """
-    del sockets  # no Landlock right concerns connecting to a unix socket
     holes = [*hidden, *reads, *shown_files]
     read: list[str] = []
     write: list[str] = []
     # Not / itself, as without an image: a right on a directory covers its
     # whole tree, so a listable / would make every decoy silently listable.
-    list_dirs: list[str] = []
+    list_dirs: list[str] = [*listed]
 
     def add(path: str, bucket: list[str]) -> None:
         inner = [h for h in holes if _is_under(h, path)]
