@@ -259,3 +259,12 @@ def test_dpkg_installs_a_package_as_root_inside(tmp_path: Path) -> None:
     _code, out, err, _ = _run(_policy(), script, workspace=workspace)
     assert out.startswith("rc=2"), (out, err)  # the agent: dpkg's lock and database are root's
     assert not (build_rootfs() / "usr/share/hello").exists()
+
+
+def test_the_start_event_names_the_image_and_the_user() -> None:
+    image = make_image()
+    with Cell(_policy(user="root"), image=image) as cell:
+        r = cell.run(["/bin/true"])
+    start = next(e for e in r.events if e.kind == "cell.start")
+    assert start.detail["image"] == image.digest and start.detail["uid"] == 0
+    assert start.detail["host_uid"] > OWNER_BASE  # the slot's range, never host root

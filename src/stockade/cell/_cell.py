@@ -474,6 +474,8 @@ class Cell:
                 # A workbench (or user: root) maps the slot's whole range; its
                 # host ids are known now that the slot is.
                 plan, range_fd = _with_range(plan, owner)
+                # cell.start (not yet handed to anyone) with the host ids now known.
+                events[0] = _start_event(cell_id, policy, command, plan)
                 if range_fd >= 0:
                     made_userns.append(range_fd)
                 if plan.image_rootfs:
@@ -1053,6 +1055,9 @@ def _start_event(cell_id: str, policy: Policy, command: tuple[str, ...], plan: C
                 else {"bytes": limits.disk.bytes, "files": limits.disk.files},
             },
             "hidden": list(plan.hidden),
+            # A workbench's view and who runs in it (docs/CELL.md, Workbenches).
+            "image": plan.image_digest or None,
+            "uid": plan.uid,
         },
     )
 

@@ -117,6 +117,8 @@ class CellPlan:
     bit mask; ``user: root`` keeps ``_workbench.ROOT_CAPS``), else none."""
     image_rootfs: str = ""
     """The host directory of a workbench's image (its ``/``), or "" for none."""
+    image_digest: str = ""
+    """That image's digest (``sha256:…``), for the record."""
 
 
 SYSTEM_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")

@@ -441,6 +441,7 @@ def plan_workbench(
         id_range=True,
         keep_caps=ROOT_CAPS if user.uid == 0 else 0,
         image_rootfs=rootfs,
+        image_digest=image.digest,
     )
 
 
