@@ -606,7 +606,8 @@ def _read_value(spec: SecretPolicy, environ: Mapping[str, str]) -> str:
         if value is None:
             raise PolicyError(
                 f"secrets: {name} comes from the environment variable {spec.env}, which is not set; "
-                "set it where the daemon runs"
+                "export it in the shell that runs `stockade run` or `stockade exec` "
+                "(or where the daemon starts)"
             )
         where = f"the environment variable {spec.env}"
     else:

@@ -136,8 +136,9 @@ class LlmEndpoint:
             key = environ.get(llm.api_key_env) or None
             if key is None:
                 raise PolicyError(
-                    f"llm.api_key_env names {llm.api_key_env}, which is not set (or empty) in the daemon's "
-                    "environment; set it where the daemon starts, or remove llm.api_key_env for a local model"
+                    f"llm.api_key_env names {llm.api_key_env}, which is not set (or empty); export it in the "
+                    "shell that runs `stockade run` or `stockade exec` (or where the daemon starts), or "
+                    "remove llm.api_key_env for a local model"
                 )
         self.llm = llm
         self.run_id = run_id
