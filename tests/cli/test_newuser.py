@@ -447,3 +447,15 @@ def test_a_shell_at_a_terminal_is_not_recorded_as_a_refused_listing(tmp_path: Pa
     assert "/dev" not in listings, done.stderr  # ttyname(3)'s scan of /dev is routine
     assert "/" in listings  # control: listing / is still refused and recorded
     assert "listing of / refused" in done.stderr
+
+
+def test_agentos_allowed_hosts_warn_that_they_are_proxy_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests._agentos import manifest
+
+    found = warnings_of(capsys, manifest("allowed-net.yaml"))
+    assert any("allowed_hosts are reached through the gateway only" in w for w in found)
+    # Control: a stockade policy's network.allow is documented as proxied; no such warning.
+    assert not any(
+        "allowed_hosts" in w
+        for w in warnings_of(capsys, Path(__file__).resolve().parents[2] / "examples" / "policy.yaml")
+    )
