@@ -811,15 +811,27 @@ class Cell:
         now = time.monotonic()
         if self._prepared is not None and now - self._prepared[0] < PLAN_REUSE_SECONDS:
             return self._prepared[1], self._prepared[2], self._prepared[3]
-        plan = plan_cell(
-            self.policy,
-            workspace=self.workspace,
-            environ=self._environ,
-            sockets=self._sockets,
-            files=self._files,
-            extra_hidden=self._records_hidden(),
-            image=self.image,
-        )
+        if self.image is not None:
+            from stockade.cell._workbench import plan_workbench
+
+            plan = plan_workbench(
+                self.policy,
+                self.image,
+                workspace=self.workspace,
+                environ=self._environ,
+                sockets=self._sockets,
+                files=self._files,
+                extra_hidden=self._records_hidden(),
+            )
+        else:
+            plan = plan_cell(
+                self.policy,
+                workspace=self.workspace,
+                environ=self._environ,
+                sockets=self._sockets,
+                files=self._files,
+                extra_hidden=self._records_hidden(),
+            )
         if self._extra_env:
             plan = dataclasses.replace(plan, env=tuple(sorted({**dict(plan.env), **self._extra_env}.items())))
         landlock, seccomp = prepare_layers(self.policy, plan)

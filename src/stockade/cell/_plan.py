@@ -18,14 +18,11 @@ import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from stockade.errors import CellError, PolicyError
 from stockade.policy._default import SYSTEM_READ
 from stockade.policy._model import Policy
-
-if TYPE_CHECKING:
-    from stockade.cell._workbench import ImageView
 
 CELL_UID = 1000
 """The uid (and gid) of the agent inside the cell: not root, so nothing in the
@@ -214,10 +211,9 @@ def plan_cell(
     extra_hidden: tuple[str, ...] = (),
     sockets: tuple[tuple[str, str], ...] = (),
     files: tuple[tuple[str, bytes], ...] = (),
-    image: ImageView | None = None,
 ) -> CellPlan:
-    """Compute the plan of one cell for ``policy`` with ``workspace``; with
-    ``image``, a workbench whose ``/`` is that image (cell/_workbench.py).
+    """Compute the plan of one cell for ``policy`` with ``workspace`` (a
+    workbench's, whose ``/`` is an image, is ``_workbench.plan_workbench``'s).
 
     Raises:
         PolicyError: a grant cannot be honoured (e.g. the workspace is a file).
@@ -226,18 +222,6 @@ def plan_cell(
     if not os.path.isdir(workspace):
         raise PolicyError(
             f"workspace {workspace!r} is not a directory; create it or omit it to get a fresh one"
-        )
-    if image is not None:
-        from stockade.cell._workbench import plan_workbench
-
-        return plan_workbench(
-            policy,
-            image,
-            workspace=workspace,
-            environ=environ,
-            extra_hidden=extra_hidden,
-            sockets=sockets,
-            files=files,
         )
     host_uid, host_gid = _cell_identity(workspace)
     uid, gid, id_range = _host_user(policy)

@@ -270,6 +270,11 @@ def plan_workbench(
     Raises:
         PolicyError: the policy cannot be honoured with this image.
     """
+    workspace = os.path.realpath(workspace)
+    if not os.path.isdir(workspace):
+        raise PolicyError(
+            f"workspace {workspace!r} is not a directory; create it or omit it to get a fresh one"
+        )
     rootfs = os.path.realpath(image.rootfs)
     if not os.path.isdir(rootfs):
         raise PolicyError(
