@@ -459,3 +459,17 @@ def test_agentos_allowed_hosts_warn_that_they_are_proxy_only(capsys: pytest.Capt
         "allowed_hosts" in w
         for w in warnings_of(capsys, Path(__file__).resolve().parents[2] / "examples" / "policy.yaml")
     )
+
+
+def test_every_duration_flag_reads_the_policys_grammar(capsys: pytest.CaptureFixture[str]) -> None:
+    # Each command's duration flag refuses the same malformed value the same way.
+    for args in (
+        ("stop", "r-1", "--grace", "1x"),
+        ("session", "exec", "--timeout", "1x", "s-1", "true"),
+        ("prune", "--older-than", "1x"),
+        ("daemon", "--approval-timeout", "1x"),
+        ("exec", "--timeout", "1x", "--", "true"),
+    ):
+        code, _, err = cli(capsys, *args)
+        assert code == ExitCode.USAGE, (args, err)
+        assert "'1x' is not a duration; write a number of seconds or a number with a unit" in err, err

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from stockade.cli._daemon_cmds import _JSON, _client, _echo_json, _place
+from stockade.cli._style import Duration
 
 
 @click.group("session")
@@ -67,7 +68,9 @@ def open_cmd(
 @click.option("-e", "--env", "env", metavar="K=V", multiple=True, help="A variable for this command.")
 @click.option("--user", metavar="UID", help="Another user (a root workbench only).")
 @click.option(
-    "--timeout", type=float, metavar="SECONDS", help="Kill the command's whole tree after this long."
+    "--timeout",
+    type=Duration(minimum=0.001),
+    help="Kill the command's whole tree after this long (90, 30s, 5m).",
 )
 @click.option("--stdin", "use_stdin", is_flag=True, help="Pass this command's stdin to it.")
 @_place
