@@ -359,6 +359,20 @@ def test_scenario_validate_reports_every_mistake_at_once(
     code, _, err = cli(capsys, "scenario", "validate", str(file))
     assert code == ExitCode.POLICY
     assert "missing.yaml" in err and err.count("limits.memory 'lots' is not a size") == 2
+    # And with a schema mistake too, the group's and the files' mistakes come in the same round.
+    file.write_text(
+        "name: s\nagents:\n  - {name: a, policy: missing.yaml, replicas: -1}\n"
+        "  - {name: a, policy: bad.yaml, depends_on: [zzz]}\n"
+    )
+    code, _, err = cli(capsys, "scenario", "validate", str(file))
+    assert code == ExitCode.POLICY
+    for part in (
+        "replicas -1 is out of range",
+        "is used by agents[0] too",
+        "depends on 'zzz'",
+        "does not exist",
+    ):
+        assert part in err, (part, err)
 
 
 def test_exec_lists_the_gateways_upstream_failures_beside_the_refusals(
