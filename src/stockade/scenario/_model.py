@@ -197,6 +197,7 @@ def loads_scenario(
         model = ScenarioFile.model_validate(data)
     except ValidationError as exc:
         problems = [doc.pydantic_problem(e) for e in exc.errors(include_url=False)]
+        problems.extend(_raw_group_problems(doc, data))
         if check_policies:
             problems.extend(_missing_policies(doc, data, base))
         raise doc.error(problems) from None
@@ -222,6 +223,41 @@ def loads_scenario(
     if errors:
         raise _together(errors)
     return Scenario(name=model.name, source=os.path.abspath(source), agents=tuple(_ordered(agents)))
+
+
+def _raw_group_problems(doc: _Document, data: Any) -> list[_Problem]:
+    """The group's name checks (a name twice, depends_on an unknown agent) from
+    the raw document, when the schema failed elsewhere (no model to run
+    ``_agents`` on): so that they are reported in the same round."""
+    agents = data.get("agents") if isinstance(data, dict) else None
+    specs = [a if isinstance(a, dict) else {} for a in (agents if isinstance(agents, list) else [])]
+    names = [a.get("name") for a in specs]
+    out: list[_Problem] = []
+    first: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            out.append(
+                _Problem(
+                    doc.at(("agents", i, "name")),
+                    f"agents[{i}].name {show(name)} is used by agents[{first[name]}] too; "
+                    "give each agent its own name",
+                )
+            )
+        first.setdefault(name, i)
+    for i, spec in enumerate(specs):
+        deps = spec.get("depends_on")
+        for j, dep in enumerate(deps if isinstance(deps, list) else []):
+            if isinstance(dep, str) and dep not in first:
+                out.append(
+                    _Problem(
+                        doc.at(("agents", i, "depends_on", j)),
+                        f"agents[{i}] depends on {show(dep)}, which is not an agent of this scenario; "
+                        "name one of them",
+                    )
+                )
+    return out
 
 
 def _missing_policies(doc: _Document, data: Any, base: str) -> list[_Problem]:
