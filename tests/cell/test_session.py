@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 import threading
@@ -369,3 +370,28 @@ def test_list_dir_sees_the_cells_view_without_following_links(tmp_path: Path) ->
         with pytest.raises(FileNotFoundError):
             s.list_dir(f"{ws}/out")
         assert ("bin", "dir", 0) in s.list_dir("/usr")[0]  # the control: a granted directory lists
+
+
+def test_a_fifo_does_not_hold_a_file_call_that_does_not_block(session: Session) -> None:
+    """A fifo the cell made where a file was expected, with block=False (the
+    broker's fs intents): read_file sees no data at once (no writer),
+    write_file fails (no reader); neither waits, and a regular file beside it
+    still reads (the control). By default a fifo's read waits for its writer
+    (test_close_while_a_call_is_in_flight_ends_it relies on it)."""
+    assert session.exec(["mkfifo", "trap"]).returncode == 0
+    done = threading.Event()
+    seen: list[object] = []
+
+    def calls() -> None:
+        seen.append(session.read_file("trap", block=False))
+        try:
+            session.write_file("trap", b"x", block=False)
+        except OSError as exc:
+            seen.append(exc.errno)
+        done.set()
+
+    threading.Thread(target=calls, daemon=True).start()
+    assert done.wait(20), "a file call waited on the fifo"
+    assert seen == [b"", errno.ENXIO]
+    session.write_file("plain.txt", b"fine")
+    assert session.read_file("plain.txt") == b"fine"

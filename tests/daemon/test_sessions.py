@@ -311,11 +311,19 @@ def test_a_kept_upper_carries_an_image_sessions_changes_to_the_next(
     subprocess.run(["cp", "-al", str(build_rootfs()), str(copy)], check=True)
     image = store.add("sha256:" + "c" * 64, copy, ImageConfig(env=("PATH=/usr/bin:/bin",)), {"kind": "test"})
     policy = json.dumps({"name": "upper", "image": image.digest, "user": "root"})
+    (tmp_path / "kept").mkdir(mode=0o700)
     upper = tmp_path / "kept" / "upper"
     with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
         with pytest.raises(RemoteError) as relative:
             client.call("session.open", policy_text=policy, upper="kept/upper")
         assert relative.value.code == "bad_params" and "absolute" in str(relative.value)
+        # An upper holds the image's owners (setuid-root files too): never in a
+        # directory other users may enter.
+        (tmp_path / "open").mkdir(mode=0o755)
+        with pytest.raises(RemoteError) as shared:
+            client.call("session.open", policy_text=policy, upper=str(tmp_path / "open" / "upper"))
+        assert shared.value.code == "bad_params" and "0700" in str(shared.value)
+        assert not (tmp_path / "open" / "upper").exists()
         first = client.open_session(policy_text=policy, upper=str(upper))
         wrote = first.exec(["sh", "-c", "echo installed > /etc/marker"])
         assert wrote.returncode == 0, wrote
@@ -409,9 +417,12 @@ def test_fs_intents_in_the_runs_session_are_done_inside_its_cell(tmp_path: Path)
                     ["fs.list", {"path": str(ws), "session": sid}],
                     ["fs.read", {"path": "/etc/shadow", "session": sid}],
                     ["fs.read", {"path": marker, "session": foreign.session_id}],
+                    # A fifo where a file was expected: answered at once, no daemon thread held.
+                    ["fs.read", {"path": f"{ws}/trap", "session": sid}],
                 ]
             )
         )
+        assert own.exec(["mkfifo", f"{ws}/trap"]).returncode == 0
         wait_output(dt.socket_path, run["id"], "ready")
         with client.subscribe("events.subscribe", run=run["id"]) as stream:
             release(fifo)
@@ -422,12 +433,14 @@ def test_fs_intents_in_the_runs_session_are_done_inside_its_cell(tmp_path: Path)
         replies = [json.loads(line)["result"] for line in logs.splitlines() if line.startswith("{")]
         events = _events(client, run["id"])
         client.call("run.stop", run=elsewhere["id"], grace=0)
-    made, exists, appended, read, listed, shadow, refused = replies
+    made, exists, appended, read, listed, shadow, refused, trap = replies
+    assert trap["value"]["size"] == 0, trap
     assert made["value"] == {"path": marker, "bytes": 15, "created": True, "mode": "create"}
     assert exists["value"]["error"]["code"] == "exists"
     assert appended["value"]["created"] is False
     assert read["value"]["content"] == "in the session\nmore\n"
     names = {e["name"]: e for e in listed["value"]["entries"]}
+    assert names["trap"]["type"] == "fifo"
     assert names[os.path.basename(marker)]["type"] == "file" and names[os.path.basename(marker)]["size"] == 20
     written = Path(marker)
     assert written.read_bytes() == b"in the session\nmore\n"

@@ -473,7 +473,13 @@ class Trial:
         # Two cells over one kept upper rather than one cell through both
         # phases: each phase is a run of its own (its own policy, mounts,
         # user, timeout, record), and /tests only ever exists in the second.
-        upper = None if self.image is None else work / "upper"
+        # The upper holds the image's owners on disk (a setuid-root file the
+        # agent made as root of its workbench is one on the host): it lives
+        # in a directory closed to every other user.
+        upper = None
+        if self.image is not None:
+            (work / "layers").mkdir(mode=0o700)
+            upper = work / "layers" / "upper"
         client = self._client()
         try:
             self._phase("agent")

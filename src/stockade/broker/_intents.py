@@ -686,7 +686,8 @@ class IntentExecutor:
         where = f"{path} in session {args.session}"
         try:
             if isinstance(args, FsReadArgs):
-                data = session.read_file(path, limit=MAX_READ)
+                # Not blocking: a fifo the agent put there must not hold a daemon thread.
+                data = session.read_file(path, limit=MAX_READ, block=False)
                 return {"path": path, "size": len(data), **blob(data)}
             if isinstance(args, FsListArgs):
                 entries, truncated = session.list_dir(path, limit=MAX_LIST)
@@ -700,12 +701,14 @@ class IntentExecutor:
                 return failure("too_large", f"{len(data)} bytes is more than the 16 MiB fs.write limit")
             try:
                 # O_EXCL first: a new file is made, and fs.write says whether it was.
-                session.write_file(path, data, exist="fail")
+                session.write_file(path, data, exist="fail", block=False)
                 created = True
             except FileExistsError:
                 if args.mode == "create":
                     raise
-                session.write_file(path, data, exist="append" if args.mode == "append" else "replace")
+                session.write_file(
+                    path, data, exist="append" if args.mode == "append" else "replace", block=False
+                )
                 created = False
             return {"path": path, "bytes": len(data), "created": created, "mode": args.mode}
         except FileNotFoundError:

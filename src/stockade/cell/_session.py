@@ -389,12 +389,18 @@ class Session:
         )
         return result
 
-    def read_file(self, path: str, *, user: str | int | None = None, limit: int | None = None) -> bytes:
+    def read_file(
+        self, path: str, *, user: str | int | None = None, limit: int | None = None, block: bool = True
+    ) -> bytes:
         """The content of ``path`` as ``user`` sees it inside the cell.
 
         Args:
             path: absolute, or relative to the cell's workdir.
             limit: the most bytes to return; a longer file is an error.
+            block: False opens it ``O_NONBLOCK``: a fifo gives what is in it
+                now (nothing without a writer) instead of holding the call
+                until a writer comes (the broker's fs intents: the path is the
+                agent's to choose).
 
         Raises:
             FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
@@ -406,7 +412,7 @@ class Session:
         uid, gid = self._user(user)
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
             raise UsageError(f"limit {limit!r} is not a number of bytes; pass e.g. 1048576, or None")
-        fd = self._open(where, uid, gid, os.O_RDONLY, -1)
+        fd = self._open(where, uid, gid, os.O_RDONLY | (0 if block else os.O_NONBLOCK), -1)
         try:
             chunks: list[bytes] = []
             size = 0
@@ -436,6 +442,7 @@ class Session:
         user: str | int | None = None,
         mode: int | None = None,
         exist: Literal["replace", "fail", "append"] = "replace",
+        block: bool = True,
     ) -> None:
         """Create or replace ``path`` with ``data``, as ``user`` inside the cell.
 
@@ -446,6 +453,8 @@ class Session:
             exist: what to do with a file already there: ``replace`` its
                 content, ``fail`` (``FileExistsError``: the broker's
                 ``fs.write`` mode ``create``), or ``append`` to it.
+            block: False opens it ``O_NONBLOCK``, as ``read_file``'s: a fifo
+                without a reader fails at once (ENXIO).
 
         Raises:
             FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
@@ -465,7 +474,8 @@ class Session:
         how = {"replace": os.O_TRUNC, "fail": os.O_EXCL, "append": os.O_APPEND}.get(exist)
         if how is None:
             raise UsageError(f"exist {exist!r} is not one of replace, fail, append; pass e.g. 'replace'")
-        fd = self._open(where, uid, gid, os.O_WRONLY | os.O_CREAT | how, -1 if mode is None else mode)
+        flags = os.O_WRONLY | os.O_CREAT | how | (0 if block else os.O_NONBLOCK)
+        fd = self._open(where, uid, gid, flags, -1 if mode is None else mode)
         try:
             view = memoryview(body)
             while view:

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -315,6 +316,7 @@ class Runs:
                         dropped=found_in_spool.dropped,
                         gaps=found_in_spool.gaps,
                         unjudged=found_in_spool.unjudged,
+                        relay_lost=found_in_spool.lost,
                     )
                 )
                 events.append(run_lost_event(run_id, meta["error"]))
@@ -824,9 +826,28 @@ def upper_param(params: Mapping[str, Any]) -> str | None:
         return None
     if not isinstance(upper, str) or not os.path.isabs(upper) or "\0" in upper:
         raise RequestError("bad_params", f"'upper' must be an absolute path, not {upper!r}")
-    if os.path.lexists(upper) and not os.path.isdir(upper):
+    if os.path.islink(upper) or (os.path.lexists(upper) and not os.path.isdir(upper)):
         raise RequestError(
             "bad_params", f"'upper' {upper!r} is not a directory; name a directory, or one not made yet"
+        )
+    # An upper holds the image's own owners on disk (a setuid-root program
+    # the agent made, as root of its workbench, is one on the host too), and
+    # the daemon chowns it to root: so it must lie in a directory that only
+    # the daemon's user can enter, which only that user can have made.
+    parent = os.path.dirname(os.path.normpath(upper))
+    try:
+        st = os.lstat(parent)
+    except OSError as exc:
+        raise RequestError(
+            "bad_params",
+            f"'upper' {upper!r}: its directory {parent!r} cannot be read ({exc.strerror}); make it first",
+        ) from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise RequestError(
+            "bad_params",
+            f"'upper' {upper!r} is in {parent!r}, which is not a directory of the daemon's user (uid "
+            f"{os.geteuid()}) closed to others (mode {stat.S_IMODE(st.st_mode):o}); make its directory "
+            "with mode 0700 as that user",
         )
     return upper
 
