@@ -47,8 +47,10 @@ What it does:
 The spool format, one JSON object a line: ``{"watch": {run, cell, session,
 pid, time, places, uncovered_since}}`` (again for each relay that watched
 the cell), ``{"event": <Event.to_dict()>}``, ``{"dropped": N, "cell"}``,
-``{"unjudged": N, "cell"}`` (EXDEV refusals not kept: no places) and
-``{"end": {cell, time, died, barrier}}``. ``read_spool`` parses it, and
+``{"unjudged": N, "cell"}`` (EXDEV refusals not kept: no places),
+``{"lost": {cell, reason, count, time}}`` (the relay's own reader lost
+records: its socket overflowed, the kernel dropped some, a Landlock domain
+counted more than were logged) and ``{"end": {cell, time, died, barrier}}``. ``read_spool`` parses it, and
 tolerates a last line cut short by a crash of the relay itself.
 """
 
@@ -96,6 +98,10 @@ DRAIN_TIMEOUT: Final = 10.0
 """Seconds the relay waits, after the daemon died, for its cells to die
 (their death signals take milliseconds; the bound is for a cell that
 somehow survives, which the next daemon's cgroup sweep then kills)."""
+_LOSSES: Final = frozenset({"overrun", "kernel", "landlock_count"})
+"""The reasons of a ``cell.audit_lost`` of the relay's own reader that make its spool short."""
+BACKLOG_LIMIT: Final = 32_768
+"""The kernel audit backlog (records queued for delivery) the relay asks for."""
 START_TIMEOUT: Final = 15.0
 """Seconds the daemon waits for a new relay to have its audit socket open."""
 KERNEL_LAYERS: Final = frozenset({"landlock", "seccomp", "mount", "dac"})
@@ -134,6 +140,9 @@ class CellSpool:
     told of the cell yet."""
     unjudged: int = 0
     """EXDEV refusals not kept: the cell's places were past ``MAX_PLACES_BYTES``."""
+    lost: list[str] = field(default_factory=list)
+    """Why the relay's own reader lost records while it watched the cell
+    (``overrun``, ``kernel``, ``landlock_count``): its spool may be short."""
 
 
 def read_spool(path: str) -> dict[str, CellSpool]:
@@ -172,6 +181,11 @@ def read_spool(path: str) -> dict[str, CellSpool]:
             spool = cells.get(str(entry.get("cell", ""))) or last
             if spool is not None:
                 spool.dropped += int(entry["dropped"])
+        elif "lost" in entry:
+            lost = entry["lost"]
+            spool = cells.get(str(lost.get("cell", "")))
+            if spool is not None:
+                spool.lost.append(str(lost.get("reason")))
         elif "unjudged" in entry:
             spool = cells.get(str(entry.get("cell", "")))
             if spool is not None:
@@ -188,7 +202,13 @@ def event_key(event: Event) -> tuple[Any, ...]:
     """What makes two readers' events of one kernel record the same: the
     kernel's serial of the event and what it refused. Not the whole detail:
     the task's fields come from a SYSCALL record that one reader may have
-    given up waiting for (``group_ttl``) while the other had it."""
+    given up waiting for (``group_ttl``) while the other had it. Nor the
+    kind: a Landlock domain a reader learnt by its audit session (a relay
+    started after the cell made it) is taken as enforcing, so an audit-mode
+    cell's refusal may be ``cell.denied`` there and ``cell.audited`` here.
+    The mount layer's events carry no serial: their kernel time stamp, call,
+    errno and paths stand for it (a loop of equal refusals in one
+    millisecond makes equal keys, which ``missing`` counts)."""
     d = event.detail
     serial = d.get("serial")
     if serial is None:  # an event from before serials were kept
@@ -199,7 +219,7 @@ def event_key(event: Event) -> tuple[Any, ...]:
         what = (d.get("nr"), d.get("errno"), tuple(d.get("paths") or ()))
     else:  # one system call may meet several Landlock refusals, one record each
         what = (tuple(d.get("blockers") or ()), d.get("path"), d.get("domain"))
-    return (event.cell, event.kind, event.layer, round(event.time, 3), serial, what)
+    return (event.cell, event.layer, round(event.time, 3), serial, what)
 
 
 def missing(spooled: Iterable[Event], stored: Iterable[Event]) -> list[Event]:
@@ -289,6 +309,12 @@ class AuditRelay:
                 feature="audit",
             )
         proc.stdout.close()
+        # Room for many watches at once (a cell's places may take a few KiB):
+        # a launch never waits on a relay busy with a barrier. pipe(7): the
+        # unprivileged maximum is /proc/sys/fs/pipe-max-size, 1 MiB by default.
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
         return cls(proc)
 
     @property
@@ -380,7 +406,13 @@ class _Relay:
     def __init__(self) -> None:
         from stockade.cell._audit import AuditReader
 
-        self.reader = AuditReader()
+        # A burst of refusals queues ~6 records each (LANDLOCK_ACCESS, SYSCALL,
+        # CWD, PATH, PROCTITLE, EOE) for kauditd, which a loaded host starves:
+        # 1,500 refusals at once passed the reader's default backlog of 8,192
+        # here, and Landlock's records past it are dropped (GFP_ATOMIC). The
+        # witness asks for four times that (a few tens of MiB at worst, and
+        # only while a burst waits); the limit is the host's, only ever raised.
+        self.reader = AuditReader(backlog_limit=BACKLOG_LIMIT)
         self.reader.start()
         self.lock = threading.Lock()
         self.cells: dict[str, _Watched] = {}
@@ -392,6 +424,9 @@ class _Relay:
         self.writer.start()
 
     def _on_event(self, event: Event) -> None:
+        if event.kind == "cell.audit_lost" and event.detail.get("reason") in _LOSSES:
+            self._lost(event)
+            return
         if event.layer not in KERNEL_LAYERS or event.kind not in ("cell.denied", "cell.audited"):
             return
         with self.lock:
@@ -408,6 +443,21 @@ class _Relay:
                 return
             w.kept += 1
             self.pending.append((w, json.dumps({"event": event.to_dict()}).encode() + b"\n"))
+
+    def _lost(self, event: Event) -> None:
+        """Its reader lost records: the spool says so, and a recovery will not call it complete."""
+        line = {
+            "lost": {
+                "cell": event.cell,
+                "reason": event.detail.get("reason"),
+                "count": event.detail.get("count"),
+                "time": event.time,
+            }
+        }
+        with self.lock:
+            w = self.cells.get(event.cell)
+            if w is not None:
+                self.pending.append((w, json.dumps(line).encode() + b"\n"))
 
     def _write_loop(self) -> None:
         while not self.done:
@@ -532,6 +582,10 @@ def main(argv: list[str]) -> int:
     # before the witness of what they did (proc(5), oom_score_adj).
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("-500")
+    # Nor should a busy host starve it of the CPU it needs to keep its socket
+    # from overflowing (setpriority(2); root may lower its nice value).
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, -5)
     sys.setswitchinterval(0.0005)
     try:
         relay = _Relay()

@@ -506,6 +506,7 @@ def kernel_gap_event(
     dropped: int = 0,
     gaps: Sequence[tuple[str, float, float]] = (),
     unjudged: int = 0,
+    relay_lost: Sequence[str] = (),
 ) -> Event:
     """What a restarted daemon knows of the kernel refusals of a run its
     predecessor did not see end. ``cell.audit_lost``, reason ``daemon``.
@@ -522,7 +523,10 @@ def kernel_gap_event(
     ``gaps``: windows in which no relay watched a cell (it died and the
     daemon started another): the daemon's own reader saw those live, and
     what of them it had not stored when it died is not known. ``unjudged``:
-    EXDEV refusals the relay could not judge (places too big to send)."""
+    EXDEV refusals the relay could not judge (places too big to send).
+    ``relay_lost``: why the relay's own reader lost records (``overrun``:
+    its socket overflowed; ``kernel``: the kernel dropped them), which makes
+    it not complete."""
     kept = 0
     last = None
     for stored in store.query(run=run_id):
@@ -543,6 +547,11 @@ def kernel_gap_event(
         )
         if gaps:
             tail += " outside the windows below"
+    elif relayed_cells and relay_lost:
+        tail = (
+            f"; the relay's own reader lost records ({', '.join(relay_lost)}): any the kernel reported "
+            f"{since}until the cells died may be missing (the kernel does not replay them)"
+        )
     elif relayed_cells:
         tail = (
             f"; the relay did not finish (killed too?): any the kernel reported {since}until the cells "
@@ -579,6 +588,7 @@ def kernel_gap_event(
             "dropped": dropped,
             "uncovered": [{"cell": c, "from": a, "to": b} for c, a, b in gaps],
             "unjudged": unjudged,
+            "relay_lost": list(relay_lost),
             "last_recorded": last,
             "restarted": now,
         },

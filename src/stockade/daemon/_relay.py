@@ -65,6 +65,8 @@ class Recovered:
     live; what it had not stored when it died is not known."""
     unjudged: int = 0
     """EXDEV refusals not kept: their cell's places were too big to send."""
+    lost: list[str] = field(default_factory=list)
+    """Why the relay's own reader lost records (``overrun``…), once per cell and reason."""
 
 
 @dataclass
@@ -235,8 +237,10 @@ def recover(state: str, run_id: str, stored: Iterable[Event]) -> Recovered:
         events=new,
         kept=len(kernel),
         cells=len(spools),
-        complete=bool(spools) and all(s.ended and s.died and s.barrier for s in spools.values()),
+        complete=bool(spools)
+        and all(s.ended and s.died and s.barrier and not s.lost for s in spools.values()),
         dropped=sum(s.dropped for s in spools.values()),
         gaps=sorted(((s.cell, a, b) for s in spools.values() for a, b in s.gaps), key=lambda g: g[1]),
         unjudged=sum(s.unjudged for s in spools.values()),
+        lost=sorted({reason for s in spools.values() for reason in s.lost}),
     )
