@@ -438,13 +438,13 @@ def _check_records(wave: Wave) -> None:
     if bad_end:
         wave.problems.append(f"{len(bad_end)} cells did not run to their end: " + "; ".join(bad_end[:5]))
     if unrecorded:
-        late = [c.index for c in wave.cells if c.index in unrecorded and c.ready_at - c.started_at > 60]
+        late = [c.index for c in wave.cells if c.index in unrecorded and c.ready_at - c.started_at > 10]
         wave.problems.append(
             f"{len(unrecorded)} cells have no event (or more than one) for the refused read of "
             f"their own secret: cells {unrecorded[:30]}"
             + (
-                f"; {len(late)} of them took more than 60 s to start (the audit reader's limbo "
-                f"keeps an unwatched cell's records for 60 s)"
+                f"; {len(late)} of them took more than 10 s to start (the audit reader's limbo "
+                f"keeps an unwatched cell's records for 10 s)"
                 if late
                 else ""
             )

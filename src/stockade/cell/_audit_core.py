@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -370,6 +371,24 @@ class _Watch:
     pid: int
 
 
+def _hints_of(rec: AuditRecord, syscall: AuditRecord | None) -> list[tuple[str, object]]:
+    """The keys by which a record in limbo may later be claimed: its
+    session (its SYSCALL record's, or a seccomp record's own), the pid that
+    allocated a domain, the domain an access record names."""
+    hints: list[tuple[str, object]] = []
+    ses = _int((syscall if syscall is not None else rec).fields.get("ses"))
+    if ses is not None:
+        hints.append(("ses", ses))
+    if rec.type == AUDIT_LANDLOCK_DOMAIN:
+        pid = _int(rec.fields.get("pid"))
+        if pid is not None:
+            hints.append(("pid", pid))
+    domain = rec.fields.get("domain")
+    if domain is not None:
+        hints.append(("dom", domain))
+    return hints
+
+
 class AuditCorrelator:
     """Attributes parsed audit records to watched cells and turns them into events.
 
@@ -378,10 +397,11 @@ class AuditCorrelator:
     A record that no watched cell claims is kept for a while in a bounded limbo
     (``limbo_size`` records, ``limbo_ttl`` seconds), so that a cell registered a
     moment after its first denial still gets it; after that it is forgotten: it
-    belongs to another process of this host. Sixty seconds, not ten: with five
-    hundred cells started at once on two cores, a launching thread got back
-    to ``watch`` more than ten seconds after its cell's first refusal, and
-    the refusal was forgotten (issue 18); the limbo stays bounded by size.
+    belongs to another process of this host. Ten seconds: every ``watch``
+    and every newly learnt domain scans the whole limbo, so a longer stay
+    (sixty seconds was tried for five hundred cells started at once) filled
+    it with a busy host's other records and made each launch ~100 ms slower
+    (issue 18); ``Cell.run`` watches a cell as soon as its launch returns.
     """
 
     def __init__(
@@ -389,7 +409,7 @@ class AuditCorrelator:
         *,
         group_ttl: float = 0.5,
         limbo_size: int = 4096,
-        limbo_ttl: float = 60.0,
+        limbo_ttl: float = 10.0,
         max_groups: int = 4096,
         max_events_per_cell: int = 10_000,
     ) -> None:
@@ -411,6 +431,16 @@ class AuditCorrelator:
         # and kept a while for a cell not watched yet, like the limbo above.
         self._mount: OrderedDict[int, MountRefusal] = OrderedDict()
         self._mount_limbo: deque[tuple[float, MountRefusal]] = deque(maxlen=limbo_size)
+        # What limbo may hold, by the keys that let a record be claimed
+        # (("ses", n), ("pid", n), ("dom", id)): a watch or a learnt domain
+        # that matches none of them leaves limbo unread. Without them every
+        # launch scanned all 4,096 records a busy host keeps there: ~110 ms
+        # a watch under load (issue 18). A superset, never less: entries
+        # dropped from a full limbo stay in it until the next full scan.
+        self._hints: set[tuple[str, object]] = set()
+        self._learnt: list[tuple[str, object]] = []
+        """Domains ``_access`` learnt by session since the last replay."""
+        self._mount_hints: set[int] = set()
         self._events: dict[str, list[Event]] = {}
         self.mount_rules_missing: str | None = None
         """Set by the reader when the rules of ``_audit_mount`` are not in
@@ -431,7 +461,7 @@ class AuditCorrelator:
         self._by_session[session] = cell
         self._by_pid[pid] = cell
         self._events.setdefault(cell, [])
-        return self._replay_limbo(now)
+        return self._replay_limbo(now, keys=(("ses", session), ("pid", pid)), session=session)
 
     def unwatch(self, cell: str) -> None:
         """Forget a cell, its domains and any events not yet taken."""
@@ -501,7 +531,7 @@ class AuditCorrelator:
             if rec is not None:
                 cell = self._by_session.get(_int(rec.fields.get("ses")) or AUDIT_SID_UNSET)
                 if cell is None:
-                    self._limbo.append((now, rec, None))
+                    self._to_limbo(now, rec, None)
                 else:
                     self._emit(seccomp_event(cell, rec), out)
         elif msg_type in (AUDIT_LANDLOCK_ACCESS, AUDIT_LANDLOCK_DOMAIN):
@@ -590,8 +620,13 @@ class AuditCorrelator:
         cell = self._by_session.get(refusal.session or AUDIT_SID_UNSET)
         if cell is None:
             self._mount_limbo.append((now, refusal))
+            self._mount_hints.add(refusal.session or AUDIT_SID_UNSET)
         else:
             self._emit(mount_event(cell, refusal), out)
+
+    def _to_limbo(self, now: float, rec: AuditRecord, syscall: AuditRecord | None) -> None:
+        self._limbo.append((now, rec, syscall))
+        self._hints.update(_hints_of(rec, syscall))
 
     def _emit(self, event: Event, out: list[Event]) -> None:
         bucket = self._events.get(event.cell)
@@ -631,18 +666,20 @@ class AuditCorrelator:
 
     def _finish(self, group: _Group, now: float, out: list[Event]) -> None:
         # The domain record follows the access record that first showed it: learn first.
-        learnt = False
+        learnt: list[tuple[str, object]] = []
         for rec in group.records:
             if rec.type == AUDIT_LANDLOCK_DOMAIN:
                 if self._learn(rec, group.syscall):
-                    learnt = True
+                    learnt.append(("dom", rec.fields.get("domain")))
                 else:
-                    self._limbo.append((now, rec, group.syscall))
+                    self._to_limbo(now, rec, group.syscall)
         for rec in group.records:
             if rec.type == AUDIT_LANDLOCK_ACCESS and not self._access(rec, group.syscall, out):
-                self._limbo.append((now, rec, group.syscall))
+                self._to_limbo(now, rec, group.syscall)
+        learnt += self._learnt
+        self._learnt.clear()
         if learnt:
-            self._replay_limbo(now, out)
+            self._replay_limbo(now, out, keys=learnt)
 
     def _session_cell(self, syscall: AuditRecord | None) -> str | None:
         if syscall is None:
@@ -675,6 +712,7 @@ class AuditCorrelator:
                 return False
             # A domain the cell's own processes made (nested Landlock): learnt by session.
             info = self._domains[dom] = _Domain(by_ses, True)
+            self._learnt.append(("dom", dom))  # its records waiting in limbo are claimed
         info.logged += 1
         self._emit(landlock_event(info.cell, rec, syscall, enforcing=info.enforcing), out)
         return True
@@ -686,25 +724,40 @@ class AuditCorrelator:
             return
         self._emit(lost_event(info.cell, "landlock_count", denials - info.logged, rec.time), out)
 
-    def _replay_mount_limbo(self, now: float, out: list[Event]) -> None:
+    def _replay_mount_limbo(self, now: float, out: list[Event], session: int | None) -> None:
         while self._mount_limbo and now - self._mount_limbo[0][0] > self._limbo_ttl:
             self._mount_limbo.popleft()
+        if session is None or session not in self._mount_hints:
+            return  # only a newly watched session can claim a mount refusal
         waiting = list(self._mount_limbo)
         self._mount_limbo.clear()
+        self._mount_hints.clear()
         for arrived, refusal in waiting:
             cell = self._by_session.get(refusal.session or AUDIT_SID_UNSET)
             if cell is None:
                 self._mount_limbo.append((arrived, refusal))
+                self._mount_hints.add(refusal.session or AUDIT_SID_UNSET)
             else:
                 self._emit(mount_event(cell, refusal), out)
 
-    def _replay_limbo(self, now: float, out: list[Event] | None = None) -> list[Event]:
-        """Attribute what limbo holds that a newly watched cell or learnt domain claims."""
+    def _replay_limbo(
+        self,
+        now: float,
+        out: list[Event] | None = None,
+        *,
+        keys: Iterable[tuple[str, object]],
+        session: int | None = None,
+    ) -> list[Event]:
+        """Attribute what limbo holds that a newly watched cell (its ``session``)
+        or learnt domain claims; read only when ``keys`` may match something."""
         out = [] if out is None else out
-        self._replay_mount_limbo(now, out)
+        self._replay_mount_limbo(now, out, session)
         while self._limbo and now - self._limbo[0][0] > self._limbo_ttl:
             self._limbo.popleft()
         if not self._limbo:
+            self._hints.clear()
+            return out
+        if not any(key in self._hints for key in keys):
             return out
         pending = list(self._limbo)
         self._limbo.clear()
@@ -722,4 +775,5 @@ class AuditCorrelator:
                 keep.append(entry)
         keep.sort(key=lambda e: e[0])
         self._limbo.extend(keep)
+        self._hints = {hint for _, rec, syscall in keep for hint in _hints_of(rec, syscall)}
         return out
