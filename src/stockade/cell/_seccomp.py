@@ -102,9 +102,11 @@ BPF_MAXINSNS = 4096
 # --- values the filter compares --------------------------------------------------
 EPERM = 1
 ENOSYS = 38
+EAFNOSUPPORT = 97
 AF_UNIX = 1
 AF_INET = 2
 AF_INET6 = 10
+AF_NETLINK = 16
 SOCK_STREAM = 1
 SOCK_DGRAM = 2
 SOCK_RAW = 3
@@ -203,7 +205,8 @@ REFUSED: dict[str, str] = {
     ),
     "socket": (
         "anything but AF_UNIX (stream or seqpacket) or TCP over AF_INET/AF_INET6: no UDP (DNS"
-        " exfiltration), raw, packet, netlink or vsock socket; the cell reaches out only through"
+        " exfiltration), raw, packet, netlink (EAFNOSUPPORT, so that audit-aware tools carry on)"
+        " or vsock socket; the cell reaches out only through"
         " the gateway. No unix datagram socket: it sends to any path without connect(2), which"
         " the connect supervisor sees"
     ),
@@ -334,6 +337,7 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
     if cached is not None:
         return cached
     refuse = SECCOMP_RET_ERRNO | EPERM if mode == "enforce" else SECCOMP_RET_LOG
+    nofamily = SECCOMP_RET_ERRNO | EAFNOSUPPORT if mode == "enforce" else SECCOMP_RET_LOG
     foreign = SECCOMP_RET_KILL_PROCESS if mode == "enforce" else SECCOMP_RET_LOG
     deny: list[_Insn | str] = [
         _ld(_OFF_ARCH),
@@ -354,6 +358,13 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         _jeq(TIOCSTI, "refuse"),
         _jeq(TIOCLINUX, "refuse", "allow"),
         "socket",
+        # Netlink first, whatever its type, with the errno of a kernel built
+        # without it: audit-aware tools (shadow's useradd, sudo, PAM) open an
+        # audit netlink socket and carry on only on EAFNOSUPPORT, EPROTONOSUPPORT
+        # or EINVAL; on EPERM useradd aborts ("Cannot open audit interface").
+        # Still a refusal of the deny filter, so still logged and recorded.
+        _ld(_arg_low(0)),
+        _jeq(AF_NETLINK, "nofamily"),
         _ld(_arg_low(1)),
         (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
         _jeq(SOCK_RAW, "refuse"),
@@ -396,6 +407,8 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
         _ret(SECCOMP_RET_ALLOW),
         "refuse",
         _ret(refuse),
+        "nofamily",
+        _ret(nofamily),
         "foreign",
         _ret(foreign),
     ]
