@@ -284,3 +284,35 @@ def test_read_spool_stops_at_a_line_cut_short(tmp_path: Path) -> None:
     assert (spool.run, len(spool.events), spool.dropped) == ("r-1", 1, 3)
     assert spool.ended and spool.died and spool.barrier
     assert read_spool(str(tmp_path / "none")) == {}
+
+
+def test_read_spool_keeps_each_relays_window_and_losses(tmp_path: Path) -> None:
+    """A spool written by two relays: the first died unended, the second
+    watched the cell again with the time since which none had; what the
+    second's reader lost and the EXDEVs it could not judge are kept too."""
+    path = tmp_path / "kernel.spool"
+    lines: list[dict[str, Any]] = [
+        {"watch": {"run": "r-1", "cell": "c1", "session": 5, "pid": 9, "time": 10.0}},
+        {"event": _event(0).to_dict()},
+        {"end": {"cell": "c1", "time": 11, "died": False, "barrier": True}},
+        {
+            "watch": {
+                "run": "r-1",
+                "cell": "c1",
+                "session": 5,
+                "pid": 9,
+                "time": 12.5,
+                "uncovered_since": 12.0,
+            }
+        },
+        {"event": _event(1).to_dict()},
+        {"lost": {"cell": "c1", "reason": "kernel", "count": 3, "time": 13.0}},
+        {"unjudged": 2, "cell": "c1"},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    spool = read_spool(str(path))["c1"]
+    assert [e.summary for e in spool.events] == ["s0", "s1"]
+    assert spool.gaps == [(12.0, 12.5)]
+    assert spool.lost == ["kernel"] and spool.unjudged == 2
+    # The first relay's end no longer holds once another watched the cell.
+    assert not spool.ended
