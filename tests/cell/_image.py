@@ -67,6 +67,7 @@ PROGRAMS = (
     "dpkg-maintscript-helper",
     "tail",
     "sed",
+    "useradd",
 )
 """Host programs copied into the image (those the host has)."""
 
@@ -123,7 +124,7 @@ def build_rootfs() -> Path:
     binaries = [p for name in PROGRAMS if (p := shutil.which(name, path="/usr/bin:/usr/sbin:/bin:/sbin"))]
     binaries.append("/usr/bin/python3.11")
     binaries = [os.path.realpath(b) for b in binaries]
-    key = hashlib.sha256(("\n".join(sorted(binaries)) + PASSWD + GROUP + "v6").encode()).hexdigest()[:16]
+    key = hashlib.sha256(("\n".join(sorted(binaries)) + PASSWD + GROUP + "v7").encode()).hexdigest()[:16]
     done = ROOT / key / "rootfs"
     if done.is_dir():
         return done
@@ -171,6 +172,12 @@ def build_rootfs() -> Path:
     (rootfs / "etc/shadow").write_text("root:*:19000:0:99999:7:::\n")
     (rootfs / "etc/sudoers").write_text("ALL ALL=(ALL) NOPASSWD: ALL\n")
     (rootfs / "etc/hostname").write_text("task-image\n")
+    # What shadow's useradd reads (the host's own, as its programs are).
+    for name in ("login.defs", "default/useradd"):
+        if os.path.exists(f"/etc/{name}"):
+            (rootfs / "etc" / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f"/etc/{name}", rootfs / "etc" / name)
+    (rootfs / "etc/skel").mkdir(exist_ok=True)
     (rootfs / "var/lib/dpkg/status").write_text("")
     (rootfs / "var/lib/dpkg/available").write_text("")
     for name in ("updates", "info", "triggers", "alternatives"):

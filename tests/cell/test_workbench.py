@@ -268,3 +268,25 @@ def test_the_start_event_names_the_image_and_the_user() -> None:
     start = next(e for e in r.events if e.kind == "cell.start")
     assert start.detail["image"] == image.digest and start.detail["uid"] == 0
     assert start.detail["host_uid"] > OWNER_BASE  # the slot's range, never host root
+
+
+def test_a_root_workbench_adds_users_and_new_names_in_etc() -> None:
+    """What Dockerfiles do as root: shadow's ``useradd`` (which opens the audit
+    netlink socket: refused as a kernel without netlink would, EAFNOSUPPORT, so
+    it carries on), and new names in /etc beside a file stockade shows (the
+    gateway's CA bundle): in a workbench those live under /run/stockade only,
+    so the image's /etc stays the cell's own to change."""
+    shown = {
+        "/etc/ssl/certs/ca-certificates.crt": b"host bundle\n",
+        "/run/stockade/ca.pem": b"run ca\n",
+    }
+    code, out, err, denials = _run(
+        _policy(user="root"),
+        "useradd -m -s /bin/sh bob && grep -c '^bob:' /etc/passwd && stat -c '%u' /home/bob; "
+        "echo ok > /etc/newfile && cat /etc/newfile; cat /run/stockade/ca.pem",
+        files=shown,
+    )
+    assert code == 0, err
+    assert out.split("\n")[:4] == ["1", "1235", "ok", "run ca"], (out, err)
+    # The audit socket was still refused, and said so in the record.
+    assert any("socket" in d for d in denials), denials

@@ -63,6 +63,10 @@ UPPERS_ROOT = "/var/lib/stockade/uppers"
 """Where a run's own upper layer is made (root's, 0700; every cell sees
 /var/lib/stockade as a decoy)."""
 
+STOCKADE_RUN = "/run/stockade"
+"""Where a workbench shows stockade's own files (the broker's socket, the
+agent SDK, the gateway's CA): never in the image's own tree."""
+
 _PASSWD_MAX = 1 << 20
 """The most of an image's /etc/passwd or /etc/group read (a real one is a few KiB)."""
 _LINK_HOPS = 40
@@ -390,6 +394,15 @@ def plan_workbench(
         entries.append((dst, MountOp("bind", dst, src=host, writable=True)))
     shown_files: list[str] = []
     for inside_path, content in files:
+        if not _is_under(inside_path, STOCKADE_RUN):
+            # The image's tree is the cell's own to change: a file mounted in
+            # it (the gateway's copy of /etc/ssl/certs/ca-certificates.crt)
+            # would make every other new name of its directory a refusal
+            # (Landlock names what exists; the file is a hole in the grant)
+            # and the file itself unreplaceable (update-ca-certificates).
+            # A workbench has stockade's files under /run/stockade only, and
+            # the environment points there (SSL_CERT_FILE, PIP_CERT, ...).
+            continue
         dst = where(inside_path)
         if any(_is_under(dst, w) for w in host_writes):
             continue  # never inside a writable grant (the host's file would be covered)
