@@ -237,9 +237,15 @@ def test_broker_mode_the_agent_reaches_the_workbench_only_through_the_broker(
     # and the workbench session's (the workbench).
     workspaces = {e["detail"]["workspace"] for e in starts}
     assert record["root"] in workspaces and len(workspaces) == 2
-    execs = [e for e in events if e["kind"] == "intent" and e["detail"].get("intent") == "exec"]
-    assert len(execs) >= 4, [e["summary"] for e in events]
-    assert all(record["session"] in json.dumps(e["detail"]) for e in execs)
+    # Its commands are exec intents, its read_file an fs.read intent, all in the session.
+    acts = [
+        e
+        for e in events
+        if e["kind"] == "intent" and e["detail"].get("intent") in ("exec", "fs.read", "fs.write")
+    ]
+    assert {e["detail"]["intent"] for e in acts} == {"exec", "fs.read"}, acts
+    assert len(acts) >= 4, [e["summary"] for e in events]
+    assert all(e["detail"]["args"]["session"] == record["session"] for e in acts)
     assert verify_bundle(bundle) == []
 
 

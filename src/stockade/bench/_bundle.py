@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,17 @@ def sha256_file(path: Path) -> str:
 
 
 def write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Write ``path`` whole or not at all (a temporary file renamed over it):
+    ``trial.json`` is rewritten after every phase while others read it (a
+    progress bar, a test, ``--resume``), and a reader must never see half."""
+    part = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.part")
+    try:
+        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        part.write_text(text, encoding="utf-8")
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
 
 
 def _listing(bundle: Path) -> list[str]:
