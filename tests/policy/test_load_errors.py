@@ -828,12 +828,12 @@ def test_directory_instead_of_file(tmp_path: Path) -> None:
 
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests run as root here, where chmod 000 does not stop a read: fake the refusal.
-    from stockade.policy import _load
+    from stockade.policy import _yaml
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(_load, "open", refuse, raising=False)
+    monkeypatch.setattr(_yaml, "open", refuse, raising=False)
     with pytest.raises(PolicyError, match="permission denied; make it readable by this user"):
         load_policy(tmp_path / "p.yaml")
 

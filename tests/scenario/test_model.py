@@ -238,3 +238,36 @@ def test_any_graph_is_ordered_or_its_cycle_named(deps: dict[str, list[str]]) -> 
         assert set(agent.depends_on) <= seen, f"{agent.name} comes before one of {agent.depends_on}"
         seen.add(agent.name)
     assert seen == set(deps)
+
+
+def test_the_scenario_reader_is_the_policy_reader(tmp_path: Path) -> None:
+    """One YAML reader (``policy._yaml``) for both kinds of file: duplicate keys
+    are all reported in one round, a tag on a mapping is refused, ``<<`` merges,
+    and a non-UTF-8 byte is placed at its line and column, as in a policy."""
+    exc = refused(tmp_path, "name: s\nname: t\nagents: []\nagents: []\n")
+    found = [exc.message, *getattr(exc, "__notes__", [])]
+    assert exc.location is not None and exc.location.endswith(":2:1"), exc
+    assert any("agents appears twice, at lines 3 and 4" in f for f in found), found
+
+    exc = refused(tmp_path, "name: s\nagents: !!python/object/apply:os.system {a: 1}\n")
+    tag = "'tag:yaml.org,2002:python/object/apply:os.system'"
+    assert f"the YAML tag {tag} is not supported in a scenario" in exc.message, exc
+
+    merged = load_scenario(
+        write(
+            tmp_path,
+            """
+            name: s
+            agents:
+              - &base {name: a, policy: agent.yaml}
+              - {<<: *base, name: b}
+            """,
+        )
+    )
+    assert [a.name for a in merged.agents] == ["a", "b"]
+    assert merged.agent("b").policy == str(tmp_path / "agent.yaml")
+
+    (tmp_path / "latin.yaml").write_bytes(b"name: s\nagents: [caf\xe9]\n")
+    with pytest.raises(PolicyError) as info:
+        load_scenario(tmp_path / "latin.yaml")
+    assert info.value.location == f"{tmp_path}/latin.yaml:2:13", info.value

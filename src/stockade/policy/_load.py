@@ -4,7 +4,8 @@ The steps, each of which can fail with a ``PolicyError`` that names
 ``file:line:col``, the offending value and the fix:
 
 1. read the file (UTF-8, at most 1 MiB);
-2. compose the YAML and walk it into plain data, recording where every key and
+2. compose the YAML and walk it into plain data (``_yaml``, shared with scenario
+   files), recording where every key and
    value is, refusing duplicate keys, unknown tags and alias bombs;
 3. tell the format by its keys: stockade, or an AgentOS manifest (``_agentos``);
 4. expand ``${VAR}`` (``$${`` stays a literal ``${``);
@@ -27,7 +28,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from stockade.errors import PolicyError
@@ -59,6 +59,8 @@ from stockade.policy._schema import (
 )
 from stockade.policy._units import show
 from stockade.policy._workspace import workspace_problem
+from stockade.policy._yaml import YamlDocument, located_error, read_text
+from stockade.policy._yaml import dotted as _dotted
 
 MAX_BYTES = 1024 * 1024
 """A policy file is a few kilobytes; a larger one is a mistake (or an attack)."""
@@ -67,10 +69,6 @@ MAX_NODES = 100_000
 
 Format = Literal["stockade", "agentos"]
 
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-_PLAIN_TAGS = frozenset(("tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"))
-"""The tags a list or mapping has when none is written (or ``!!seq``/``!!map``)."""
-_TOO_DEEP = "the file is nested too deeply to be a policy; check it is the right file"
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXAMPLES = {
     "name": "'name: my-agent'",
@@ -163,76 +161,18 @@ def policy_json_schema(*, agentos: bool = False) -> dict[str, Any]:
 
 
 def _read(name: str) -> str:
-    what = f"cannot read the policy file {show(name)}"
-    try:
-        with open(name, "rb") as file:
-            data = file.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise PolicyError(f"{what}: it does not exist; check the path") from None
-    except IsADirectoryError:
-        raise PolicyError(f"{what}: it is a directory; name the policy file inside it") from None
-    except PermissionError:
-        raise PolicyError(f"{what}: permission denied; make it readable by this user") from None
-    except OSError as exc:
-        raise PolicyError(f"{what}: {exc.strerror or exc}; check the path") from None
-    if len(data) > MAX_BYTES:
-        raise PolicyError(
-            f"the policy file {show(name)} is larger than 1 MiB; a policy is a few kilobytes, "
-            "so check that this is the right file"
-        )
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        before = data[: exc.start]
-        line = before.count(b"\n") + 1
-        col = exc.start - (before.rfind(b"\n") + 1) + 1
-        raise PolicyError(
-            f"byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8",
-            location=f"{name}:{line}:{col}",
-        ) from None
+    return read_text(name, kind="policy", max_bytes=MAX_BYTES)
 
 
 # ---------------------------------------------------------------- YAML with marks
 
 
-@dataclass(frozen=True, slots=True)
-class _Mark:
-    line: int
-    col: int
-    style: str | None = None
-    one_line: bool = False
-
-
-class _Document:
-    """The data of one file and where each of its keys and values is."""
+class _Document(YamlDocument):
+    """A policy file's data and marks (``_yaml``), with the policy's own problems
+    placed by their path."""
 
     def __init__(self, source: str) -> None:
-        self.source = source
-        self.values: dict[PathKey, _Mark] = {}
-        self.keys: dict[PathKey, _Mark] = {}
-        self.raw: dict[PathKey, str] = {}
-        self._nodes = 0
-        self._loader: yaml.SafeLoader | None = None
-        self._problems: list[Problem] = []
-
-    # -- locating
-
-    def position(self, path: PathKey, *, at_key: bool = False, offset: int = 0) -> tuple[int, int]:
-        if at_key and path in self.keys:
-            mark = self.keys[path]
-            return mark.line, mark.col
-        for cut in range(len(path), -1, -1):
-            mark_or_none = self.values.get(path[:cut])
-            if mark_or_none is not None:
-                mark = mark_or_none
-                if cut == len(path) and offset and mark.one_line:
-                    return mark.line, mark.col + offset + (1 if mark.style in ("'", '"') else 0)
-                return mark.line, mark.col
-        return 1, 1
-
-    def location(self, path: PathKey = (), *, at_key: bool = False, offset: int = 0) -> str:
-        line, col = self.position(path, at_key=at_key, offset=offset)
-        return f"{self.source}:{line}:{col}"
+        super().__init__(source, kind="policy", example="'name: my-agent'", max_nodes=MAX_NODES)
 
     def shown(self, path: PathKey, value: object) -> str:
         """A value as the file has it (``yes``, not ``True``)."""
@@ -243,199 +183,16 @@ class _Document:
 
     def error(self, problems: list[Problem]) -> PolicyError:
         """One ``PolicyError`` for the first problem in the file, the others as notes."""
-        ordered: list[tuple[tuple[int, int], str, str]] = []
-        for problem in problems:
-            position = problem.at or self.position(problem.path, at_key=problem.at_key, offset=problem.offset)
-            message = f"{_dotted(problem.path)} {problem.detail}".strip()
-            location = f"{self.source}:{position[0]}:{position[1]}"
-            if all((location, message) != (o[1], o[2]) for o in ordered):
-                ordered.append((position, location, message))
-        ordered.sort(key=lambda item: item[0])
-        first = ordered[0]
-        exc = PolicyError(first[2], location=first[1])
-        for _, location, message in ordered[1:]:
-            exc.add_note(f"{location}: {message}")
-        return exc
-
-    def fatal(self, message: str, mark: yaml.Mark | None) -> PolicyError:
-        if mark is None:
-            return PolicyError(message, location=f"{self.source}:1:1")
-        return PolicyError(message, location=f"{self.source}:{mark.line + 1}:{mark.column + 1}")
-
-    # -- composing
-
-    def compose(self, text: str) -> dict[str, Any]:
-        if text.startswith("\ufeff"):
-            text = text[1:]
-        if self.source.endswith(".json") or text.lstrip().startswith("{"):
-            # JSON allows tabs between tokens; YAML does not. Outside strings a
-            # tab is whitespace either way, and inside a JSON string it is invalid.
-            text = text.replace("\t", " ")
-        try:
-            loader = yaml.SafeLoader(text)
-        except yaml.reader.ReaderError as exc:
-            raise self._reader_error(exc, text) from None
-        self._loader = loader
-        try:
-            try:
-                node = loader.get_single_node()
-            except yaml.MarkedYAMLError as exc:
-                raise self._syntax_error(exc) from None
-            except yaml.reader.ReaderError as exc:
-                raise self._reader_error(exc, text) from None
-            except RecursionError:
-                raise PolicyError(_TOO_DEEP, location=f"{self.source}:1:1") from None
-            if node is None:
-                raise PolicyError(
-                    "the file is empty; a policy needs at least a line such as 'name: my-agent'",
-                    location=f"{self.source}:1:1",
+        return located_error(
+            self.source,
+            [
+                (
+                    problem.at or self.position(problem.path, at_key=problem.at_key, offset=problem.offset),
+                    f"{_dotted(problem.path)} {problem.detail}".strip(),
                 )
-            if not isinstance(node, yaml.MappingNode):
-                kind = "a list" if isinstance(node, yaml.SequenceNode) else f"the value {show(node.value)}"
-                raise self.fatal(
-                    f"the top level is {kind}, but a policy is a mapping of keys; "
-                    "start with a line such as 'name: my-agent'",
-                    node.start_mark,
-                )
-            try:
-                data = self._walk(node, (), set())
-            except RecursionError:
-                raise PolicyError(_TOO_DEEP, location=f"{self.source}:1:1") from None
-        finally:
-            loader.dispose()
-            self._loader = None
-        if self._problems:
-            raise self.error(self._problems)
-        assert isinstance(data, dict)
-        return data
-
-    def _reader_error(self, exc: yaml.reader.ReaderError, text: str) -> PolicyError:
-        before = text[: exc.position]
-        line = before.count("\n") + 1
-        col = exc.position - (before.rfind("\n") + 1) + 1
-        return PolicyError(
-            f"the character #x{exc.character:04x} is not allowed in YAML; remove it",
-            location=f"{self.source}:{line}:{col}",
+                for problem in problems
+            ],
         )
-
-    def _syntax_error(self, exc: yaml.MarkedYAMLError) -> PolicyError:
-        problem = exc.problem or "unexpected text"
-        if "another document" in problem:
-            return self.fatal(
-                "the file holds more than one YAML document ('---'); keep one policy per file",
-                exc.problem_mark,
-            )
-        if "\\t" in problem or "\t" in problem:
-            fix = "indent with spaces, not tabs"
-        elif "found undefined alias" in problem:
-            fix = "define the anchor ('&name') before using it"
-        else:
-            fix = "check the indentation, colons and quotes here"
-        context = f" ({exc.context})" if exc.context else ""
-        return self.fatal(
-            f"this is not valid YAML: {problem}{context}; {fix}",
-            exc.problem_mark or exc.context_mark,
-        )
-
-    def _walk(self, node: yaml.Node, path: PathKey, stack: set[int]) -> Any:
-        self._nodes += 1
-        if self._nodes > MAX_NODES:
-            raise self.fatal(
-                f"the file expands to more than {MAX_NODES} values (through aliases); "
-                "write the values out instead",
-                node.start_mark,
-            )
-        one_line = node.start_mark.line == node.end_mark.line
-        style = node.style if isinstance(node, yaml.ScalarNode) else None
-        self.values[path] = _Mark(node.start_mark.line + 1, node.start_mark.column + 1, style, one_line)
-        if id(node) in stack:
-            raise self.fatal("an alias refers to a node that contains it; remove the loop", node.start_mark)
-        if isinstance(node, yaml.ScalarNode):
-            self.raw[path] = node.value
-            assert self._loader is not None
-            try:
-                return self._loader.construct_object(node)
-            except yaml.constructor.ConstructorError:
-                raise self.fatal(
-                    f"the YAML tag {show(node.tag)} is not supported in a policy; remove it",
-                    node.start_mark,
-                ) from None
-        stack = stack | {id(node)}
-        if node.tag not in _PLAIN_TAGS:
-            # A tag on a list or mapping (`!!python/object/apply:os.system [id]`)
-            # would otherwise be dropped without a word; refused as on scalars.
-            raise self.fatal(
-                f"the YAML tag {show(node.tag)} is not supported in a policy; remove it", node.start_mark
-            )
-        if isinstance(node, yaml.SequenceNode):
-            return [self._walk(item, (*path, i), stack) for i, item in enumerate(node.value)]
-        assert isinstance(node, yaml.MappingNode)
-        result: dict[str, Any] = {}
-        merged: list[tuple[yaml.Node, yaml.Node]] = []
-        seen: dict[str, yaml.Mark] = {}
-        for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
-                merged.extend(self._merge_sources(value_node, stack))
-                continue
-            key = self._key(key_node, path)
-            if key is None:
-                continue
-            if key in seen:
-                self._problems.append(
-                    Problem(
-                        (*path, key),
-                        f"appears twice, at lines {seen[key].line + 1} and "
-                        f"{key_node.start_mark.line + 1}; keep one of them",
-                        at=(key_node.start_mark.line + 1, key_node.start_mark.column + 1),
-                    )
-                )
-                continue
-            seen[key] = key_node.start_mark
-            self.keys[(*path, key)] = _Mark(key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            result[key] = self._walk(value_node, (*path, key), stack)
-        for key_node, value_node in merged:  # explicit keys win over merged ones
-            key = self._key(key_node, path)
-            if key is not None and key not in result:
-                self.keys[(*path, key)] = _Mark(key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                result[key] = self._walk(value_node, (*path, key), stack)
-        return result
-
-    def _merge_sources(self, node: yaml.Node, stack: set[int]) -> list[tuple[yaml.Node, yaml.Node]]:
-        sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
-        pairs: list[tuple[yaml.Node, yaml.Node]] = []
-        for source in sources:
-            if not isinstance(source, yaml.MappingNode) or id(source) in stack:
-                raise self.fatal(
-                    "'<<' merges only mappings; give it an alias such as '*defaults'",
-                    source.start_mark,
-                )
-            pairs.extend(source.value)
-        return pairs
-
-    def _key(self, node: yaml.Node, path: PathKey) -> str | None:
-        # A key is taken as written: 'on:' is the key "on", never the boolean.
-        if isinstance(node, yaml.ScalarNode) and node.value != "":
-            return str(node.value)
-        where = _dotted(path) or "the top level"
-        what = "empty" if isinstance(node, yaml.ScalarNode) else "a list or a mapping"
-        self._problems.append(
-            Problem(
-                (),
-                f"{where} has a key that is {what}; a key is a name such as 'name'",
-                at=(node.start_mark.line + 1, node.start_mark.column + 1),
-            )
-        )
-        return None
-
-
-def _dotted(path: PathKey) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + part
-    return out
 
 
 # ---------------------------------------------------------------------------- format

@@ -19,12 +19,12 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from stockade.errors import PolicyError
 from stockade.policy._schema import check_name
 from stockade.policy._units import show
+from stockade.policy._yaml import YamlDocument, located_error, read_text
 
 MAX_BYTES = 1024 * 1024
 """A scenario file is a page; a larger one is the wrong file."""
@@ -289,124 +289,24 @@ def _together(errors: list[PolicyError]) -> PolicyError:
 
 
 def _read(name: str) -> str:
-    what = f"cannot read the scenario file {show(name)}"
-    try:
-        with open(name, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise PolicyError(f"{what}: it does not exist; check the path") from None
-    except IsADirectoryError:
-        raise PolicyError(f"{what}: it is a directory; name the scenario file inside it") from None
-    except OSError as exc:
-        raise PolicyError(f"{what}: {exc.strerror or exc}; check the path and its permissions") from None
-    if len(data) > MAX_BYTES:
-        raise PolicyError(f"the scenario file {show(name)} is larger than 1 MiB; check it is the right file")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise PolicyError(f"the scenario file {show(name)} is not UTF-8; save it as UTF-8") from None
+    return read_text(name, kind="scenario", max_bytes=MAX_BYTES)
 
 
-class _Document:
-    """The data of one file, and the line and column of each key and value."""
+class _Document(YamlDocument):
+    """A scenario file's data and marks, read as a policy file is (``policy._yaml``)."""
 
     def __init__(self, source: str) -> None:
-        self.source = source
-        self.values: dict[_Path, tuple[int, int]] = {}
-        self.keys: dict[_Path, tuple[int, int]] = {}
-        self._nodes = 0
-        self._loader: yaml.SafeLoader | None = None
+        super().__init__(source, kind="scenario", example="'name: my-scenario'", max_nodes=MAX_NODES)
 
     def at(self, path: _Path, *, key: bool = False) -> str:
-        if key and path in self.keys:
-            line, col = self.keys[path]
-            return f"{self.source}:{line}:{col}"
-        for cut in range(len(path), -1, -1):
-            if path[:cut] in self.values:
-                line, col = self.values[path[:cut]]
-                return f"{self.source}:{line}:{col}"
-        return f"{self.source}:1:1"
+        return self.location(path, at_key=key)
 
     def error(self, problems: list[_Problem]) -> PolicyError:
         def position(p: _Problem) -> tuple[int, int]:
             _, line, col = p.at.rsplit(":", 2)
             return int(line), int(col)
 
-        ordered = sorted(problems, key=position)
-        exc = PolicyError(ordered[0].message, location=ordered[0].at)
-        for p in ordered[1:]:
-            exc.add_note(f"{p.at}: {p.message}")
-        return exc
-
-    def compose(self, text: str) -> Any:
-        loader = yaml.SafeLoader(text)
-        self._loader = loader
-        try:
-            try:
-                node = loader.get_single_node()
-            except yaml.MarkedYAMLError as exc:
-                mark = exc.problem_mark or exc.context_mark
-                where = f"{self.source}:{mark.line + 1}:{mark.column + 1}" if mark else f"{self.source}:1:1"
-                problem = exc.problem or "unexpected text"
-                if "another document" in problem:
-                    raise PolicyError(
-                        "the file holds more than one YAML document ('---'); keep one scenario per file",
-                        location=where,
-                    ) from None
-                raise PolicyError(
-                    f"this is not valid YAML: {problem}; check the indentation, colons and quotes here",
-                    location=where,
-                ) from None
-            if node is None:
-                raise PolicyError(
-                    "the file is empty; a scenario needs a 'name:' and a list of 'agents:'",
-                    location=f"{self.source}:1:1",
-                )
-            return self._walk(node, ())
-        finally:
-            loader.dispose()
-            self._loader = None
-
-    def _walk(self, node: yaml.Node, path: _Path) -> Any:
-        self._nodes += 1
-        where = (node.start_mark.line + 1, node.start_mark.column + 1)
-        if self._nodes > MAX_NODES:
-            raise PolicyError(
-                f"the file expands to more than {MAX_NODES} values (through aliases); write them out",
-                location=f"{self.source}:{where[0]}:{where[1]}",
-            )
-        self.values[path] = where
-        if isinstance(node, yaml.ScalarNode):
-            assert self._loader is not None
-            try:
-                return self._loader.construct_object(node)
-            except yaml.constructor.ConstructorError:
-                raise PolicyError(
-                    f"the YAML tag {show(node.tag)} is not supported in a scenario; remove it",
-                    location=f"{self.source}:{where[0]}:{where[1]}",
-                ) from None
-        if node.tag not in ("tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"):
-            # Not dropped without a word: refused as a tag on a scalar is.
-            raise PolicyError(
-                f"the YAML tag {show(node.tag)} is not supported in a scenario; remove it",
-                location=f"{self.source}:{where[0]}:{where[1]}",
-            )
-        if isinstance(node, yaml.SequenceNode):
-            return [self._walk(item, (*path, i)) for i, item in enumerate(node.value)]
-        assert isinstance(node, yaml.MappingNode)
-        result: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else repr(key_node.value)
-            key_at = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            if key in result:
-                first = self.keys[(*path, key)][0]
-                raise PolicyError(
-                    f"{_dotted((*path, key))} appears twice, at lines {first} and {key_at[0]}; keep one",
-                    location=f"{self.source}:{key_at[0]}:{key_at[1]}",
-                )
-            self.keys[(*path, key)] = key_at
-            result[key] = self._walk(value_node, (*path, key))
-        return result
+        return located_error(self.source, [(position(p), p.message) for p in problems])
 
     def pydantic_problem(self, error: Any) -> _Problem:
         path: _Path = tuple(error["loc"])
