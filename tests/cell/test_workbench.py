@@ -42,7 +42,9 @@ def test_the_image_is_the_root_and_its_config_the_defaults() -> None:
         _policy(), "pwd; echo $IMAGE_VAR; cat /etc/hostname data.txt; id -u", image=image
     )
     assert code == 0, err
-    assert out.split("\n")[:5] == ["/opt/app", "from-image", "task-image", "image data", "1000"]
+    # An image whose User is empty runs as its root, as Docker runs it (in
+    # the cell's user namespace: an unprivileged host uid).
+    assert out.split("\n")[:5] == ["/opt/app", "from-image", "task-image", "image data", "0"]
 
 
 def test_root_inside_owns_the_image_and_nothing_of_the_host(tmp_path: Path) -> None:
@@ -196,7 +198,9 @@ def test_exec_allow_with_an_image_is_a_policy_error() -> None:
 
 
 def test_python_runs_in_the_image() -> None:
-    code, out, err, _ = _run(_policy(), f"{PYTHON} -c 'import json, os; print(json.dumps(os.getuid()))'")
+    code, out, err, _ = _run(
+        _policy(user="1000"), f"{PYTHON} -c 'import json, os; print(json.dumps(os.getuid()))'"
+    )
     assert (code, out) == (0, "1000\n"), err
 
 
@@ -232,7 +236,7 @@ def test_without_overlayfs_a_copy_of_the_image_is_the_root(monkeypatch: pytest.M
 
 def test_dpkg_installs_a_package_as_root_inside(tmp_path: Path) -> None:
     # A package built here (dpkg-deb, no network): root of the workbench
-    # installs it into the image's view; the agent without user: root cannot.
+    # installs it into the image's view; the agent as uid 1000 cannot.
     import shutil
     import subprocess
 
@@ -256,7 +260,7 @@ def test_dpkg_installs_a_package_as_root_inside(tmp_path: Path) -> None:
     script = f"dpkg -i {workspace}/hello.deb >/dev/null; echo rc=$?; stat -c %u /usr/share/hello/greeting"
     code, out, err, _ = _run(_policy(user="root"), script, workspace=workspace)
     assert code == 0 and out.split("\n")[:2] == ["rc=0", "0"], err
-    _code, out, err, _ = _run(_policy(), script, workspace=workspace)
+    _code, out, err, _ = _run(_policy(user="1000"), script, workspace=workspace)
     assert out.startswith("rc=2"), (out, err)  # the agent: dpkg's lock and database are root's
     assert not (build_rootfs() / "usr/share/hello").exists()
 
@@ -290,3 +294,19 @@ def test_a_root_workbench_adds_users_and_new_names_in_etc() -> None:
     assert out.split("\n")[:4] == ["1", "1235", "ok", "run ca"], (out, err)
     # The audit socket was still refused, and said so in the record.
     assert any("socket" in d for d in denials), denials
+
+
+def test_an_image_without_user_runs_as_its_root_unless_the_policy_says() -> None:
+    """Docker runs an image whose ``User`` is empty as root: so does a
+    workbench, as the image's root in the cell's user namespace (never host
+    root: its uid_map leads to the slot's unprivileged range); ``user:`` wins,
+    and the image's ``User`` wins over the default."""
+    script = "id -u; cat /proc/self/uid_map"
+    code, out, err, _ = _run(_policy(), script)
+    assert code == 0, err
+    lines = out.split("\n")
+    assert lines[0] == "0"
+    inside, host, count = (int(x) for x in lines[1].split())
+    assert inside == 0 and host >= OWNER_BASE and count > 1, lines
+    assert _run(_policy(user="1000"), "id -u")[1] == "1000\n"
+    assert _run(_policy(), "id -u", image=make_image(user="builder"))[1] == "1234\n"

@@ -57,7 +57,7 @@ def test_a_setuid_root_binary_of_the_image_raises_nothing() -> None:
     no_new_privs is ignored, not refused): the evidence is the uid and the
     capability sets of the process it started."""
     r = _run(
-        _policy(),
+        _policy(user="1000"),
         "stat -c %A /usr/bin/suid-sh; "
         "/usr/bin/suid-sh -c 'id -u; grep -E \"CapEff|NoNewPrivs\" /proc/self/status'; "
         "/bin/sh -c 'echo control'",

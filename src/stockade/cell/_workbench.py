@@ -29,7 +29,6 @@ from typing import Any, Literal
 from stockade.cell._plan import (
     _DECOY_NAMES_MAX,
     _PROC_HIDDEN,
-    CELL_UID,
     ROOT_CAPS,
     SCRATCH,
     SYSTEM_DEVICES,
@@ -207,13 +206,16 @@ def _id(text: str) -> int | None:
 def resolve_user(spec: str | None, rootfs: str) -> CellUser:
     """The cell's user for ``user:`` (or the image's ``USER``): ``root``, a
     name of the image's ``/etc/passwd``, a uid, each with ``:GROUP`` allowed
-    as Docker reads it; ``None`` or "" is the agent (uid 1000).
+    as Docker reads it; ``None`` or "" (no ``user:`` and an image whose
+    ``User`` is empty) is root, as Docker runs such an image: the image's
+    root, inside a user namespace mapped to an unprivileged host range,
+    never host root. A policy that wants the agent's uid says ``user: 1000``.
 
     Raises:
         PolicyError: a name the image does not have, or an id outside 0-65534.
     """
     if not spec:
-        return CellUser(CELL_UID, CELL_UID, "agent", "")
+        spec = "root"
     user, _, group = spec.partition(":")
     passwd = _table(rootfs, "passwd")
     entry = None
