@@ -12,11 +12,14 @@ import select
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from stockade.cell._audit_relay import missing, read_spool
+from stockade.daemon._relay import Relayed
+from stockade.daemon._run import Run
 from stockade.record import Event
 from tests.daemon.test_faults import cell_processes, daemon_process, wait_all_gone
 from tests.daemon.test_kernel_live import _kernel_denials
@@ -316,3 +319,29 @@ def test_read_spool_keeps_each_relays_window_and_losses(tmp_path: Path) -> None:
     assert spool.lost == ["kernel"] and spool.unjudged == 2
     # The first relay's end no longer holds once another watched the cell.
     assert not spool.ended
+
+
+def test_a_cell_launched_while_no_relay_runs_is_told_to_the_next(tmp_path: Path) -> None:
+    """A cell the daemon watches while it has no relay (none started yet, or
+    the last one died) is kept and told to the next relay, whose spool says
+    since when none watched it; the control: a cell told to a live relay
+    has no such window."""
+    state = tmp_path / "state"
+    run_id = "r-0123456789ab"
+    (state / "runs" / run_id).mkdir(parents=True)
+    run = cast(Run, SimpleNamespace(id=run_id))
+    relayed = Relayed(str(state))
+    launched = time.time()
+    # No cell has these audit sessions: a relay watches them all the same.
+    relayed.watch(run, "c-early", session=4_000_000_001, pid=os.getpid())
+    relayed.ensure()
+    try:
+        relayed.watch(run, "c-later", session=4_000_000_002, pid=os.getpid())
+        relayed.unwatch("c-early")
+        relayed.unwatch("c-later")
+    finally:
+        relayed.stop()
+    spool = read_spool(str(state / "runs" / run_id / "kernel.spool"))
+    ((since, until),) = spool["c-early"].gaps
+    assert launched <= since <= until
+    assert spool["c-later"].gaps == []
