@@ -119,3 +119,35 @@ def test_a_deny_entry_inside_the_workspace_is_a_decoy(view: str, tmp_path: Path)
     assert r.stdout == b"mine\nmore\n", r.stderr  # the control: the workspace's own file
     assert b"KEY" not in r.stdout
     assert any(f"{ws}/secret/key" in e.summary for e in r.denials), r.denials
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_protected_paths_inside_a_rw_mount_are_read_only(view: str, tmp_path: Path) -> None:
+    """As in a write grant: the git directory's hooks and config and a shell
+    file at the top of a ``rw`` mount are read-only at its target, a write
+    there is refused (EROFS) and recorded; the rest of the mount is writable."""
+    src = tmp_path / "repo"
+    (src / ".git/hooks").mkdir(parents=True)
+    (src / ".git/config").write_text("[core]\n")
+    (src / ".bashrc").write_text("# mine\n")
+    policy = _policy(mounts=(MountRule(str(src), "/srv/repo", "rw"),))
+    with _cell(policy, view) as cell:
+        r = cell.run(
+            [
+                "/bin/sh",
+                "-c",
+                "echo evil > /srv/repo/.git/hooks/pre-commit; echo rc=$?; "
+                "echo evil >> /srv/repo/.bashrc; echo rc=$?; "
+                "echo '[x]' >> /srv/repo/.git/config; echo rc=$?; "
+                "echo fine > /srv/repo/notes.txt && echo control",
+            ]
+        )
+    assert r.stdout.decode().split("\n")[:4] == ["rc=2", "rc=2", "rc=2", "control"], r.stderr
+    assert not (src / ".git/hooks/pre-commit").exists()
+    assert (src / ".bashrc").read_text() == "# mine\n"
+    assert (src / ".git/config").read_text() == "[core]\n"
+    assert (src / "notes.txt").read_text() == "fine\n"
+    summaries = " ".join(e.summary for e in r.denials)
+    # A creation is named by the directory refused (the new name is not a path yet).
+    for path in ("/srv/repo/.git/hooks", "/srv/repo/.bashrc", "/srv/repo/.git/config"):
+        assert path in summaries, r.denials

@@ -17,7 +17,8 @@ import os
 import stat
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from stockade.errors import CellError, PolicyError
@@ -314,6 +315,9 @@ def plan_cell(
     mounted_writes = [workspace, *(p for p in write_dirs if os.path.isdir(p))]
     protected, protect_ops = _protect(policy, workspace, granted_writes, mounted_writes)
     entries.extend((op.dst, op) for op in protect_ops)
+    mount_protected, mount_protect_ops = protect_mounts(policy)
+    protected = (*protected, *mount_protected)
+    entries.extend((op.dst, op) for op in mount_protect_ops)
     for path in _read_only_inside_writable(read_dirs, write_dirs, workspace):
         entries.append((path, MountOp("bind", path, src=path, writable=False, from_view=True)))
     # The cell's own /tmp, /dev and /proc are fresh, never the host's.
@@ -483,6 +487,33 @@ def mount_entries(policy: Policy, host_uid: int, *, host_binds: list[str]) -> li
             )
         )
     return ops
+
+
+def protect_mounts(
+    policy: Policy, where: Callable[[str], str] = os.path.normpath
+) -> tuple[tuple[str, ...], list[MountOp]]:
+    """Protected paths inside the ``rw`` binds of ``filesystem.mounts``, as in
+    a write grant (``_protect``: relative entries at its top, git directories
+    found in it, the directories on the way pinned): found on the host under
+    the source, covered by read-only binds at the target (``where`` maps a
+    target to where the view mounts it: a workbench resolves it in the image).
+
+    Returns the protected host paths (the persistence report walks the
+    sources) and the mounts, in the cell's paths.
+    """
+    protected: list[str] = []
+    ops: list[MountOp] = []
+    for mount in policy.filesystem.mounts:
+        source = os.path.realpath(mount.source)
+        if mount.mode != "rw" or not os.path.isdir(source):
+            continue
+        target = where(os.path.normpath(mount.target))
+        inside, found = _protect(policy, source, [], [source])
+        protected.extend(inside)
+        for op in found:
+            dst = target if op.dst == source else os.path.join(target, os.path.relpath(op.dst, source))
+            ops.append(replace(op, dst=dst, src=dst))
+    return tuple(dict.fromkeys(protected)), ops
 
 
 def mounted_sources(policy: Policy) -> list[str]:

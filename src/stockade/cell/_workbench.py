@@ -48,6 +48,7 @@ from stockade.cell._plan import (
     _tmp_options,
     mount_entries,
     mounted_sources,
+    protect_mounts,
 )
 from stockade.errors import CellError, PolicyError
 from stockade.policy._default import DEFAULT_PATH, SECRETS_DENY, SYSTEM_READ
@@ -374,6 +375,10 @@ def plan_workbench(
     granted_writes = [p for p in dict.fromkeys(os.path.realpath(w) for w in writes) if os.path.isdir(p)]
     protected, protect_ops = _protect(policy, workspace, granted_writes, mounted_writes)
     entries.extend((op.dst, op) for op in protect_ops)
+    # And inside the rw binds of filesystem.mounts, at their targets.
+    mount_protected, mount_protect_ops = protect_mounts(policy, where)
+    protected = (*protected, *mount_protected)
+    entries.extend((op.dst, op) for op in mount_protect_ops)
 
     tmp = where("/tmp")
     entries.append((tmp, MountOp("tmpfs", tmp, writable=True, data=_tmp_options(policy))))
