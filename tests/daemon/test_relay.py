@@ -159,7 +159,7 @@ def test_a_daemon_killed_at_a_random_point_loses_no_kernel_refusal(tmp_path: Pat
         kinds = [e["event"]["kind"] for e in stored]
         assert kinds[-1] == "run.end" and stored[-1]["event"]["detail"]["state"] == "lost"
         # Each refusal once (the kernel's serial), every one the run's, all before its gap.
-        serials = [e["detail"]["serial"] for e in _kernel_denials(stored)]
+        serials = [e["detail"]["serial"] for e in _kernel_denials(stored) + mount]
         assert len(set(serials)) == len(serials)
         assert all(e["run"] == run for e in _kernel_denials(stored) + mount)
         last_denial = max(i for i, e in enumerate(stored) if e["event"]["kind"] == "cell.denied")

@@ -600,7 +600,8 @@ class AuditCorrelator:
         if msg_type == AUDIT_SYSCALL:
             if KEY_FIELD in body:
                 when = int(stamp[1]) + int(stamp[2]) / 1000
-                self._mount[serial] = MountRefusal(now, when, parse_fields(body[stamp.end() :]))
+                fields = parse_fields(body[stamp.end() :])
+                self._mount[serial] = MountRefusal(now, when, fields, serial=serial)
             return
         refusal = self._mount.get(serial)
         if refusal is None:

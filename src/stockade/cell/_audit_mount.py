@@ -253,6 +253,9 @@ class MountRefusal:
     cwd: str | None = None
     paths: list[tuple[str, str]] = field(default_factory=list)
     """(name, nametype) of each PATH record, in the kernel's order."""
+    serial: int | None = None
+    """The kernel's serial of the event (``audit(…:SERIAL)``): two readers'
+    copies of one refusal share it (the daemon's audit relay matches by it)."""
 
     @property
     def session(self) -> int | None:
@@ -288,6 +291,8 @@ def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
         "comm": s.get("comm"),
         "exe": s.get("exe"),
     }
+    if refusal.serial is not None:
+        detail["serial"] = refusal.serial
     call = name or f"system call {nr}"
     if target is not None:
         detail["path"] = target

@@ -206,8 +206,8 @@ def event_key(event: Event) -> tuple[Any, ...]:
     kind: a Landlock domain a reader learnt by its audit session (a relay
     started after the cell made it) is taken as enforcing, so an audit-mode
     cell's refusal may be ``cell.denied`` there and ``cell.audited`` here.
-    The mount layer's events carry no serial: their kernel time stamp, call,
-    errno and paths stand for it (a loop of equal refusals in one
+    Events stored before mount-layer events carried their serial fall back
+    to their kernel time stamp and summary (a loop of equal refusals in one
     millisecond makes equal keys, which ``missing`` counts)."""
     d = event.detail
     serial = d.get("serial")
