@@ -151,3 +151,37 @@ def test_protected_paths_inside_a_rw_mount_are_read_only(view: str, tmp_path: Pa
     # A creation is named by the directory refused (the new name is not a path yet).
     for path in ("/srv/repo/.git/hooks", "/srv/repo/.bashrc", "/srv/repo/.git/config"):
         assert path in summaries, r.denials
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_a_deny_entry_inside_a_mount_target_is_a_decoy(view: str, tmp_path: Path) -> None:
+    """A ``filesystem.deny`` path inside a mount's target hides what the
+    source has there (it was silently shown in the host's view): the read is
+    refused by Landlock and recorded; the mount's other files stay readable."""
+    src = tmp_path / "data"
+    (src / "keys").mkdir(parents=True)
+    src.chmod(0o755)
+    tmp_path.chmod(0o755)
+    (src / "secret.txt").write_text("TOPSECRET\n")
+    (src / "keys/id").write_text("KEY\n")
+    (src / "open.txt").write_text("shown\n")
+    policy = _policy(
+        mounts=(MountRule(str(src), "/srv/data", "ro"),), deny=("/srv/data/secret.txt", "/srv/data/keys")
+    )
+    with _cell(policy, view) as cell:
+        r = cell.run(
+            ["/bin/sh", "-c", "cat /srv/data/secret.txt; cat /srv/data/keys/id; cat /srv/data/open.txt"]
+        )
+    assert r.stdout == b"shown\n", r.stderr
+    summaries = " ".join(e.summary for e in r.denials)
+    assert "/srv/data/secret.txt" in summaries and "/srv/data/keys/id" in summaries, r.denials
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_a_deny_entry_on_a_mount_target_is_an_error(view: str, tmp_path: Path) -> None:
+    src = tmp_path / "data"
+    src.mkdir()
+    for deny in ("/srv/data", "/srv"):
+        policy = _policy(mounts=(MountRule(str(src), "/srv/data", "ro"),), deny=(deny,))
+        with _cell(policy, view) as cell, pytest.raises(PolicyError, match=r"filesystem\.deny entry"):
+            cell.run(["/bin/true"])

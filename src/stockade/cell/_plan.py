@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from stockade.errors import CellError, PolicyError
-from stockade.policy._default import SYSTEM_READ
+from stockade.policy._default import SECRETS_DENY, SYSTEM_READ
 from stockade.policy._model import Policy
 
 CELL_UID = 1000
@@ -296,6 +296,10 @@ def plan_cell(
             continue  # not in the view at all: nothing to hide
         hidden.append(real)
         entries.append((real, _decoy(real, inside_grant=True)))
+    mount_hosts = {op.dst: op.src for op in mount_ops}
+    for path, host in denied_in_mounts(policy, mount_hosts):
+        hidden.append(path)
+        entries.append((path, replace(_decoy(host, inside_grant=True), dst=path)))
     for path in absent_decoys(policy, [*granted, *mounted_read, *mounted_write]):
         # Decoys anywhere: a deny entry that names nothing here (/tests,
         # /var/run/docker.sock) is a stand-in in the cell's own root, so that
@@ -375,7 +379,13 @@ def plan_cell(
         ops.append(MountOp("symlink", link, src=target))
 
     grants = _grants(
-        policy, [*read_dirs, *mounted_read], [*write_dirs, *mounted_write], workspace, hidden, shown_files
+        policy,
+        [*read_dirs, *mounted_read],
+        [*write_dirs, *mounted_write],
+        workspace,
+        hidden,
+        shown_files,
+        mount_hosts,
     )
     workdir = policy.workdir or workspace
     env = _environment(policy, workspace, environ, _scratch_dir(read_dirs, hidden))
@@ -516,6 +526,53 @@ def protect_mounts(
     return tuple(dict.fromkeys(protected)), ops
 
 
+def in_host(mount_hosts: dict[str, str]) -> Callable[[str], str]:
+    """A cell path -> the host path it shows: inside a ``filesystem.mounts``
+    target (``mount_hosts``: target -> source) the source's, elsewhere itself."""
+
+    def host(path: str) -> str:
+        inside = [t for t in mount_hosts if _is_under(path, t)]
+        if not inside:
+            return path
+        top = max(inside, key=len)
+        return mount_hosts[top] if path == top else os.path.join(mount_hosts[top], os.path.relpath(path, top))
+
+    return host
+
+
+def denied_in_mounts(policy: Policy, mount_hosts: dict[str, str]) -> list[tuple[str, str]]:
+    """The ``filesystem.deny`` entries inside a mount's target, as (the cell's
+    path, the host path it shows) for each that exists in the source: each
+    becomes a decoy there, as inside a grant.
+
+    Raises:
+        PolicyError: a deny entry that is a mount's target or holds one
+            (the mount would show what the entry hides).
+    """
+    found: list[tuple[str, str]] = []
+    host = in_host(mount_hosts)
+    for pattern in policy.filesystem.deny:
+        if pattern in SECRETS_DENY:
+            continue  # the host's secrets at their paths; a mount shows another source
+        path = os.path.normpath(pattern)
+        holding = [t for t in mount_hosts if _is_under(t, path)]
+        if holding:
+            raise PolicyError(
+                f"filesystem.deny entry {pattern!r} "
+                + ("is" if path in holding else f"holds {holding[0]!r},")
+                + " the target of a filesystem.mounts entry, which would show what it hides; "
+                "remove the mount, or deny a path inside its target"
+            )
+        if host(path) == path:
+            continue
+        for shown in _expand(host(path)):
+            if not _exists(shown):
+                continue
+            top = max((t for t in mount_hosts if _is_under(path, t)), key=len)
+            found.append((os.path.join(top, os.path.relpath(shown, mount_hosts[top])), shown))
+    return found
+
+
 def mounted_sources(policy: Policy) -> list[str]:
     """The host sources of read-write mounts, which the persistence report walks."""
     return [
@@ -608,11 +665,36 @@ def _sys_decoys() -> tuple[MountOp, ...]:
     now = time.monotonic()
     if _sys_cache is None or now - _sys_cache[0] > _SYS_DECOYS_SECONDS:
         ops = tuple(
-            MountOp("decoy_dir", path, names=tuple(_mirror(path, follow=True)), writable=True)
+            MountOp("decoy_dir", path, names=tuple(_sys_names(path)), writable=True)
             for path in _sys_hidden()
         )
         _sys_cache = (now, ops)
     return _sys_cache[1]
+
+
+_BLOCK_COUNTERS = ("stat", "inflight")
+"""What a block directory's decoy shows inside each disk: its I/O counters."""
+
+
+def _sys_names(path: str) -> list[str]:
+    """The names a sysfs decoy shows. A ``block`` directory shows its disks
+    and, in each, only its I/O counters (``_BLOCK_COUNTERS``): two levels of
+    everything were 256 names for each of the four block directories of a
+    host with ten loop devices, 1,024 files made at every cell's start, which
+    cost 15-25 ms of its launch (issue 18). Reading a disk's counters is
+    what a decoy there must record; any other name of a disk is simply not
+    there. Other directories are mirrored two levels deep."""
+    if os.path.basename(path) != "block":
+        return _mirror(path, follow=True)
+    try:
+        disks = sorted(os.listdir(path))[: _DECOY_NAMES_MAX // 4]
+    except OSError:
+        return []
+    names: list[str] = []
+    for disk in disks:
+        names.append(disk + "/")
+        names.extend(f"{disk}/{c}" for c in _BLOCK_COUNTERS if os.path.exists(os.path.join(path, disk, c)))
+    return sorted(names)
 
 
 def _proc_decoy() -> str | None:
@@ -1055,14 +1137,17 @@ def _grants(
     workspace: str,
     hidden: list[str],
     shown_files: list[str],
+    mount_hosts: dict[str, str] | None = None,
 ) -> Grants:
     """Landlock grants that match the view, with holes where paths are hidden.
 
     Landlock rules cover a whole hierarchy, so a grant on /etc would also
     cover a decoy mounted at /etc/shadow. A granted directory that holds a
     hidden path is therefore granted entry by entry, skipping the hidden one,
-    and only listed itself.
+    and only listed itself. ``mount_hosts`` (a ``filesystem.mounts`` target
+    -> its host source) says where such a directory is listed on the host.
     """
+    on_host = in_host(mount_hosts or {})
     any_exec = not policy.exec.allow
     read: list[str] = []
     write: list[str] = []
@@ -1075,11 +1160,11 @@ def _grants(
         if not holes:
             bucket.append(path)
             return
-        if path in holes or not os.path.isdir(path):
+        if path in holes or not os.path.isdir(on_host(path)):
             return
         list_dirs.append(path)
         try:
-            names = os.listdir(path)
+            names = os.listdir(on_host(path))
         except OSError:
             return
         for name in names:

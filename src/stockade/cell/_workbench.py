@@ -23,6 +23,7 @@ import os
 import shutil
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +47,8 @@ from stockade.cell._plan import (
     _refuse_planted_links,
     _sys_decoys,
     _tmp_options,
+    denied_in_mounts,
+    in_host,
     mount_entries,
     mounted_sources,
     protect_mounts,
@@ -319,9 +322,10 @@ def plan_workbench(
         )
     host_reads = [where(p) for p in read_dirs]
     host_writes = [where(p) for p in [*write_dirs, workspace]]
+    mount_hosts: dict[str, str] = {}
     for op in mount_entries(policy, -1, host_binds=[]):
         dst = where(op.dst)
-        binds[dst] = op.src
+        binds[dst] = mount_hosts[dst] = op.src
         entries.append(
             (dst, MountOp("bind", dst, src=op.src, writable=op.writable, idmap_owner=op.idmap_owner))
         )
@@ -340,6 +344,7 @@ def plan_workbench(
         if inside and _exists(path):
             hidden.append(path)
             entries.append((path, _decoy_from(path, path)))
+    denied_in_mounts(policy, mount_hosts)  # a deny entry on a mount's target is an error
     for pattern in fs.deny:
         for path in _expand(pattern):
             inside = [c for c, h in binds.items() if _is_under(path, c)]
@@ -438,6 +443,7 @@ def plan_workbench(
         shown_files,
         [scratch, *made_dirs],
         [tmp] if scratch != tmp else [],
+        in_host(mount_hosts),
     )
     env = dict(_environment(policy, workspace, environ, scratch))
     policy_set = dict(policy.env.set)
@@ -540,6 +546,7 @@ def _image_grants(
     shown_files: list[str],
     own_writes: list[str],
     listed: list[str],
+    on_host: Callable[[str], str] = os.path.normpath,
 ) -> Grants:
     """Landlock for a workbench: the image's tree is the cell's to read, write
     and run (its upper is the run's own), entry by entry from ``/`` so that
@@ -588,12 +595,13 @@ def _image_grants(
         add("/" + name, write)
     # The host's binds, with holes where a decoy lies inside one (a deny
     # entry in the workspace, the persistence reports' directory), listed on
-    # the host (the binds are at their own paths).
+    # the host (the grants are at their own paths, a mount's target shows
+    # its source: ``on_host``).
     inner_holes = [*hidden, *shown_files]
     for path in reads:
-        _add_host(path, inner_holes, read, list_dirs)
+        _add_host(path, inner_holes, read, list_dirs, on_host)
     for path in writes:
-        _add_host(path, inner_holes, write, list_dirs)
+        _add_host(path, inner_holes, write, list_dirs, on_host)
     write.extend(own_writes)
     read.append("/proc")
     if os.path.isdir("/sys"):
@@ -614,21 +622,28 @@ def _image_grants(
     )
 
 
-def _add_host(path: str, holes: list[str], bucket: list[str], list_dirs: list[str]) -> None:
-    """``path`` of the host (the cell's own sysfs shows the host's tree) with holes."""
+def _add_host(
+    path: str,
+    holes: list[str],
+    bucket: list[str],
+    list_dirs: list[str],
+    on_host: Callable[[str], str] = os.path.normpath,
+) -> None:
+    """``path`` of the host (the cell's own sysfs shows the host's tree) with
+    holes; ``on_host`` gives where a cell path is on the host."""
     inner = [h for h in holes if _is_under(h, path)]
     if not inner:
         bucket.append(path)
         return
-    if path in inner or not os.path.isdir(path):
+    if path in inner or not os.path.isdir(on_host(path)):
         return
     list_dirs.append(path)
     try:
-        names = os.listdir(path)
+        names = os.listdir(on_host(path))
     except OSError:
         return
     for name in names:
-        _add_host(os.path.join(path, name), holes, bucket, list_dirs)
+        _add_host(os.path.join(path, name), holes, bucket, list_dirs, on_host)
 
 
 # ----------------------------------------------------------- the run's upper
