@@ -420,6 +420,7 @@ class Runs:
                 watch,
                 run.gateway,
                 opts["upper"],
+                self.state_dir,
             )
             # Persistence reports go with the run's state, for `stockade revert`.
             cell.records = os.path.join(self.state_dir, "persistence")
@@ -873,8 +874,17 @@ def _make_cell(
     watch: _CellWatch,
     gateway: Gateway | None,
     upper: str | None = None,
+    state_dir: str | None = None,
 ) -> Cell:
     from stockade.cell._cell import Cell
+
+    image = None
+    if policy.image is not None and state_dir is not None:
+        # The policy's image from this daemon's store (its --state), not the
+        # default state directory's, where Cell would look by itself.
+        from stockade.image import default_store
+
+        image = default_store(state_dir).get(policy.image)
 
     env = {"STOCKADE_BROKER": _paths.BROKER_IN_CELL, "STOCKADE_TOKEN": token, "STOCKADE_RUN": run_id}
     files = _agent_sdk()
@@ -892,6 +902,7 @@ def _make_cell(
         files=files,
         network=gateway,
         upper_dir=upper,
+        image=image,
     )
 
 

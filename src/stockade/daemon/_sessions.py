@@ -168,8 +168,11 @@ class Sessions:
             # and recorded (and counted toward the bound run's tripwire).
             own_gateway = network = self._gateway(policy, run)
         image = None
-        if p.get("image") is not None:
-            image = await asyncio.to_thread(_image, p.get("image"))
+        # Resolved in this daemon's store (its --state): the request's image,
+        # else the policy's (Cell alone would look in the default state dir).
+        ref = p.get("image") if p.get("image") is not None else policy.image
+        if ref is not None:
+            image = await asyncio.to_thread(_image, ref, self._runs.state_dir)
         max_calls = p.get("max_calls", CALLS_MAX)
         if isinstance(max_calls, bool) or not isinstance(max_calls, int) or not 1 <= max_calls <= CALLS_MAX:
             raise RequestError(
@@ -629,7 +632,7 @@ def _oserror(fn: Callable[[], object]) -> object:
         return {"error": {"errno": exc.errno, "strerror": exc.strerror or str(exc), "path": exc.filename}}
 
 
-def _image(ref: object) -> object:
+def _image(ref: object, state_dir: str | None = None) -> object:
     if not isinstance(ref, str):
         raise RequestError("bad_params", f"'image' must be an image reference, not {ref!r}")
     try:
@@ -637,6 +640,6 @@ def _image(ref: object) -> object:
     except ImportError as exc:
         raise RequestError("unavailable", "this stockade has no image store yet; leave 'image' out") from exc
     try:
-        return default_store().get(ref)
+        return default_store(state_dir).get(ref)
     except StockadeError as exc:
         raise RequestError("not_found", str(exc)) from exc
