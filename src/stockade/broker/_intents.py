@@ -35,7 +35,9 @@ import binascii
 import dataclasses
 import math
 import re
+import types
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -48,21 +50,6 @@ from stockade.policy._model import NetworkPolicy, Policy
 if TYPE_CHECKING:
     from stockade.cell._cell import CellResult
     from stockade.cell._session import Session, SessionResult
-
-INTENTS = (
-    "fs.read",
-    "fs.write",
-    "fs.list",
-    "exec",
-    "ask",
-    "http.fetch",
-    "agent.spawn",
-    "agent.send",
-    "agent.recv",
-)
-"""The intents this broker executes."""
-COMING = ("llm.chat",)
-"""Intents a policy may already name, executed by a later version."""
 
 MAX_PATH = 4096
 MAX_ARGV = 4096
@@ -258,17 +245,128 @@ class RecvArgs(_Args):
 IntentArgs = (
     FsReadArgs | FsWriteArgs | FsListArgs | ExecArgs | AskArgs | FetchArgs | SpawnArgs | SendArgs | RecvArgs
 )
-_MODELS: dict[str, type[_Args]] = {
-    "fs.read": FsReadArgs,
-    "fs.write": FsWriteArgs,
-    "fs.list": FsListArgs,
-    "exec": ExecArgs,
-    "ask": AskArgs,
-    "http.fetch": FetchArgs,
-    "agent.spawn": SpawnArgs,
-    "agent.send": SendArgs,
-    "agent.recv": RecvArgs,
-}
+
+# ---------------------------------------------------------------------- the table
+
+Runs = Literal["loop", "thread", "gateway", "daemon"]
+"""Where the daemon executes an allowed intent: ``loop``, inline on its event
+loop (bounded host file calls, cheaper than a hop to a thread); ``thread``, on
+the workbench pool (a fresh cell, or a call into the run's session: seconds to
+minutes); ``gateway``, the egress proxy's fetch (``daemon._network``);
+``daemon``, the daemon's own state (runs, mailboxes, the operator's answer)."""
+Decider = Literal["budget", "rules", "network.allow", "grants", "family", "human"]
+"""Who may refuse an intent, in order: the family's event ``budget``; the
+policy's ``rules`` (``tools``); ``network.allow`` (``http.fetch``, first); the
+broker's own ``grants`` check (``filesystem``, hidden paths, links: a
+refusal after the rules allowed it); the ``family`` bounds of ``agent.*``
+(depth, helpers, subset); a ``human``, when a rule's verdict is ``ask``."""
+
+
+@dataclass(frozen=True, slots=True)
+class IntentSpec:
+    """One intent: its arguments, where it runs, whether it changes anything, who decides."""
+
+    name: str
+    args: type[_Args] | None
+    """The strict model of its arguments; ``None``: coming in a later version."""
+    runs: Runs | None
+    """Where it is executed (``Runs``); with a ``session`` argument it is ``thread``."""
+    read_only: bool
+    """Executing it changes nothing: the daemon may do it before its event is
+    durable (never answer before)."""
+    decided_by: tuple[Decider, ...]
+    subject: str | None = None
+    """The argument a suggested rule matches (``fs.read`` of ``path``)."""
+    value: tuple[str, ...] = ()
+    """The keys of its value when allowed and done (docs/BROKER.md)."""
+
+    def runs_for(self, args: Mapping[str, object]) -> Runs | None:
+        """Where it runs with these arguments: a ``session`` makes it a call
+        into that session's cell, on a thread, never the loop."""
+        return "thread" if args.get("session") is not None else self.runs
+
+
+_ALWAYS: tuple[Decider, ...] = ("budget", "rules")
+_FS_VALUE = ("path", "size", "content", "encoding")
+TABLE: Mapping[str, IntentSpec] = types.MappingProxyType(
+    {
+        s.name: s
+        for s in (
+            IntentSpec("fs.read", FsReadArgs, "loop", True, (*_ALWAYS, "grants", "human"), "path", _FS_VALUE),
+            IntentSpec(
+                "fs.write",
+                FsWriteArgs,
+                "loop",
+                False,
+                (*_ALWAYS, "grants", "human"),
+                "path",
+                ("path", "bytes", "created", "mode"),
+            ),
+            IntentSpec(
+                "fs.list",
+                FsListArgs,
+                "loop",
+                True,
+                (*_ALWAYS, "grants", "human"),
+                "path",
+                ("path", "entries", "truncated"),
+            ),
+            IntentSpec(
+                "exec",
+                ExecArgs,
+                "thread",
+                False,
+                (*_ALWAYS, "grants", "human"),
+                "argv",
+                ("exit_code", "stdout", "stderr", "timed_out", "limits_hit", "duration"),
+            ),
+            IntentSpec("ask", AskArgs, "daemon", True, (*_ALWAYS, "human"), None, ("answer",)),
+            IntentSpec(
+                "http.fetch",
+                FetchArgs,
+                "gateway",
+                False,
+                ("budget", "network.allow", "rules", "human"),
+                "url",
+                ("status", "url", "headers", "content", "encoding", "truncated", "hops", "duration"),
+            ),
+            IntentSpec("llm.chat", None, None, False, _ALWAYS),
+            IntentSpec(
+                "agent.spawn",
+                SpawnArgs,
+                "daemon",
+                False,
+                (*_ALWAYS, "family", "human"),
+                None,
+                ("run", "name"),
+            ),
+            IntentSpec(
+                "agent.send", SendArgs, "daemon", False, (*_ALWAYS, "family", "human"), "to", ("to", "size")
+            ),
+            IntentSpec(
+                "agent.recv",
+                RecvArgs,
+                "daemon",
+                False,
+                (*_ALWAYS, "family", "human"),
+                None,
+                ("from", "name", "message", "time", "timeout"),
+            ),
+        )
+    }
+)
+"""Every intent a policy may name, in the order the docs list them: the one
+place their names, arguments, placement and deciders are written (the
+daemon's dispatch, ``Rules``' suggestions and docs/BROKER.md read it or are
+checked against it by tests/broker/test_table.py)."""
+
+INTENTS = tuple(name for name, spec in TABLE.items() if spec.args is not None)
+"""The intents this broker executes."""
+COMING = tuple(name for name, spec in TABLE.items() if spec.args is None)
+"""Intents a policy may already name, executed by a later version."""
+READ_ONLY = frozenset(name for name, spec in TABLE.items() if spec.read_only and spec.runs == "loop")
+"""Intents done on the loop that change nothing (``fs.read``, ``fs.list``)."""
+_MODELS: dict[str, type[_Args]] = {name: spec.args for name, spec in TABLE.items() if spec.args is not None}
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -530,7 +628,8 @@ class IntentExecutor:
         its arguments are malformed: ``execute`` says so). The daemon asks it
         before putting an intent to a human: an approval the grants would
         refuse anyway is a question that can only waste the operator's time."""
-        if intent not in ("fs.read", "fs.write", "fs.list"):
+        spec = TABLE.get(intent)
+        if spec is None or "grants" not in spec.decided_by or spec.runs != "loop":
             return None
         try:
             parsed = parse_args(intent, args)
@@ -758,6 +857,8 @@ __all__ = [
     "EXEC_TIMEOUT",
     "EXEC_TIMEOUT_MAX",
     "INTENTS",
+    "READ_ONLY",
+    "TABLE",
     "Answer",
     "AskArgs",
     "ExecArgs",
@@ -767,6 +868,7 @@ __all__ = [
     "IntentArgs",
     "IntentError",
     "IntentExecutor",
+    "IntentSpec",
     "RecvArgs",
     "RunWorkbench",
     "SendArgs",

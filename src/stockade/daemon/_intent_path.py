@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._approvals import Approval, ApprovalError, Approvals
-from stockade.broker._intents import IntentArgs, IntentError, parse_args, redact, refusal
+from stockade.broker._intents import READ_ONLY, TABLE, IntentArgs, IntentError, parse_args, redact, refusal
 from stockade.broker._rules import Decision
 from stockade.broker._tokens import TokenCheck, Tokens
 from stockade.daemon import _tools
@@ -148,7 +148,7 @@ class IntentPath:
         decision: Decision,
         tool_call: str | None,
     ) -> PreparedRead:
-        """An allowed ``fs.read`` or ``fs.list`` (``_READ_ONLY``), done now,
+        """An allowed ``fs.read`` or ``fs.list`` (``READ_ONLY`` of the broker's table), done now,
         its events built but not yet recorded. The caller records ``events``
         (``settle_read``, or the recorder with a callback and then
         ``finish_read``); the agent gets nothing before that."""
@@ -242,7 +242,8 @@ class IntentPath:
         except IntentError as exc:
             raise RequestError(exc.code, str(exc)) from exc
         tool_call = _tools.check_tool_call_id(params.get("tool_call"))
-        if intent == "http.fetch":
+        runs = TABLE[intent].runs_for(args)  # a known intent: parse_args refused any other
+        if runs == "gateway":
             decision = fetch_decision(
                 run.gateway, run.rules, args, plain_http=run.policy.network.fetch_plain_http
             )
@@ -255,7 +256,7 @@ class IntentPath:
             decision = Decision(
                 "deny", decision.rule, f"{decision.reason}; the run is unattended, so nobody can approve"
             )
-        if decision.verdict == "allow" and intent in _READ_ONLY and args.get("session") is None:
+        if decision.verdict == "allow" and intent in READ_ONLY and runs == "loop":
             return self._read_now(run, cell, intent, args, parsed, decision, tool_call)
         return self._decided(run, cell, intent, args, decision, tool_call)
 
@@ -433,14 +434,15 @@ class IntentPath:
     ) -> dict[str, Any]:
         executor = run.executor
         assert executor is not None
-        if intent == "http.fetch":
+        runs = TABLE[intent].runs_for(args)
+        if runs == "gateway":
             assert run.gateway is not None and run.hooks is not None  # decided allow: it has one
             value = await fetch_value(run.gateway, run, cell, args, run.hooks, tool_call=tool_call)
         elif intent in AGENT_INTENTS:
             value = await self.agents.execute(run, cell, intent, args)
         elif intent == "ask":
             value = await self._question(run, str(args["question"]))
-        elif intent == "exec" or args.get("session") is not None:
+        elif runs == "thread":
             # It takes seconds to minutes: a thread of its own (a run holds at
             # most WORKBENCHES_PER_RUN of them). An fs intent in a session is
             # a call into its cell: a thread too, never the loop.
@@ -471,11 +473,6 @@ class IntentPath:
             await self._record_intent(run, cell, intent, args, denied, again=True, tool_call=tool_call)
             return {**_answer(denied), "value": value}
         return {**_answer(decision), "value": value}
-
-
-_READ_ONLY = frozenset({"fs.read", "fs.list"})
-"""Intents whose execution changes nothing: done before their event is durable
-(never answered before it)."""
 
 
 @dataclass(frozen=True, slots=True)
