@@ -185,3 +185,33 @@ def test_a_deny_entry_on_a_mount_target_is_an_error(view: str, tmp_path: Path) -
         policy = _policy(mounts=(MountRule(str(src), "/srv/data", "ro"),), deny=(deny,))
         with _cell(policy, view) as cell, pytest.raises(PolicyError, match=r"filesystem\.deny entry"):
             cell.run(["/bin/true"])
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_a_workspace_inside_a_read_grant_no_one_may_enter_is_a_policy_error(
+    view: str, tmp_path: Path
+) -> None:
+    """The workspace is bound on top of a read grant that holds it, reached
+    through the grant's directories: a 0700 one of host root's stops the
+    view (it was "mkdir …/ws: Permission denied" at setup). Said before the
+    cell starts, naming the directory; control: the grant of the searchable
+    directory inside it works, the workspace writable in it."""
+    top = tmp_path / "private"
+    (top / "proj/ws").mkdir(parents=True)
+    top.chmod(0o700)
+    tmp_path.chmod(0o755)
+    (top / "proj").chmod(0o755)
+    (top / "proj/README").write_text("readme\n")
+    fs = default_policy().filesystem
+    for grant, works in ((top, False), (top / "proj", True)):
+        policy = dataclasses.replace(
+            default_policy(), filesystem=dataclasses.replace(fs, read=(*fs.read, str(grant)))
+        )
+        with _cell(policy, view, workspace=top / "proj/ws") as cell:
+            if not works:
+                with pytest.raises(PolicyError, match=r"chmod o\+x") as caught:
+                    cell.run(["/bin/true"])
+                assert str(top) in str(caught.value) and "0700" in str(caught.value)
+                continue
+            r = cell.run(["/bin/sh", "-c", f"cat {top}/proj/README; echo hi > f && cat f"])
+            assert (r.exit_code, r.stdout) == (0, b"readme\nhi\n"), r.stderr

@@ -261,6 +261,7 @@ def plan_cell(
     write_dirs = _outermost(write_dirs, [workspace])
     all_read = read_dirs
     read_dirs = [p for p in _outermost(read_dirs, []) if p not in write_dirs and p != workspace]
+    refuse_unenterable(read_dirs, [workspace, *write_dirs], host_uid)
 
     hidden_roots = [*_DEFAULT_HIDDEN, *extra_hidden]
     home = environ.get("HOME")
@@ -524,6 +525,42 @@ def protect_mounts(
             dst = target if op.dst == source else os.path.join(target, os.path.relpath(op.dst, source))
             ops.append(replace(op, dst=dst, src=dst))
     return tuple(dict.fromkeys(protected)), ops
+
+
+def refuse_unenterable(read_dirs: list[str], places: list[str], host_uid: int) -> None:
+    """A writable place (the workspace, a write grant) inside a read grant is
+    bound on top of that grant's bind, so it is reached through the grant's
+    directories on the host: one the cell's ids may not search (a 0700
+    directory of another owner, root's under /var/tmp) stops the view's own
+    mount, and would stop the cell's every path to the place too. Said here,
+    before anything is made, instead of as a failed mkdir in the view.
+
+    ``host_uid`` is the host uid the cell acts as (-1 for a range of ids:
+    then only a directory that anyone may search is enough).
+
+    Raises:
+        PolicyError: naming the place, the grant and the directory.
+    """
+    for grant in read_dirs:
+        for place in places:
+            if place == grant or not _is_under(place, grant):
+                continue
+            # The grant and each directory below it down to the place's parent.
+            on_the_way = [os.path.dirname(place)]
+            while on_the_way[-1] != grant and _is_under(on_the_way[-1], grant):
+                on_the_way.append(os.path.dirname(on_the_way[-1]))
+            for directory in reversed(on_the_way):
+                try:
+                    st = os.stat(directory)
+                except OSError:
+                    break
+                owner = host_uid >= 0 and st.st_uid == host_uid and st.st_mode & 0o100
+                if not (st.st_mode & 0o001 or owner):
+                    raise PolicyError(
+                        f"{place!r} lies inside the read grant {grant!r}, and {directory!r} on the way is "
+                        f"mode {stat.S_IMODE(st.st_mode):04o} of uid {st.st_uid}, which the cell may not "
+                        f"enter; grant a directory inside it, or let others search it (chmod o+x {directory})"
+                    )
 
 
 def in_host(mount_hosts: dict[str, str]) -> Callable[[str], str]:

@@ -52,6 +52,7 @@ from stockade.cell._plan import (
     mount_entries,
     mounted_sources,
     protect_mounts,
+    refuse_unenterable,
 )
 from stockade.errors import CellError, PolicyError
 from stockade.policy._default import DEFAULT_PATH, SECRETS_DENY, SYSTEM_READ
@@ -309,6 +310,7 @@ def plan_workbench(
     read_dirs = [os.path.realpath(p) for p in reads]
     write_dirs = _outermost([os.path.realpath(p) for p in writes], [workspace])
     read_dirs = [p for p in _outermost(read_dirs, []) if p not in write_dirs and p != workspace]
+    refuse_unenterable(read_dirs, [workspace, *write_dirs], -1)
 
     entries: list[tuple[str, MountOp]] = [("/", MountOp("overlay", "/", src=rootfs, writable=True))]
     binds: dict[str, str] = {}  # in the cell -> on the host
