@@ -430,7 +430,8 @@ class AuditCorrelator:
         # Refusals of read-only mounts (``_audit_mount``): gathered by serial,
         # and kept a while for a cell not watched yet, like the limbo above.
         self._mount: OrderedDict[int, MountRefusal] = OrderedDict()
-        self._mount_limbo: deque[tuple[float, MountRefusal]] = deque(maxlen=limbo_size)
+        self._mount_limbo: deque[tuple[float, MountRefusal, int]] = deque(maxlen=limbo_size)
+        """(arrived, refusal, its session): the session read once, not at every replay."""
         # What limbo may hold, by the keys that let a record be claimed
         # (("ses", n), ("pid", n), ("dom", id)): a watch or a learnt domain
         # that matches none of them leaves limbo unread. Without them every
@@ -620,8 +621,9 @@ class AuditCorrelator:
             return  # a refused connect that named no path: TCP, not a decoy
         cell = self._by_session.get(refusal.session or AUDIT_SID_UNSET)
         if cell is None:
-            self._mount_limbo.append((now, refusal))
-            self._mount_hints.add(refusal.session or AUDIT_SID_UNSET)
+            ses = refusal.session or AUDIT_SID_UNSET
+            self._mount_limbo.append((now, refusal, ses))
+            self._mount_hints.add(ses)
         else:
             self._emit(mount_event(cell, refusal), out)
 
@@ -730,15 +732,14 @@ class AuditCorrelator:
             self._mount_limbo.popleft()
         if session is None or session not in self._mount_hints:
             return  # only a newly watched session can claim a mount refusal
+        # Only the newly watched session can claim anything: the others stay
+        # as they are, in order (a busy host keeps hundreds here).
         waiting = list(self._mount_limbo)
-        self._mount_limbo.clear()
-        self._mount_hints.clear()
-        for arrived, refusal in waiting:
-            cell = self._by_session.get(refusal.session or AUDIT_SID_UNSET)
-            if cell is None:
-                self._mount_limbo.append((arrived, refusal))
-                self._mount_hints.add(refusal.session or AUDIT_SID_UNSET)
-            else:
+        self._mount_limbo = deque((e for e in waiting if e[2] != session), maxlen=self._mount_limbo.maxlen)
+        self._mount_hints.discard(session)
+        cell = self._by_session.get(session)
+        for _arrived, refusal, ses in waiting:
+            if ses == session and cell is not None:
                 self._emit(mount_event(cell, refusal), out)
 
     def _replay_limbo(
