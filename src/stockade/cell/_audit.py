@@ -852,6 +852,10 @@ needs the audit rules; the last one to close (it gets the exclusive lock)
 removes them. A host without a writable ``/run`` keeps them, as before."""
 
 
+LEASE_WAIT: Final = 10.0
+"""Seconds a new reader waits for a closing one to finish removing the rules."""
+
+
 def _take_lease() -> int:
     """A descriptor holding a shared lock on ``RULES_LEASE``, or -1 when it
     cannot be had (the rules then stay when the reader closes)."""
@@ -860,14 +864,23 @@ def _take_lease() -> int:
         fd = os.open(RULES_LEASE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         return -1
-    try:
-        # Blocks only while a closing reader removes the rules (a few round
-        # trips): the rules it removes are added again right after.
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except OSError:
-        os.close(fd)
-        return -1
-    return fd
+    # Waits only while a closing reader removes the rules (a few round
+    # trips); they are added again right after. Bounded: a closer that is
+    # stopped (SIGSTOP) with the lock must not stop every new reader, which
+    # then goes on without a lease (and leaves the rules when it closes).
+    deadline = time.monotonic() + LEASE_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        except OSError:
+            break
+    os.close(fd)
+    return -1
 
 
 def _booted_with_audit() -> bool:
