@@ -283,6 +283,34 @@ def test_a_refused_or_failed_fs_intent_is_a_value_not_an_exception(tree: Path) -
     assert refusal({"path": "/x"}) is None
 
 
+def test_the_executor_hands_a_refusal_over_as_a_typed_value(tree: Path) -> None:
+    """Inside the broker a refusal is a ``Refusal`` (which check, and why), told
+    by its type; a failure (not found) stays a plain value; the wire form the
+    agent gets is unchanged."""
+    from stockade.broker._intents import parse_args
+    from stockade.broker._refusal import Refusal
+
+    ex = executor(tree)
+    outside = ex.outcome(parse_args("fs.read", {"path": "/etc/shadow"}))
+    assert isinstance(outside, Refusal) and outside.reason == "grants", outside
+    assert outside.value() == {"error": {"code": "refused", "message": outside.message}}
+    read_only = ex.outcome(parse_args("fs.write", {"path": f"{tree}/data/a.txt", "content": "x"}))
+    assert isinstance(read_only, Refusal) and read_only.reason == "read_only", read_only
+    cwd = ex.outcome(parse_args("exec", {"argv": ["true"], "cwd": "/etc"}))
+    assert isinstance(cwd, Refusal) and cwd.message.startswith("cwd: "), cwd
+    missing = ex.outcome(parse_args("fs.read", {"path": f"{tree}/data/nope"}))
+    assert not isinstance(missing, Refusal) and missing["error"] == {
+        "code": "not_found",
+        "message": f"{tree}/data/nope does not exist",
+    }
+    assert ex.outcome(parse_args("fs.read", {"path": f"{tree}/data/a.txt"})) == {  # the control
+        "path": f"{tree}/data/a.txt",
+        "size": 5,
+        "content": "hello",
+        "encoding": "utf-8",
+    }
+
+
 def test_bad_arguments_change_nothing(tree: Path) -> None:
     ex = executor(tree)
     with pytest.raises(IntentError):

@@ -51,11 +51,12 @@ import errno
 import functools
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, ParamSpec, TypeVar
 
 from stockade.broker._fastread import read_beneath
+from stockade.broker._refusal import Refusal, RefusalReason
 from stockade.cell._plan import _DEFAULT_HIDDEN, NOBODY, _cell_identity
 from stockade.cell._syscall import libc
 from stockade.errors import HostError
@@ -84,19 +85,41 @@ MAX_LIST = 10_000
 CREATE_MODE = 0o644
 
 WriteMode = Literal["create", "overwrite", "append"]
-FailureCode = Literal[
-    "refused", "not_found", "exists", "is_a_directory", "not_a_directory", "too_large", "io"
-]
+FailureCode = Literal["not_found", "exists", "is_a_directory", "not_a_directory", "too_large", "io"]
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 class FsFailure(Exception):
-    """Why an fs intent did nothing. ``refused`` is a denial (the path is not
-    the agent's to touch); the other codes are plain failures."""
+    """Why an fs intent could not be done (a plain failure, not a denial: a
+    path that is not the agent's to touch is a ``Refusal`` value instead)."""
 
     def __init__(self, code: FailureCode, message: str) -> None:
         self.code = code
         self.message = message
         super().__init__(message)
+
+
+class _Refused(Exception):
+    """Internal: a check deep in a path walk refused; the public methods of
+    ``FileAccess`` catch it and return its ``Refusal`` (``_refusals``)."""
+
+    def __init__(self, reason: RefusalReason, message: str) -> None:
+        super().__init__(message)
+        self.refusal = Refusal(reason, message)
+
+
+def _refusals(method: Callable[_P, _T]) -> Callable[_P, _T | Refusal]:
+    """A public ``FileAccess`` method whose refusals are returned, as values."""
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T | Refusal:
+        try:
+            return method(*args, **kwargs)
+        except _Refused as exc:
+            return exc.refusal
+
+    return wrapper
 
 
 class _OpenHow(ctypes.Structure):
@@ -273,11 +296,12 @@ class FileAccess:
 
     # ------------------------------------------------------------- the intents
 
+    @_refusals
     def read(self, path: str) -> bytes:
-        """The content of the regular file at ``path``.
+        """The content of the regular file at ``path``, or the ``Refusal``.
 
         Raises:
-            FsFailure: refused, not_found, is_a_directory, too_large, io.
+            FsFailure: not_found, is_a_directory, too_large, io.
         """
         grant = self._grant(path, write=False)
         if grant.rel:
@@ -309,6 +333,7 @@ class FileAccess:
             raise FsFailure("too_large", _too_large(path, len(data)))
         return data
 
+    @_refusals
     def write(self, path: str, data: bytes, mode: WriteMode) -> bool:
         """Write ``data`` to the regular file at ``path``; return whether it was created.
 
@@ -317,7 +342,7 @@ class FileAccess:
         ``append`` adds to the end (creating the file if missing).
 
         Raises:
-            FsFailure: refused, not_found (no parent), exists, is_a_directory, too_large, io.
+            FsFailure: not_found (no parent), exists, is_a_directory, too_large, io.
         """
         if len(data) > MAX_WRITE:
             raise FsFailure(
@@ -341,8 +366,8 @@ class FileAccess:
                     else:
                         self._check_regular(probe, path, ident, want=2, verb="write")
                         if probe.st_nlink > 1:
-                            raise FsFailure(
-                                "refused",
+                            raise _Refused(
+                                "hard_links",
                                 f"{_show(path)} has {probe.st_nlink} hard links; the broker writes only to a "
                                 "file with one, so that a write cannot land on another path",
                             )
@@ -353,8 +378,8 @@ class FileAccess:
                 if fd < 0:
                     parent_st = os.fstat(parent)
                     if not _permits(parent_st, ident, 2 | 1):
-                        raise FsFailure(
-                            "refused",
+                        raise _Refused(
+                            "permissions",
                             f"the directory of {_show(path)} is not writable by the cell; the broker "
                             "creates files only where the cell could",
                         )
@@ -377,12 +402,13 @@ class FileAccess:
                     os.close(fd)
             return created
 
+    @_refusals
     def list(self, path: str) -> tuple[list[Entry], bool]:
         """The entries of the directory at ``path``, sorted by name, hidden
         ones left out; and whether the listing was cut at ``MAX_LIST``.
 
         Raises:
-            FsFailure: refused, not_found, not_a_directory, io.
+            FsFailure: not_found, not_a_directory, io.
         """
         grant = self._grant(path, write=False)
         parts = _parts(os.path.normpath(path))
@@ -401,7 +427,7 @@ class FileAccess:
                 directory = self._open_at(parent, name, os.O_RDONLY | os.O_DIRECTORY, path)
             with _fd(directory) as fd:
                 if not _permits(os.fstat(fd), ident, 4 | 1):
-                    raise FsFailure("refused", f"{_show(path)} is not readable by the cell")
+                    raise _Refused("permissions", f"{_show(path)} is not readable by the cell")
                 entries: list[Entry] = []
                 truncated = False
                 try:
@@ -424,20 +450,17 @@ class FileAccess:
 
     # ------------------------------------------------------------------ grants
 
+    @_refusals
     def check(self, path: str, *, write: bool) -> None:
-        """Refuse ``path`` if no grant covers it or it is hidden (or, for a
-        write, protected), without touching the filesystem.
-
-        Raises:
-            FsFailure: refused.
-        """
+        """The ``Refusal`` of ``path`` if no grant covers it or it is hidden (or,
+        for a write, protected), without touching the filesystem; else None."""
         self._grant(path, write=write)
 
     def _grant(self, path: str, *, write: bool) -> _Grant:
         """The grant ``path`` lies in, refusing hidden and (for writes) protected paths.
 
         Raises:
-            FsFailure: refused.
+            _Refused: no grant covers it, or it is hidden or protected.
         """
         # A pure function of the path and the run's policy, and a third of an
         # fs intent's time with a policy of many grants: the grants found are
@@ -454,7 +477,7 @@ class FileAccess:
 
     def _grant_uncached(self, path: str, *, write: bool) -> _Grant:
         if not path.startswith("/") or "\x00" in path:
-            raise FsFailure("refused", f"{_show(path)!r} is not an absolute path; name the file from '/'")
+            raise _Refused("path", f"{_show(path)!r} is not an absolute path; name the file from '/'")
         parts = _parts(os.path.normpath(path))
         for target, source in self._mounts:
             if tuple(parts[: len(target)]) == target:
@@ -469,15 +492,15 @@ class FileAccess:
                     best = (depth, writable, entry)
         if best is None:
             where = "filesystem.write" if write else "filesystem.read (or filesystem.write)"
-            raise FsFailure(
-                "refused",
+            raise _Refused(
+                "grants",
                 f"{_show(path)} is outside the policy's filesystem grants; add it to {where} "
                 "(the workspace is not one: the agent reaches it directly)",
             )
         depth, writable, entry = best
         if write and not writable:
-            raise FsFailure(
-                "refused",
+            raise _Refused(
+                "read_only",
                 f"{_show(path)} lies in the read-only grant {_show(entry)}; "
                 "add a filesystem.write entry for it",
             )
@@ -485,11 +508,11 @@ class FileAccess:
         grant = _Grant(entry, root, tuple(parts[depth:]), writable, trusted=not self._in_writable_tree(root))
         reason = self._hidden(parts, grant)
         if reason is not None:
-            raise FsFailure("refused", f"{_show(path)} is {reason}; the broker never reaches it")
+            raise _Refused("hidden", f"{_show(path)} is {reason}; the broker never reaches it")
         if write:
             reason = self._protected(parts, grant)
             if reason is not None:
-                raise FsFailure("refused", f"{_show(path)} is {reason}; the broker never writes it")
+                raise _Refused("protected", f"{_show(path)} is {reason}; the broker never writes it")
         return grant
 
     def _in_writable_tree(self, root: Sequence[str]) -> bool:
@@ -561,7 +584,7 @@ class FileAccess:
             if rel:
                 raise FsFailure("not_a_directory", f"{_show(path)}: {_show(grant.entry)} is a file")
             if not root_parts:
-                raise FsFailure("refused", "/ is not a directory")  # cannot happen on Linux
+                raise _Refused("path", "/ is not a directory")  # cannot happen on Linux
             target = "/" + "/".join(root_parts)
             if grant.trusted and os.path.islink(target):
                 target = os.path.realpath(target)
@@ -578,21 +601,19 @@ class FileAccess:
             if reason is None and write:
                 reason = self._protected(real_path, real_grant)
             if reason is not None:
-                raise FsFailure(
-                    "refused", f"{_show(path)} leads to {_show('/' + '/'.join(real_path))}, {reason}"
-                )
+                raise _Refused("link", f"{_show(path)} leads to {_show('/' + '/'.join(real_path))}, {reason}")
             ident = self._identity(grant.writable, st.st_uid, st.st_gid)
             for index, name in enumerate(rel[:-1]):
                 if not _permits(st, ident, 1):
-                    raise FsFailure(
-                        "refused", f"{_show(path)}: a directory on the way is not searchable by the cell"
+                    raise _Refused(
+                        "permissions", f"{_show(path)}: a directory on the way is not searchable by the cell"
                     )
                 step = self._open_at(fd, name, os.O_PATH | os.O_DIRECTORY, path, where=rel[: index + 1])
                 os.close(fd)
                 fd = step
                 st = os.fstat(fd)
             if rel and not _permits(st, ident, 1):
-                raise FsFailure("refused", f"the directory of {_show(path)} is not searchable by the cell")
+                raise _Refused("permissions", f"the directory of {_show(path)} is not searchable by the cell")
         except BaseException:
             os.close(fd)
             raise
@@ -647,8 +668,8 @@ class FileAccess:
                 return None
             raise FsFailure("not_found", f"the grant {_show(path)} does not exist on this host") from exc
         if exc.errno == errno.ELOOP:
-            raise FsFailure(
-                "refused",
+            raise _Refused(
+                "link",
                 f"the grant {_show(path)} lies in a writable tree and leads through a symbolic link, "
                 "which an agent could have planted; grant the real path instead",
             ) from exc
@@ -659,7 +680,7 @@ class FileAccess:
     ) -> int:
         """Open one component ``name`` beneath ``dirfd``, mapping errors to failures."""
         if name in (".", "..") or "/" in name:
-            raise FsFailure("refused", f"{_show(path)} is not a normalised path")
+            raise _Refused("path", f"{_show(path)} is not a normalised path")
         try:
             return openat2(dirfd, name, flags | os.O_NOFOLLOW, mode=mode, resolve=BENEATH)
         except OSError as exc:
@@ -668,12 +689,12 @@ class FileAccess:
             if code == errno.ENOTDIR and _is_link(dirfd, name):
                 code = errno.ELOOP  # O_DIRECTORY | O_NOFOLLOW met the link itself
             if code == errno.ELOOP:
-                raise FsFailure(
-                    "refused", f"{here} is a symbolic link, which the broker never follows; name its target"
+                raise _Refused(
+                    "link", f"{here} is a symbolic link, which the broker never follows; name its target"
                 ) from exc
             if code == errno.EXDEV:
-                raise FsFailure(
-                    "refused",
+                raise _Refused(
+                    "mount",
                     f"{here} crosses a mount point, which the broker never does; grant the mounted "
                     "directory itself",
                 ) from exc
@@ -690,7 +711,7 @@ class FileAccess:
             if code == errno.EISDIR:
                 raise FsFailure("is_a_directory", f"{here} is a directory") from exc
             if code in (errno.EACCES, errno.EPERM, errno.ENXIO, errno.ETXTBSY):
-                raise FsFailure("refused", f"{here} cannot be opened: {exc.strerror}") from exc
+                raise _Refused("permissions", f"{here} cannot be opened: {exc.strerror}") from exc
             raise FsFailure("io", f"opening {here} failed: {exc.strerror}") from exc
 
     def _probe(self, parent: int, name: str, path: str) -> os.stat_result:
@@ -713,8 +734,8 @@ class FileAccess:
             st = os.fstat(fd)
         if stat.S_ISLNK(st.st_mode):
             # O_PATH | O_NOFOLLOW gives the link itself (openat2(2), RESOLVE_NO_SYMLINKS).
-            raise FsFailure(
-                "refused",
+            raise _Refused(
+                "link",
                 f"{_show(path)} is a symbolic link, which the broker never follows; name its target",
             )
         return st
@@ -725,14 +746,15 @@ class FileAccess:
         if stat.S_ISDIR(st.st_mode):
             raise FsFailure("is_a_directory", f"{_show(path)} is a directory; name a file in it")
         if not stat.S_ISREG(st.st_mode):
-            raise FsFailure(
-                "refused",
+            raise _Refused(
+                "kind",
                 f"{_show(path)} is a {_kind(st.st_mode)}, not a regular file; the broker only "
                 f"{verb}s regular files",
             )
         if not _permits(st, ident, want):
-            raise FsFailure(
-                "refused", f"{_show(path)} is not {verb}able by the cell (mode {stat.filemode(st.st_mode)})"
+            raise _Refused(
+                "permissions",
+                f"{_show(path)} is not {verb}able by the cell (mode {stat.filemode(st.st_mode)})",
             )
 
     def _reopen(self, parent: int, name: str, flags: int, probe: os.stat_result, path: str) -> int:
@@ -745,7 +767,7 @@ class FileAccess:
             or (flags & (os.O_WRONLY | os.O_RDWR) and st.st_nlink > 1)
         ):
             os.close(fd)
-            raise FsFailure("refused", f"{_show(path)} changed while it was being opened; try again")
+            raise _Refused("changed", f"{_show(path)} changed while it was being opened; try again")
         return fd
 
 

@@ -24,8 +24,9 @@ as base64 otherwise, or when the text would be longer in JSON (``encoding:
 "base64"``). An intent that was allowed but
 could not be done returns ``{"error": {"code", "message"}}``; the code
 ``refused`` means the broker's own checks (grants, hidden paths, links)
-refused it, which the daemon records and counts as a denial (see
-``refusal``).
+refused it, which the daemon records and counts as a denial: inside the
+broker that is a ``Refusal`` value (``_refusal``, ``IntentExecutor.outcome``),
+told by its type; ``{"error": …}`` is only its wire form.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from stockade.broker._fs import MAX_LIST, MAX_READ, MAX_WRITE, FileAccess, FsFailure
+from stockade.broker._refusal import Refusal
 from stockade.broker._rules import normalize_path
 from stockade.errors import IntentError, StockadeError, UsageError
 from stockade.policy._model import NetworkPolicy, Policy
@@ -516,8 +518,9 @@ def failure(code: str, message: str) -> dict[str, object]:
 
 
 def refusal(value: Mapping[str, object]) -> str | None:
-    """The reason when an executed intent's value says the broker refused it
-    (a denial the daemon records and counts), else ``None``."""
+    """The reason when an intent's value *on the wire* says the broker refused
+    it, else ``None``: for clients and tests. The daemon tells a refusal by its
+    type (``IntentExecutor.outcome`` gives a ``Refusal``), never by this."""
     error = value.get("error")
     if error is not None and isinstance(error, Mapping) and error.get("code") == "refused":
         return str(error.get("message", ""))
@@ -638,35 +641,49 @@ class IntentExecutor:
         path = getattr(parsed, "path", None)
         if not isinstance(path, str) or getattr(parsed, "session", None) is not None:
             return None  # in a session, its cell's own view decides
-        try:
-            self._files.check(path, write=intent == "fs.write")
-        except FsFailure as exc:
-            return exc.message if exc.code == "refused" else None
-        return None
+        refused = self._files.check(path, write=intent == "fs.write")
+        return refused.message if refused is not None else None
 
     def execute(self, intent: str, args: Mapping[str, object]) -> dict[str, object]:
-        """Execute ``intent``; return its JSON-serialisable value.
+        """Execute ``intent``; return its JSON-serialisable value (a refusal in
+        its wire form, ``{"error": {"code": "refused", …}}``).
 
         Raises:
             IntentError: the intent or its arguments are malformed (nothing was done).
         """
-        return self.execute_parsed(parse_args(intent, args))
+        return _wire(self.outcome(parse_args(intent, args)))
 
     def execute_parsed(self, parsed: IntentArgs) -> dict[str, object]:
         """``execute`` of arguments that ``parse_args`` already gave (the
         daemon's fast path validates them first: once is enough)."""
+        return _wire(self.outcome(parsed))
+
+    def outcome(self, parsed: IntentArgs) -> dict[str, object] | Refusal:
+        """What executing ``parsed`` gave: its value, or the broker's
+        ``Refusal`` (a denial the daemon records and counts, told by its type).
+
+        Raises:
+            IntentError: ``http.fetch`` and ``agent.*``, which the daemon executes.
+        """
         if isinstance(parsed, FsReadArgs | FsWriteArgs | FsListArgs) and parsed.session is not None:
             return self._fs_in_session(parsed)
         try:
             if isinstance(parsed, FsReadArgs):
                 data = self._files.read(parsed.path)
+                if isinstance(data, Refusal):
+                    return data
                 return {"path": parsed.path, "size": len(data), **blob(data)}
             if isinstance(parsed, FsWriteArgs):
                 data = parsed.data()
                 created = self._files.write(parsed.path, data, parsed.mode)
+                if isinstance(created, Refusal):
+                    return created
                 return {"path": parsed.path, "bytes": len(data), "created": created, "mode": parsed.mode}
             if isinstance(parsed, FsListArgs):
-                entries, truncated = self._files.list(parsed.path)
+                listed = self._files.list(parsed.path)
+                if isinstance(listed, Refusal):
+                    return listed
+                entries, truncated = listed
                 return {
                     "path": parsed.path,
                     "entries": [_entry(e.name, e.type, e.size) for e in entries],
@@ -707,14 +724,13 @@ class IntentExecutor:
             llm=None,
         )
 
-    def _exec(self, args: ExecArgs) -> dict[str, object]:
+    def _exec(self, args: ExecArgs) -> dict[str, object] | Refusal:
         if args.session is not None:
             return self._exec_in_session(args)
         if args.cwd is not None:
-            try:
-                self._files.check(args.cwd, write=False)
-            except FsFailure as exc:
-                return failure(exc.code, f"cwd: {exc.message}")
+            refused = self._files.check(args.cwd, write=False)
+            if refused is not None:
+                return refused.within("cwd")
         policy = self.workbench_policy(args)
         try:
             result = self._run_workbench(list(args.argv), policy)
@@ -731,7 +747,7 @@ class IntentExecutor:
             "cell": result.cell_id,
         }
 
-    def _exec_in_session(self, args: ExecArgs) -> dict[str, object]:
+    def _exec_in_session(self, args: ExecArgs) -> dict[str, object] | Refusal:
         """``exec`` in the run's own workbench session. The session's cell
         has its own view (its policy, its workspace), so the cwd is checked
         there, not against this run's grants; a session that is not this
@@ -747,8 +763,8 @@ class IntentExecutor:
         except StockadeError as exc:
             return failure("failed", f"the command could not run in session {args.session}: {exc}")
         if result is None:
-            return failure(
-                "refused",
+            return Refusal(
+                "session",
                 f"session {args.session} is not an open session of this run; open one bound to it "
                 "(session.open with run), or leave 'session' out for a fresh cell",
             )
@@ -765,7 +781,7 @@ class IntentExecutor:
             "call": result.call,
         }
 
-    def _fs_in_session(self, args: FsReadArgs | FsWriteArgs | FsListArgs) -> dict[str, object]:
+    def _fs_in_session(self, args: FsReadArgs | FsWriteArgs | FsListArgs) -> dict[str, object] | Refusal:
         """An ``fs.*`` intent in the run's own workbench session, through the
         session's file calls: the file is opened inside the session's cell,
         as its user, so its view, permissions, Landlock and protected paths
@@ -776,8 +792,8 @@ class IntentExecutor:
             return failure("unavailable", "this broker has no sessions; leave 'session' out")
         session = self._session_for(args.session)
         if session is None:
-            return failure(
-                "refused",
+            return Refusal(
+                "session",
                 f"session {args.session} is not an open session of this run; open one bound to it "
                 "(session.open with run), or leave 'session' out",
             )
@@ -837,6 +853,10 @@ class IntentExecutor:
         return {"answer": answer}
 
 
+def _wire(outcome: dict[str, object] | Refusal) -> dict[str, object]:
+    return outcome.value() if isinstance(outcome, Refusal) else outcome
+
+
 def _entry(name: str, kind: str, size: int) -> dict[str, object]:
     try:
         name.encode("utf-8")
@@ -870,6 +890,7 @@ __all__ = [
     "IntentExecutor",
     "IntentSpec",
     "RecvArgs",
+    "Refusal",
     "RunWorkbench",
     "SendArgs",
     "SpawnArgs",

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stockade.broker._intents import RecvArgs, SendArgs, SpawnArgs, failure
+from stockade.broker._refusal import Refusal
 from stockade.broker._rules import Decision
 from stockade.errors import PolicyError, StoreError
 from stockade.policy import Policy
@@ -358,8 +359,11 @@ class Agents:
 
     # ------------------------------------------------------------------ executing
 
-    async def execute(self, run: Run, cell: str, intent: str, args: Mapping[str, Any]) -> dict[str, object]:
-        """Execute an allowed agent intent; its value (a failure value when it could not be done).
+    async def execute(
+        self, run: Run, cell: str, intent: str, args: Mapping[str, Any]
+    ) -> dict[str, object] | Refusal:
+        """Execute an allowed agent intent; its value (a failure value when it could
+        not be done, a ``Refusal`` when the family's bounds refused it).
 
         Raises:
             RequestError: ``unavailable``: the store cannot record a message.
@@ -370,13 +374,13 @@ class Agents:
             return await self._send(run, cell, SendArgs.model_validate(args))
         return await self._recv(run, RecvArgs.model_validate(args))
 
-    async def _spawn(self, run: Run, args: Mapping[str, Any]) -> dict[str, object]:
+    async def _spawn(self, run: Run, args: Mapping[str, Any]) -> dict[str, object] | Refusal:
         from stockade.daemon._requests import RequestError
 
         policy, workspace = self._helper(run, args)
         refused = self._spawn_refusal(run, policy, workspace)  # again: an approval may have waited
         if refused:
-            return failure("refused", refused)
+            return Refusal("family", refused)
         parsed = SpawnArgs.model_validate(args)
         params = {
             "policy_text": parsed.policy,
@@ -392,15 +396,15 @@ class Agents:
             return failure("failed", f"the helper could not start: {exc}")
         if run.state != "running":  # stopped or halted while the helper started
             await self._stop(helper, grace=0.0, by=f"its parent {run.id} is {run.state}")
-            return failure("refused", f"run {run.id} is {run.state}, so its helper was stopped")
+            return Refusal("stopped", f"run {run.id} is {run.state}, so its helper was stopped")
         return {"run": helper.id, "name": helper.name}
 
-    async def _send(self, run: Run, cell: str, args: SendArgs) -> dict[str, object]:
+    async def _send(self, run: Run, cell: str, args: SendArgs) -> dict[str, object] | Refusal:
         from stockade.daemon._requests import RequestError
 
         target, refused = self._resolve(run, args.to)
         if target is None:
-            return failure("refused", refused)
+            return Refusal("family", refused)
         if target.done.is_set() or target.state not in ("running",):
             return failure("gone", f"run {target.id} is {target.state}, so it reads no more messages")
         mailbox = self._mailboxes.setdefault(target.id, Mailbox())

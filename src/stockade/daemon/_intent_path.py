@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._approvals import Approval, ApprovalError, Approvals
-from stockade.broker._intents import READ_ONLY, TABLE, IntentArgs, IntentError, parse_args, redact, refusal
+from stockade.broker._intents import READ_ONLY, TABLE, IntentArgs, IntentError, parse_args, redact
+from stockade.broker._refusal import Refusal
 from stockade.broker._rules import Decision
 from stockade.broker._tokens import TokenCheck, Tokens
 from stockade.daemon import _tools
@@ -156,15 +157,18 @@ class IntentPath:
         events = [intent_event(run, cell, intent, redacted, decision, tool_call=tool_call)]
         error: RequestError | None = None
         value: dict[str, object] = {}
+        refused: Refusal | None = None
         assert run.executor is not None
         try:
-            value = run.executor.execute_parsed(parsed)
+            outcome = run.executor.outcome(parsed)
         except IntentError as exc:
             error = RequestError(exc.code, str(exc))
-        refused = refusal(value) if error is None else None
+        else:
+            refused = outcome if isinstance(outcome, Refusal) else None
+            value = outcome.value() if isinstance(outcome, Refusal) else outcome
         answer = _answer(decision)
         if refused is not None:
-            denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
+            denied = Decision("deny", decision.rule, f"refused by the broker: {refused.message}")
             events.append(intent_event(run, cell, intent, redacted, denied, tool_call=tool_call))
             answer = _answer(denied)
         return PreparedRead(events, {**answer, "value": value}, refused is not None, error)
@@ -434,6 +438,7 @@ class IntentPath:
     ) -> dict[str, Any]:
         executor = run.executor
         assert executor is not None
+        value: dict[str, object] | Refusal
         runs = TABLE[intent].runs_for(args)
         if runs == "gateway":
             assert run.gateway is not None and run.hooks is not None  # decided allow: it has one
@@ -447,7 +452,7 @@ class IntentPath:
             # most WORKBENCHES_PER_RUN of them). An fs intent in a session is
             # a call into its cell: a thread too, never the loop.
             try:
-                value = await self.loop.run_in_executor(self._workbench_pool, executor.execute, intent, args)
+                value = await self.loop.run_in_executor(self._workbench_pool, _outcome, run, intent, args)
             except IntentError as exc:
                 raise RequestError(exc.code, str(exc)) from exc
         else:
@@ -461,17 +466,16 @@ class IntentPath:
         intent: str,
         args: Mapping[str, object],
         decision: Decision,
-        value: dict[str, object],
+        value: dict[str, object] | Refusal,
         *,
         tool_call: str | None = None,
     ) -> dict[str, Any]:
-        refused = refusal(value)
-        if refused is not None:
+        if isinstance(value, Refusal):
             # The broker's own checks (grants, hidden paths, links) refused it
             # after the rules allowed it: a denial like any other.
-            denied = Decision("deny", decision.rule, f"refused by the broker: {refused}")
+            denied = Decision("deny", decision.rule, f"refused by the broker: {value.message}")
             await self._record_intent(run, cell, intent, args, denied, again=True, tool_call=tool_call)
-            return {**_answer(denied), "value": value}
+            return {**_answer(denied), "value": value.value()}
         return {**_answer(decision), "value": value}
 
 
@@ -497,12 +501,17 @@ _TOKEN_WORDS = {
 }
 
 
-def _execute_now(run: Run, intent: str, args: Mapping[str, object]) -> dict[str, object]:
+def _outcome(run: Run, intent: str, args: Mapping[str, object]) -> dict[str, object] | Refusal:
+    """The executor's value of an allowed intent, or its ``Refusal`` (on a thread)."""
+    assert run.executor is not None
+    return run.executor.outcome(parse_args(intent, args))
+
+
+def _execute_now(run: Run, intent: str, args: Mapping[str, object]) -> dict[str, object] | Refusal:
     """An fs intent, in the loop: bounded (16 MiB, 10,000 entries) and cheaper
     than a hop to a thread and back, which the GIL would serialise anyway."""
-    assert run.executor is not None
     try:
-        return run.executor.execute(intent, args)
+        return _outcome(run, intent, args)
     except IntentError as exc:
         raise RequestError(exc.code, str(exc)) from exc
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stockade.broker._intents import FetchArgs, blob, failure
+from stockade.broker._refusal import Refusal
 from stockade.broker._rules import Decision, Rules
 from stockade.record import Event
 
@@ -114,9 +115,9 @@ async def fetch_value(
     hooks: GatewayHooks,
     *,
     tool_call: str | None = None,
-) -> dict[str, object]:
+) -> dict[str, object] | Refusal:
     """Fetch for the agent; every hop an ``http.request`` event. A refusal on the
-    way (a redirect to a forbidden place) is a ``failure`` value, as the broker's
+    way (a redirect to a forbidden place) is a ``Refusal`` value, as the broker's
     own refusals are, so the caller records and counts it."""
     from stockade.gateway._fetch import FetchFailed, FetchRefused, fetch
 
@@ -135,7 +136,7 @@ async def fetch_value(
         )
     except FetchRefused as exc:
         await hooks.record([hop_event(run, cell, hop, tool_call) for hop in exc.hops])
-        return failure("refused", exc.reason)
+        return Refusal("network", exc.reason)
     except FetchFailed as exc:
         # Allowed, but it did not work (unreachable, a bad certificate, a
         # timeout): recorded, and not a denial.
