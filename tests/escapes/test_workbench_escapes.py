@@ -229,3 +229,41 @@ def test_host_secrets_are_not_in_a_workbench_view(host_dir: Path) -> None:
     assert b"HOST-SECRET-VALUE" not in r.stdout + r.stderr
     assert b"No such file" in r.stderr and r.stdout.startswith(b"image data\n")
     assert host_dir.name.encode() not in r.stdout  # the host's /var/tmp is not listed either
+
+
+SETUID_SCRIPT = (
+    "cp /usr/bin/true /usr/bin/x && chmod 4755 /usr/bin/x; echo rc=$?; stat -c %A /usr/bin/x; "
+    "cp /usr/bin/true w && chmod 4755 w; echo rc=$?; "
+    "/usr/bin/x && echo control"
+)
+
+
+def test_a_root_workbench_sets_setuid_bits_where_no_other_host_user_reaches(tmp_path: Path) -> None:
+    """``chmod 4755`` as Dockerfiles do: allowed in a workbench whose writable
+    host places (here the workspace, under pytest's 0700 directory) no other
+    host user can reach: the overlay's set-id file is inert (nosuid,
+    no_new_privs), the workspace's runs on the host for its owner only."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    r = _run(_policy(user="root"), SETUID_SCRIPT, workspace=ws)
+    lines = r.stdout.decode().split("\n")
+    assert lines[:4] == ["rc=0", "-rwsr-xr-x", "rc=0", "control"], r.stderr
+    assert os.stat(ws / "w").st_mode & 0o4000
+
+
+def test_a_setuid_bit_in_a_workspace_other_users_reach_is_refused() -> None:
+    """The same, with the workspace in a directory every host user may search
+    (/var/tmp): a set-id file there, owned by the workspace's owner on the
+    host, would run as that owner for anyone. seccomp refuses the mode (EPERM),
+    logged and recorded; the chmod without the bit still works (control)."""
+    top = Path("/var/tmp") / f"stockade-setid-{os.urandom(4).hex()}"
+    top.mkdir(mode=0o755)
+    top.chmod(0o755)
+    try:
+        r = _run(_policy(user="root"), SETUID_SCRIPT + "; chmod 755 w && echo plain-ok", workspace=top)
+        lines = r.stdout.decode().split("\n")
+        assert lines[:5] == ["rc=1", "-rwxr-xr-x", "rc=1", "control", "plain-ok"], r.stderr
+        assert not os.stat(top / "w").st_mode & 0o4000
+        assert [d for d in _denials(r) if "chmod" in d], _denials(r)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

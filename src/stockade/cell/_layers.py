@@ -96,7 +96,7 @@ def prepare_layers(
         rules=tuple(ready),
         held=held,
     )
-    return prepared, _seccomp_filters(policy.mode)
+    return prepared, _seccomp_filters(policy.mode, plan.setid)
 
 
 def _shows_host(mounts: tuple[MountOp, ...], path: str) -> bool:
@@ -223,15 +223,15 @@ def _drain_if_free() -> None:
             _lock.release()
 
 
-_FILTERS: dict[str, tuple[tuple[bytes, bool], ...]] = {}
+_FILTERS: dict[tuple[str, bool], tuple[tuple[bytes, bool], ...]] = {}
 
 
-def _seccomp_filters(mode: str) -> tuple[tuple[bytes, bool], ...]:
-    cached = _FILTERS.get(mode)
+def _seccomp_filters(mode: str, setid: bool = False) -> tuple[tuple[bytes, bool], ...]:
+    cached = _FILTERS.get((mode, setid))
     if cached is None:
         # The deny filter logs every refusal; the clone3 one must not (glibc
         # falls back from clone3 to clone on every thread it starts).
-        deny, clone3 = _seccomp.build_filters("audit" if mode == "audit" else "enforce")
+        deny, clone3 = _seccomp.build_filters("audit" if mode == "audit" else "enforce", setid=setid)
         cached = ((deny, True), (clone3, False))
-        _FILTERS[mode] = cached
+        _FILTERS[(mode, setid)] = cached
     return cached

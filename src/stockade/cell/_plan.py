@@ -117,6 +117,11 @@ class CellPlan:
     """The host directory of a workbench's image (its ``/``), or "" for none."""
     image_digest: str = ""
     """That image's digest (``sha256:…``), for the record."""
+    setid: bool = False
+    """Whether seccomp lets the cell set a set-uid or set-gid bit: only a
+    workbench whose every writable host place no other host user can reach
+    (``_workbench.private_places``); everywhere else such a file, owned by
+    its host owner through the idmapped bind, is refused."""
 
 
 SYSTEM_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")

@@ -324,16 +324,23 @@ def _dispatch(targets: list[tuple[int, str]]) -> list[_Insn | str]:
     ]
 
 
-_cache: dict[Mode, tuple[bytes, bytes]] = {}
+_cache: dict[tuple[Mode, bool], tuple[bytes, bytes]] = {}
 
 
-def build_filters(mode: Mode) -> tuple[bytes, bytes]:
+def build_filters(mode: Mode, *, setid: bool = False) -> tuple[bytes, bytes]:
     """The (deny, clone3) filter programs for ``mode``, as struct sock_filter arrays.
 
     Load the first with ``log=True`` and the second with ``log=False`` (or call
-    :func:`apply`). Built once per process and mode.
+    :func:`apply`). Built once per process, mode and ``setid``.
+
+    ``setid``: the calls of :data:`MODE_ARG` are not checked for set-id bits.
+    Only for a workbench whose writable host places no other host user can
+    reach (``CellPlan.setid``): in its own overlay a set-id file is as inert
+    as the image's own (``nosuid``, ``no_new_privs``, no host ids), and one
+    in such a place runs, on the host, for no one but its owner and root,
+    whom it gives nothing. ``chmod 4755`` is routine in Dockerfiles.
     """
-    cached = _cache.get(mode)
+    cached = _cache.get((mode, setid))
     if cached is not None:
         return cached
     refuse = SECCOMP_RET_ERRNO | EPERM if mode == "enforce" else SECCOMP_RET_LOG
@@ -350,7 +357,7 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
                 + [(SYSCALLS[name], name) for name in ("ioctl", "socket", "clone", "personality")]
                 + [(SYSCALLS["sendto"], "flags3"), (SYSCALLS["sendmmsg"], "flags3")]
                 + [(SYSCALLS["sendmsg"], "flags2")]
-                + [(SYSCALLS[name], f"mode{arg}") for name, arg in MODE_ARG.items()]
+                + [(SYSCALLS[name], f"mode{arg}") for name, arg in MODE_ARG.items() if not setid]
             )
         ),
         "ioctl",
@@ -426,7 +433,7 @@ def build_filters(mode: Mode) -> tuple[bytes, bytes]:
     built = (_assemble(deny), _assemble(clone3))
     for program in built:
         _fprog(program)
-    _cache[mode] = built
+    _cache[(mode, setid)] = built
     return built
 
 

@@ -475,7 +475,39 @@ def plan_workbench(
         keep_caps=ROOT_CAPS if user.uid == 0 else 0,
         image_rootfs=rootfs,
         image_digest=image.digest,
+        setid=private_places([*mounted_writes, *mounted_sources(policy)]),
     )
+
+
+def private_places(places: list[str]) -> bool:
+    """Whether no host user but each place's owner (and root) can reach any
+    file in ``places`` (the workbench's writable host paths): some directory
+    on the way, the place itself or one above it, is its owner's or root's
+    and lets neither group nor others search it.
+
+    Then a set-id file the cell leaves there (owned on the host by the
+    place's owner: the binds are idmapped from it) can be run on the host by
+    no one it would raise: its owner and root gain nothing. Where that does
+    not hold (a workspace under a searchable /var/tmp, a write grant in a
+    shared directory), seccomp keeps refusing set-id modes, as in every cell.
+    """
+    for place in places:
+        try:
+            owner = os.stat(place).st_uid
+        except OSError:
+            return False
+        path = place
+        while True:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return False
+            if st.st_uid in (0, owner) and not st.st_mode & 0o011:
+                break
+            if path == "/":
+                return False
+            path = os.path.dirname(path)
+    return True
 
 
 _DEVICE_SCAN_MAX = 500_000
