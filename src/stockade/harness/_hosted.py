@@ -59,8 +59,10 @@ class SampleHost(Protocol):
     """``"daemon"`` or ``"process"``: where the sessions live."""
     record: SampleRecord
 
-    def open(self, policy: Policy) -> Workbench:
-        """A session under ``policy`` (an image named by ``policy.image``).
+    def open(self, policy: Policy, *, upper: str | None = None) -> Workbench:
+        """A session under ``policy`` (an image named by ``policy.image``);
+        on an image, its upper layer kept in ``upper`` (a directory, or one
+        not made yet), from which a later session given it continues.
 
         Raises:
             StockadeError: the session cannot start (a bad policy, a missing
@@ -118,8 +120,10 @@ class ProcessHost:
         self.record = record
         self._state = state
 
-    def open(self, policy: Policy) -> Workbench:
-        return open_workbench(policy, run_id=self.record.run_id, on_event=self.record.add, state=self._state)
+    def open(self, policy: Policy, *, upper: str | None = None) -> Workbench:
+        return open_workbench(
+            policy, run_id=self.record.run_id, on_event=self.record.add, state=self._state, upper=upper
+        )
 
     def close(self, workbench: Workbench) -> None:
         self.record.extend(workbench.close().events)
@@ -159,10 +163,15 @@ class DaemonHost:
         self._open: list[_RemoteWorkbench] = []
         self._finished = False
 
-    def open(self, policy: Policy) -> Workbench:
+    def open(self, policy: Policy, *, upper: str | None = None) -> Workbench:
         text = json.dumps(policy_document(dataclasses.replace(policy, image=None)))
         try:
-            remote = self._client.open_session(run=self.run_id, policy_text=text, image=policy.image)
+            remote = self._client.open_session(
+                run=self.run_id,
+                policy_text=text,
+                image=policy.image,
+                upper=upper if policy.image is not None else None,
+            )
         except RemoteError as exc:
             if exc.code == "bad_params":
                 raise UsageError(str(exc)) from exc

@@ -74,12 +74,15 @@ def open_workbench(
     on_event: Callable[[Event], None],
     workspace: str | None = None,
     state: str | None = None,
+    upper: str | None = None,
 ) -> Workbench:
     """Start a session for ``policy`` whose events go to ``on_event``; with
     the gateway in it (on a loop of its own in this process, as for
     ``stockade exec``) when the policy allows any host. The policy's
     ``image:`` is looked up in the image store of ``state`` (the default
-    state directory when None), the one the record goes to.
+    state directory when None), the one the record goes to. ``upper``: with
+    an image, the session's upper layer is kept there, and a later session
+    given it starts from what this one changed.
 
     Raises:
         CellError, HostError, PolicyError, ImageError: the session cannot start.
@@ -100,7 +103,13 @@ def open_workbench(
 
             image = default_store(state).get(policy.image)
         session: Any = session_type(
-            policy, image=image, workspace=workspace, run_id=run_id, on_event=on_event, network=network
+            policy,
+            image=image,
+            workspace=workspace,
+            run_id=run_id,
+            on_event=on_event,
+            network=network,
+            **({"upper_dir": upper} if upper is not None and image is not None else {}),
         )
         session.start()
         if hooks is None:

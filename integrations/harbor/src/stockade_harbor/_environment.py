@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,9 @@ from harbor.environments.capabilities import EnvironmentCapabilities, Environmen
 from harbor.environments.tar_transfer import extract_dir
 from harbor.models.task.config import NetworkMode, NetworkPolicy, TaskOS
 
-from stockade.harness._record import SampleRecord, containment_report, land
-from stockade.harness._workbench import Workbench, open_workbench
+from stockade.harness._hosted import SampleHost, start_sample
+from stockade.harness._record import SampleRecord, containment_report
+from stockade.harness._workbench import Workbench
 from stockade.policy import HostRule, MountRule, Policy, default_policy, load_policy
 
 TESTS = "/tests"
@@ -78,6 +80,7 @@ class StockadeEnvironment(BaseEnvironment):
         self._workbench: Workbench | None = None
         self._phase = "agent"
         self._record: SampleRecord | None = None
+        self._host: SampleHost | None = None
         self._shell = "/bin/bash"
         super().__init__(
             environment_dir, environment_name, session_id, trial_paths, task_env_config, *args, **kwargs
@@ -122,7 +125,7 @@ class StockadeEnvironment(BaseEnvironment):
                     "trial, not a compose project; give the task one image (a Dockerfile)"
                 )
         for policy in (self._network_policy, *self._phase_network_policies):
-            _refuse_public(policy)
+            self._check_public(policy)
 
     # ------------------------------------------------------------------ the policy
 
@@ -167,6 +170,10 @@ class StockadeEnvironment(BaseEnvironment):
         )
         env = dataclasses.replace(base.env, set=tuple(base.env.set) + tuple(self._persistent_env.items()))
         network = base.network
+        # "public": what the gateway can honestly give is the operator's own
+        # allow list (--ek policy=FILE's network.allow), kept as it is; never
+        # every host (the policy loader refuses a bare '*' by design).
+        # _check_public refused it already when there is no such list.
         if self._network_policy.network_mode == NetworkMode.ALLOWLIST:
             rules = tuple(HostRule(host=h, ports=(80, 443)) for h in self._network_policy.allowed_hosts)
             network = dataclasses.replace(network, allow=tuple(network.allow) + rules)
@@ -204,25 +211,53 @@ class StockadeEnvironment(BaseEnvironment):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, force_build: bool) -> None:
-        self._record = SampleRecord(
-            _new_run_id(), harness="harbor", task=self.environment_name, sample=self.session_id
+        # The daemon's run and sessions when a daemon runs for the state
+        # directory (`stockade ps` lists the trial, its events are stored as
+        # they happen); sessions in Harbor's process otherwise (_hosted).
+        host = await asyncio.to_thread(
+            lambda: start_sample(
+                harness="harbor", task=self.environment_name, sample=self.session_id, state=self._state
+            )
         )
+        self._host = host
+        self._record = host.record
         image = self._image_ref()
         self._record.harness_event(
             "harness.trial.start",
             f"harbor task {self.environment_name}: the agent phase starts, "
-            + (f"on image {image}" if image else "on the host's system directories (no image in the store)"),
+            + (f"on image {image}" if image else "on the host's system directories (no image in the store)")
+            + f" ({host.via})",
             image=image,
+            via=host.via,
         )
+        if self._network_policy.network_mode == NetworkMode.PUBLIC:
+            allow = [rule.host for rule in self._policy("agent").network.allow]
+            self._record.harness_event(
+                "harness.trial.network",
+                f"harbor task {self.environment_name}: network_mode 'public' is given as the "
+                f"stockade policy's allow list ({', '.join(allow)}); every other host is refused "
+                "and recorded",
+                mode="public",
+                allowed_hosts=allow,
+            )
         await self._open("agent")
 
+    def _upper(self) -> str | None:
+        """Where the trial's cells keep the image's upper layer: each phase's
+        cell starts from what the last one changed (a package the agent
+        installed into /usr is there for the verifier, as in Harbor's one
+        container). None without an image: the host's system directories are
+        read-only, and what a cell may change is the handed-over directories."""
+        if self._image_ref() is None:
+            return None
+        return str(Path(self.trial_paths.trial_dir) / "stockade" / "upper")
+
     async def _open(self, phase: str) -> None:
-        record = self._record
-        assert record is not None
+        host = self._host
+        assert host is not None
         policy = self._policy(phase)
-        self._workbench = await asyncio.to_thread(
-            lambda: open_workbench(policy, run_id=record.run_id, on_event=record.add, state=self._state)
-        )
+        upper = self._upper()
+        self._workbench = await asyncio.to_thread(lambda: host.open(policy, upper=upper))
         self._phase = phase
         found = await asyncio.to_thread(self._workbench.exec, ["/bin/sh", "-c", "command -v bash"])
         self._shell = found.stdout.decode().strip() or "/bin/sh"
@@ -235,9 +270,9 @@ class StockadeEnvironment(BaseEnvironment):
 
     async def _close_session(self) -> None:
         workbench, self._workbench = self._workbench, None
-        if workbench is not None and self._record is not None:
-            result = await asyncio.to_thread(workbench.close)
-            self._record.extend(result.events)
+        if workbench is not None and self._host is not None:
+            host = self._host
+            await asyncio.to_thread(lambda: host.close(workbench))
 
     async def stop(self, delete: bool) -> None:
         await self._close_session()
@@ -245,17 +280,46 @@ class StockadeEnvironment(BaseEnvironment):
         if record is None:
             return
         record.harness_event("harness.trial.end", f"harbor task {self.environment_name}: the trial ended")
-        landed = await asyncio.to_thread(land, record, state=self._state)
+        assert self._host is not None
+        landed = await asyncio.to_thread(self._host.finish)
         report = containment_report(record, landed=landed)
         await asyncio.to_thread(_write_bundle, Path(self.trial_paths.trial_dir) / "stockade", record, report)
+        upper = self._upper()
+        if delete and upper is not None:
+            # The image's changed files (in the image's own ids) are the
+            # trial's working state, not its record: gone with the trial.
+            await asyncio.to_thread(shutil.rmtree, upper, True)
         self._record = None
+        self._host = None
+
+    def _check_public(self, policy: NetworkPolicy) -> None:
+        if policy.network_mode != NetworkMode.PUBLIC:
+            return
+        base = load_policy(self._policy_file) if self._policy_file else None
+        if base is None or not base.network.allow:
+            _refuse_public(policy)
 
     async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
-        _refuse_public(network_policy)
+        self._check_public(network_policy)
         self._network_policy = network_policy
         if self._workbench is None:
             return  # the next phase's cell starts with it
         assert self._record is not None
+        set_network = getattr(self._workbench, "set_network", None)
+        if set_network is not None:
+            # A daemon-hosted session has a gateway of its own: the new list
+            # holds from now on, in the same cell (the daemon records
+            # session.network); connections open now are ended.
+            allow = [_rule_document(rule) for rule in self._policy(self._phase).network.allow]
+            hosts = await asyncio.to_thread(set_network, allow)
+            self._record.harness_event(
+                "harness.trial.network",
+                f"harbor task {self.environment_name}: the {self._phase} cell's gateway now allows "
+                f"{', '.join(hosts) or 'no host'} (network mode {network_policy.network_mode.value})",
+                mode=network_policy.network_mode.value,
+                allowed_hosts=list(network_policy.allowed_hosts),
+            )
+            return
         self._record.harness_event(
             "harness.trial.network",
             f"harbor task {self.environment_name}: the {self._phase} cell starts again with network "
@@ -355,15 +419,20 @@ def _refuse_public(policy: NetworkPolicy) -> None:
     if policy.network_mode == NetworkMode.PUBLIC:
         raise ValueError(
             "the task asks for network_mode 'public', and a stockade cell reaches no network but "
-            'its gateway\'s allowed hosts; set network_mode = "no-network" or "allowlist" with '
-            "allowed_hosts under [environment] in task.toml"
+            "its gateway's allowed hosts, never every host; give the hosts the task may reach in "
+            "a stockade policy's network.allow (--ek policy=FILE), or set network_mode = "
+            '"no-network" or "allowlist" with allowed_hosts under [environment] in task.toml'
         )
 
 
-def _new_run_id() -> str:
-    from stockade.daemon import _paths
-
-    return _paths.new_run_id()
+def _rule_document(rule: HostRule) -> dict[str, Any]:
+    """A ``network.allow`` rule as the policy file spells it (``session.set_network``)."""
+    doc: dict[str, Any] = {"host": rule.host, "ports": list(rule.ports)}
+    if rule.methods:
+        doc["methods"] = list(rule.methods)
+    if rule.paths:
+        doc["paths"] = list(rule.paths)
+    return doc
 
 
 def _write_bundle(directory: Path, record: SampleRecord, report: dict[str, Any]) -> None:
