@@ -731,6 +731,12 @@ def _run_cell(
     image = dataclasses.replace(state.image, config=state.config)
     # Build arguments are in RUN's environment and in no image (as Docker).
     extra = {k: v for k, v in state.args.items() if k not in state.config.env_map()}
+    # The step's own workspace, beside its upper in the store's private work
+    # directory: no other host user can reach it, so the cell may set setuid
+    # bits (`chmod 4755`, routine in Dockerfiles; _workbench.private_places),
+    # which a fresh workspace under the shared workspaces directory may not.
+    workspace = upper.parent / "workspace"
+    workspace.mkdir(mode=0o700, exist_ok=True)
     with _gateway(policy) as (gateway, events):
         network = _OutsideEtc(gateway)
         cell = Cell(
@@ -739,6 +745,7 @@ def _run_cell(
             upper_dir=upper,
             network=network,
             extra_env=extra,
+            workspace=workspace,
         )
         lines: list[bytes] = []
 
