@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from stockade.errors import PolicyError
-from stockade.policy._load import _problem, load_policy, loads_policy
+from stockade.policy._load import load_policy, loads_policy
+from stockade.policy._locate import problem_of as _problem
 from stockade.policy._schema import PolicyFile
 
 LAUGHS = (
