@@ -43,8 +43,81 @@ from stockade.policy._workspace import workspace_problem
 
 
 def to_policy(doc: PolicyDocument, model: PolicyFile, source: str | None) -> Policy:
-    problems: list[Problem] = []
+    """The ``Policy`` of a validated file read from ``source`` (None: not a file).
 
+    Raises:
+        PolicyError: the file's values do not fit together (every problem at once).
+    """
+    problems: list[Problem] = []
+    workspace = _workspace(model, source, problems)
+    problems.extend(_llm_key_problems(model))
+    problems.extend(_secret_problems(model))
+    problems.extend(_mount_problems(model, workspace))
+    fs = model.filesystem
+    system = fs.base == "system"
+    read = _unique([*(SYSTEM_READ if system else ()), *fs.read])
+    write = _unique(fs.write)
+    deny = _unique([*(SECRETS_DENY if system else ()), *fs.deny])
+    protect = _unique([*(PROTECT if system else ()), *fs.protect])
+    problems.extend(_grant_problems(model, write, deny))
+    grants = [*read, *write, *([workspace] if workspace and workspace.startswith("/") else [])]
+    problems.extend(_reach_problems(model, grants, deny))
+    problems.extend(_env_problems(model))
+    problems.extend(_rule_id_problems(doc, model))
+    if problems:
+        raise doc.error(problems)
+
+    env = model.env
+    return Policy(
+        name=model.name,
+        command=tuple(model.command or ()),
+        mode=model.mode,
+        workspace=workspace,
+        workdir=model.workdir,
+        filesystem=FilesystemPolicy(
+            read=read,
+            write=write,
+            deny=deny,
+            protect=protect,
+            mounts=tuple(MountRule(m.source, m.target, m.mode) for m in fs.mounts),
+        ),
+        exec=ExecPolicy(allow=_unique(model.exec_.allow)),
+        env=default_env(base=env.base, passthrough=env.pass_, values=dict(env.set_)),
+        limits=_limits(model),
+        network=_network(model),
+        tools=tuple(
+            ToolRule(
+                id=rule.id,
+                intent=rule.intent,
+                verdict=rule.verdict,
+                match=tuple(rule.match.items()),
+            )
+            for rule in model.tools
+        ),
+        llm=_llm(model),
+        secrets=tuple(
+            SecretPolicy(
+                name=secret.name,
+                env=secret.env,
+                file=secret.file,
+                hosts=_unique(secret.hosts),
+                headers=_unique(secret.headers),
+                body=secret.body,
+                url=secret.url,
+            )
+            for secret in model.secrets
+        ),
+        source=source,
+        image=model.image,
+        user=model.user,
+    )
+
+
+# ------------------------------------------------------------------ whole-file checks
+
+
+def _workspace(model: PolicyFile, source: str | None, problems: list[Problem]) -> str | None:
+    """``workspace``, relative to the file's directory; its problems into ``problems``."""
     workspace = model.workspace
     if workspace is not None and not workspace.startswith("/"):
         if source is None:
@@ -62,29 +135,30 @@ def to_policy(doc: PolicyDocument, model: PolicyFile, source: str | None) -> Pol
         why = workspace_problem(workspace)
         if why is not None:
             problems.append(Problem(("workspace",), f"{show(workspace)} {why}"))
+    return workspace
 
-    if model.llm is not None and model.llm.api_key_env is not None:
-        key = model.llm.api_key_env
-        for index, name in enumerate(model.env.pass_):
-            if name == key:
-                problems.append(
-                    Problem(
-                        ("env", "pass", index),
-                        f"{show(name)} is the LLM key named in llm.api_key_env, and a secret never "
-                        "enters a cell (the LLM endpoint adds it on the way out); remove it from env.pass",
-                    )
-                )
 
-    problems.extend(_secret_problems(model))
+def _llm_key_problems(model: PolicyFile) -> list[Problem]:
+    """The LLM key named in ``env.pass``, which would put a secret into the cell."""
+    if model.llm is None or model.llm.api_key_env is None:
+        return []
+    key = model.llm.api_key_env
+    return [
+        Problem(
+            ("env", "pass", index),
+            f"{show(name)} is the LLM key named in llm.api_key_env, and a secret never "
+            "enters a cell (the LLM endpoint adds it on the way out); remove it from env.pass",
+        )
+        for index, name in enumerate(model.env.pass_)
+        if name == key
+    ]
 
+
+def _grant_problems(model: PolicyFile, write: tuple[str, ...], deny: tuple[str, ...]) -> list[Problem]:
+    """A read grant that a write grant already gives, and a grant that would stay hidden."""
+    problems: list[Problem] = []
     fs = model.filesystem
-    problems.extend(_mount_problems(model, workspace))
     system = fs.base == "system"
-    read = _unique([*(SYSTEM_READ if system else ()), *fs.read])
-    write = _unique(fs.write)
-    deny = _unique([*(SECRETS_DENY if system else ()), *fs.deny])
-    protect = _unique([*(PROTECT if system else ()), *fs.protect])
-
     for index, path in enumerate(fs.read):
         if path in write:
             problems.append(
@@ -111,8 +185,12 @@ def to_policy(doc: PolicyDocument, model: PolicyFile, source: str | None) -> Pol
                         + (", or set filesystem.base: none and list what you need" if system else ""),
                     )
                 )
+    return problems
 
-    grants = [*read, *write, *([workspace] if workspace and workspace.startswith("/") else [])]
+
+def _reach_problems(model: PolicyFile, grants: list[str], deny: tuple[str, ...]) -> list[Problem]:
+    """An ``exec.allow`` program, or the ``workdir``, that the cell could not reach."""
+    problems: list[Problem] = []
     for index, program in enumerate(model.exec_.allow):
         if covered_by(program, grants) is None:
             problems.append(
@@ -131,7 +209,7 @@ def to_policy(doc: PolicyDocument, model: PolicyFile, source: str | None) -> Pol
             )
     # A mount's target is a grant of the cell's view too, and on an image the
     # whole of the image's / is there to enter (the harnesses' task workdirs).
-    entered = [*grants, *(str(m.target) for m in fs.mounts)]
+    entered = [*grants, *(str(m.target) for m in model.filesystem.mounts)]
     if model.workdir is not None and model.image is None and covered_by(model.workdir, entered) is None:
         problems.append(
             Problem(
@@ -141,18 +219,26 @@ def to_policy(doc: PolicyDocument, model: PolicyFile, source: str | None) -> Pol
                 "or remove workdir",
             )
         )
+    return problems
 
+
+def _env_problems(model: PolicyFile) -> list[Problem]:
+    """A variable both set and passed."""
     env = model.env
-    for name in env.set_:
-        if name in env.pass_:
-            problems.append(
-                Problem(
-                    ("env", "set", name),
-                    f"{show(name)} is also in env.pass; keep it in one of them",
-                    at_key=True,
-                )
-            )
+    return [
+        Problem(
+            ("env", "set", name),
+            f"{show(name)} is also in env.pass; keep it in one of them",
+            at_key=True,
+        )
+        for name in env.set_
+        if name in env.pass_
+    ]
 
+
+def _rule_id_problems(doc: PolicyDocument, model: PolicyFile) -> list[Problem]:
+    """A ``tools`` rule id used twice (naming the line of its first use)."""
+    problems: list[Problem] = []
     first_use: dict[str, int] = {}
     for index, rule in enumerate(model.tools):
         if rule.id in first_use:
@@ -167,89 +253,58 @@ def to_policy(doc: PolicyDocument, model: PolicyFile, source: str | None) -> Pol
             )
         else:
             first_use[rule.id] = index
+    return problems
 
-    if problems:
-        raise doc.error(problems)
 
+# ------------------------------------------------------------------------ sections
+
+
+def _limits(model: PolicyFile) -> Limits:
+    """``limits``: what the file gives, the defaults for the rest."""
     limits = model.limits
     given = limits.model_fields_set
 
     def limit(name: str) -> Any:
         return getattr(limits, name) if name in given else getattr(DEFAULT_LIMITS, name)
 
-    llm = None
-    if model.llm is not None:
-        llm = LlmPolicy(
-            provider=model.llm.provider,
-            base_url=model.llm.base_url or LLM_BASE_URLS[model.llm.provider],
-            model=model.llm.model,
-            api_key_env=model.llm.api_key_env,
-            max_requests=model.llm.max_requests,
-            max_tokens=model.llm.max_tokens,
-            remote_images=model.llm.remote_images,
-        )
-    return Policy(
-        name=model.name,
-        command=tuple(model.command or ()),
-        mode=model.mode,
-        workspace=workspace,
-        workdir=model.workdir,
-        filesystem=FilesystemPolicy(
-            read=read,
-            write=write,
-            deny=deny,
-            protect=protect,
-            mounts=tuple(MountRule(m.source, m.target, m.mode) for m in fs.mounts),
-        ),
-        exec=ExecPolicy(allow=_unique(model.exec_.allow)),
-        env=default_env(base=env.base, passthrough=env.pass_, values=dict(env.set_)),
-        limits=Limits(
-            memory=limit("memory"),
-            pids=limit("pids"),
-            cpu=limit("cpu"),
-            timeout=limit("timeout"),
-            output=limit("output"),
-            denials=limit("denials"),
-            disk=_disk(limits.disk) if "disk" in given else DEFAULT_LIMITS.disk,
-        ),
-        network=NetworkPolicy(
-            allow=tuple(
-                HostRule(
-                    host=rule.host,
-                    ports=tuple(rule.ports),
-                    methods=_unique(rule.methods),
-                    paths=_unique(rule.paths),
-                )
-                for rule in model.network.allow
-            ),
-            loopback_ports=_unique(model.network.loopback_ports),
-            fetch_plain_http=model.network.fetch_plain_http,
-        ),
-        tools=tuple(
-            ToolRule(
-                id=rule.id,
-                intent=rule.intent,
-                verdict=rule.verdict,
-                match=tuple(rule.match.items()),
+    return Limits(
+        memory=limit("memory"),
+        pids=limit("pids"),
+        cpu=limit("cpu"),
+        timeout=limit("timeout"),
+        output=limit("output"),
+        denials=limit("denials"),
+        disk=_disk(limits.disk) if "disk" in given else DEFAULT_LIMITS.disk,
+    )
+
+
+def _network(model: PolicyFile) -> NetworkPolicy:
+    return NetworkPolicy(
+        allow=tuple(
+            HostRule(
+                host=rule.host,
+                ports=tuple(rule.ports),
+                methods=_unique(rule.methods),
+                paths=_unique(rule.paths),
             )
-            for rule in model.tools
+            for rule in model.network.allow
         ),
-        llm=llm,
-        secrets=tuple(
-            SecretPolicy(
-                name=secret.name,
-                env=secret.env,
-                file=secret.file,
-                hosts=_unique(secret.hosts),
-                headers=_unique(secret.headers),
-                body=secret.body,
-                url=secret.url,
-            )
-            for secret in model.secrets
-        ),
-        source=source,
-        image=model.image,
-        user=model.user,
+        loopback_ports=_unique(model.network.loopback_ports),
+        fetch_plain_http=model.network.fetch_plain_http,
+    )
+
+
+def _llm(model: PolicyFile) -> LlmPolicy | None:
+    if model.llm is None:
+        return None
+    return LlmPolicy(
+        provider=model.llm.provider,
+        base_url=model.llm.base_url or LLM_BASE_URLS[model.llm.provider],
+        model=model.llm.model,
+        api_key_env=model.llm.api_key_env,
+        max_requests=model.llm.max_requests,
+        max_tokens=model.llm.max_tokens,
+        remote_images=model.llm.remote_images,
     )
 
 
