@@ -421,8 +421,9 @@ def completion(shell: str) -> int:
     """
     from click.shell_completion import get_completion_class
 
-    from stockade.cli._app import cli
-
+    # The root command from the context, not an import of cli._app, which
+    # imports this module (no import circles: tests/test_import_graph.py).
+    cli = click.get_current_context().find_root().command
     found = get_completion_class(shell)
     assert found is not None  # click ships all three
     script: str = found(cli, {}, "stockade", "_STOCKADE_COMPLETE").source()
