@@ -23,7 +23,18 @@ if not HARBOR.exists():  # pragma: no cover - setup.sh makes it wherever a Pytho
     )
 
 
-def _harbor_run(tmp_path: Path, agent: str, task: Path = TASK, **env: str) -> tuple[dict[str, object], Path]:
+def _harbor_run(
+    tmp_path: Path, agent: str, task: Path = TASK, *, ek: tuple[str, ...] = (), **env: str
+) -> tuple[dict[str, object], Path]:
+    done = _harbor(tmp_path, agent, task, ek=ek, **env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (trial,) = [p for p in (tmp_path / "jobs").glob("*/*") if p.is_dir()]
+    return json.loads((trial / "result.json").read_text()), trial
+
+
+def _harbor(
+    tmp_path: Path, agent: str, task: Path, *, ek: tuple[str, ...], **env: str
+) -> subprocess.CompletedProcess[str]:
     jobs = tmp_path / "jobs"
     state = tmp_path / "state"
     environ = {
@@ -35,7 +46,7 @@ def _harbor_run(tmp_path: Path, agent: str, task: Path = TASK, **env: str) -> tu
         "PYTHONPATH": str(Path(__file__).parent / "harbor_agents"),
         **env,
     }
-    done = subprocess.run(
+    return subprocess.run(
         [
             str(HARBOR),
             "run",
@@ -49,6 +60,7 @@ def _harbor_run(tmp_path: Path, agent: str, task: Path = TASK, **env: str) -> tu
             str(jobs),
             "--ek",
             f"state={state}",
+            *(arg for kv in ek for arg in ("--ek", kv)),
         ],
         env=environ,
         capture_output=True,
@@ -56,9 +68,6 @@ def _harbor_run(tmp_path: Path, agent: str, task: Path = TASK, **env: str) -> tu
         timeout=240,
         check=False,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (trial,) = [p for p in jobs.glob("*/*") if p.is_dir()]
-    return json.loads((trial / "result.json").read_text()), trial
 
 
 def _reward(result: dict[str, object]) -> float:
@@ -124,3 +133,74 @@ def test_an_image_named_as_the_task_is_the_trials_root(tmp_path: Path) -> None:
     assert (trial / "stockade" / "root" / "app" / "count.txt").read_text().strip() == "2"
     first = json.loads((trial / "stockade" / "events.jsonl").read_text().splitlines()[0])
     assert first["detail"]["image"] == "hello-stockade"
+
+
+def test_with_a_daemon_the_trial_is_its_run_and_its_record_the_daemons(tmp_path: Path) -> None:
+    from stockade.daemon import _paths
+    from stockade.daemon._client import Client
+    from stockade.daemon._server import DaemonThread
+
+    state = tmp_path / "state"
+    dt = DaemonThread(state=str(state), socket_path=_paths.socket_path(state=str(state)))
+    dt.start()
+    try:
+        result, trial = _harbor_run(tmp_path, "oracle")
+        assert _reward(result) == 1.0
+        report = json.loads((trial / "stockade" / "containment.json").read_text())
+        assert report["record"]["via"] == "daemon"
+        with Client(dt.socket_path, timeout=60) as client:
+            (run,) = [r for r in client.call("run.list", all=True)["runs"] if r["id"] == report["run"]]
+            page = client.call("events.export", run=report["run"], format="jsonl")
+        assert run["name"] == "harbor/hello-stockade" and run["state"] != "running"
+        stored = [json.loads(line)["event"] for line in page["data"].splitlines()]
+        # The agent's phase and the verifier's, each a session of the trial's run.
+        assert [e["kind"] for e in stored].count("session.open") == 2
+        lines = (trial / "stockade" / "events.jsonl").read_text().splitlines()
+        bundled = [json.loads(line) for line in lines]
+        assert [e for e in bundled if not e["kind"].startswith("harness.")] == stored
+    finally:
+        dt.stop()
+
+
+def test_a_package_the_agent_installs_into_the_image_reaches_the_verifier(tmp_path: Path) -> None:
+    import shutil
+
+    from tests.harness._image import store_image
+
+    task = tmp_path / "upper-task"
+    shutil.copytree(TASK, task)
+    solve = task / "solution" / "solve.sh"
+    # As a package would: a file of the image's /usr, outside every handed-over directory.
+    solve.write_text(solve.read_text() + "mkdir -p /usr/local/share\necho installed > /usr/local/share/pkg\n")
+    test = task / "tests" / "test.sh"
+    test.write_text(
+        test.read_text().replace(
+            "mkdir -p /logs/verifier",
+            '[ "$(cat /usr/local/share/pkg 2>/dev/null)" = installed ] || ok=0\nmkdir -p /logs/verifier',
+        )
+    )
+    store_image(tmp_path / "state", tag="upper-task")
+    result, trial = _harbor_run(tmp_path, "oracle", task=task)
+    assert _reward(result) == 1.0
+    assert not (trial / "stockade" / "upper").exists()  # gone with the trial
+
+
+def test_public_network_is_the_policys_allow_list_or_refused(tmp_path: Path) -> None:
+    import shutil
+
+    task = tmp_path / "public-task"
+    shutil.copytree(TASK, task)
+    toml = (task / "task.toml").read_text()
+    (task / "task.toml").write_text(toml.replace('network_mode = "no-network"', 'network_mode = "public"'))
+    refused = tmp_path / "refused"
+    refused.mkdir()
+    done = _harbor(refused, "oracle", task, ek=())
+    assert done.returncode != 0 and "network_mode 'public'" in " ".join((done.stdout + done.stderr).split())
+    assert not list((refused / "jobs").glob("*/*/stockade"))  # refused before any cell
+    policy = tmp_path / "allow.yaml"
+    policy.write_text("name: public\nnetwork:\n  allow: [pypi.org]\n")
+    result, trial = _harbor_run(tmp_path, "oracle", task=task, ek=(f"policy={policy}",))
+    assert _reward(result) == 1.0
+    bundled = [json.loads(line) for line in (trial / "stockade" / "events.jsonl").read_text().splitlines()]
+    (said,) = [e for e in bundled if e["kind"] == "harness.trial.network"]
+    assert said["detail"]["mode"] == "public" and said["detail"]["allowed_hosts"] == ["pypi.org"]
