@@ -103,7 +103,7 @@ def test_validate_prints_every_problem_and_exits_3(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         f"stockade: {bad}:2:7: mode 'enforcing' is not one of 'enforce' or 'audit'; did you mean 'enforce'?",
         f"stockade: {bad}:4:3: filesystem.wirte is not a known key; did you mean 'write'? "
-        "(valid keys: base, read, write, deny, protect)",
+        "(valid keys: base, read, write, deny, protect, mounts)",
         f"stockade: {bad}:5:19: network.allow[0].host '*' matches every host; "
         "name a domain such as '*.example.com'",
     ]

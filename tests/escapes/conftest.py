@@ -4,6 +4,7 @@ helpers of one area live in that area's own modules (``_probes``, ``_fs*``,
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -50,11 +51,16 @@ def cell(request: pytest.FixtureRequest) -> Iterator[Cell]:
     """A cell with the default policy, a fresh workspace and an empty
     environment, in the host's view or with the test image as ``/``."""
     image = None
+    policy = default_policy()
     if getattr(request, "param", "host") == "image":
         from tests.cell._image import make_image
 
         image = make_image()
-    with Cell(default_policy(), environ={}, image=image) as c:
+        # The escape suite's agent is the unprivileged one in both views (an
+        # image without a User runs as its root; root workbenches have their
+        # own escapes in test_workbench_escapes.py).
+        policy = dataclasses.replace(policy, user="1000")
+    with Cell(policy, environ={}, image=image) as c:
         yield c
 
 

@@ -231,7 +231,7 @@ def test_bad_script_files(tmp_path: Path, text: str, problem: str) -> None:
 
 
 def test_unknown_script_names_the_builtins() -> None:
-    with pytest.raises(PolicyError, match="injected, solver"):
+    with pytest.raises(PolicyError, match="injected, solve-example, solver"):
         load_script("no-such-script")
 
 

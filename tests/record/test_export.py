@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from stockade.cli._record_cmds import default_db, export_cmd, verify
-from stockade.errors import StoreError
+from stockade.errors import NotFoundError, StoreError
 from stockade.record import Event, StoredEvent, export, export_to_file, open_store, parse_since
 from stockade.record._chain import ChainVerifier, canonical_json
 from stockade.record._export import iso_utc, printable, text_line
@@ -248,7 +248,9 @@ def test_export_filters_by_run_and_since(db: str) -> None:
     assert seqs("--since", "1970-01-01T00:33:20Z") == [2, 3]
     assert seqs("--since", "1970-01-01T00:33:20Z", "--run", "r-a") == [3]
     assert seqs("--since", "10m") == []
-    assert seqs("--run", "r-none") == []
+    # An unknown run is a NotFoundError (exit 6, with its message), not an empty export.
+    with pytest.raises(NotFoundError, match=r"r-none.*stockade ps -a"):
+        _run(export_cmd, ["--db", db, "--run", "r-none"])
 
 
 def test_export_refuses_a_bad_since_with_exit_2(db: str) -> None:
