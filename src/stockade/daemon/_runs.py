@@ -587,7 +587,10 @@ class Runs:
             run.state = "ended"
         root = self.agents.root(run)
         family = [root, *self.agents.descendants(root)]
-        if root.family_cgroup is not None and all(r is run or r.done.is_set() for r in family):
+        # ``ended`` (set above, with no await since), not ``done``: two of the
+        # family finishing at once each await before setting ``done``, and
+        # each would see the other still running and leave the cgroup behind.
+        if root.family_cgroup is not None and all(r.ended is not None for r in family):
             # The family's last cell has ended: its cgroup goes before the end is recorded.
             family_limits = await asyncio.to_thread(_destroy_family, root)
         else:
