@@ -125,11 +125,15 @@ def test_bad_requests_are_refused_with_the_reason(tmp_path: Path) -> None:
 
 
 def test_a_session_bound_to_a_run_ends_with_it(tmp_path: Path) -> None:
-    fifo = tmp_path / "go"
+    ws = workspace(tmp_path)
+    fifo = ws / "go"  # in its workspace: the cell sees it (a path beside it is hidden)
     os.mkfifo(fifo)
-    policy = agent_policy(tmp_path, [{"op": "block", "fifo": str(fifo)}])
+    policy = agent_policy(tmp_path, [{"op": "block", "fifo": str(fifo)}], ws=ws)
     with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
         run = client.call("run.start", policy_path=str(policy), detach=True)
+        # Held until stopped: otherwise the run could end (and its gateway
+        # close) before the session's calls below.
+        wait_output(dt.socket_path, run["id"], "blocking")
         with client.subscribe("events.subscribe") as stream:
             session = client.open_session(run=run["id"])
             assert session.info["run"] == run["id"]
@@ -226,14 +230,14 @@ def test_the_exec_intent_runs_in_the_runs_own_session_only(tmp_path: Path) -> No
             }
         )
     )
-    other_fifo = tmp_path / "other"
+    other_ws = workspace(tmp_path, "o")
+    other_fifo = other_ws / "hold"  # in its workspace: the cell sees it
     os.mkfifo(other_fifo)
-    other = agent_policy(
-        tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=workspace(tmp_path, "o")
-    )
+    other = agent_policy(tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=other_ws)
     with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
         run = client.call("run.start", policy_path=str(policy), detach=True)
         elsewhere = client.call("run.start", policy_path=str(other), detach=True)
+        wait_output(dt.socket_path, elsewhere["id"], "blocking")  # alive while its session is opened
         own = client.open_session(run=run["id"])
         foreign = client.open_session(run=elsewhere["id"])
         plan.write_text(json.dumps([own.session_id, own.session_id, foreign.session_id]))
@@ -395,15 +399,15 @@ def test_fs_intents_in_the_runs_session_are_done_inside_its_cell(tmp_path: Path)
             }
         )
     )
-    other_fifo = tmp_path / "other"
+    other_ws = workspace(tmp_path, "o")
+    other_fifo = other_ws / "hold"  # in its workspace: the cell sees it
     os.mkfifo(other_fifo)
-    other = agent_policy(
-        tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=workspace(tmp_path, "o")
-    )
+    other = agent_policy(tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=other_ws)
     marker = f"{ws}/from-intent.txt"
     with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
         run = client.call("run.start", policy_path=str(policy), detach=True)
         elsewhere = client.call("run.start", policy_path=str(other), detach=True)
+        wait_output(dt.socket_path, elsewhere["id"], "blocking")  # alive while its session is opened
         own = client.open_session(run=run["id"])
         foreign = client.open_session(run=elsewhere["id"])
         sid = own.session_id
