@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from stockade._netns import initial
 from stockade.bench import ProctorConfig, Trial, load_task, verify_bundle
 from stockade.bench._mockmodel import MockModel, routing_script
 from stockade.image import ImageStore
@@ -51,7 +52,11 @@ def real_image(world: World) -> str:
     (ctx / "app").mkdir(parents=True, exist_ok=True)
     shutil.copy(SOURCE / "environment" / "app" / "primes.py", ctx / "app" / "primes.py")
     (ctx / "Dockerfile").write_text("FROM python:3.11-slim\nCOPY app /app\nWORKDIR /app\n")
-    built = build_image(kept, ctx, name="stockade-test/bench-adv-hidden:latest")
+    # Built from the host's network namespace: this module's world (its
+    # fixture) holds the thread in a test namespace, where mmdebstrap, on a
+    # machine with no kept base yet, could not resolve the Debian mirror.
+    with initial():
+        built = build_image(kept, ctx, name="stockade-test/bench-adv-hidden:latest")
     store = ImageStore(world.state / "images")
     store.ensure()
     copy = store.tmp_dir / f"rootfs-{built.digest[7:19]}"
