@@ -48,10 +48,11 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
 stamp=.venv/.stockade-installed
-# The install also compiles the launcher's C extension (setup.py): redo it when
-# its source changed or it is missing (e.g. a checkout from before it existed).
-native=src/stockade/cell/_native.c
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ "$native" -nt "$stamp" ] \
+# The install also compiles the C extensions (setup.py): redo it when one of
+# their sources (a .c or an included .h) changed, or an extension is missing
+# (e.g. a checkout from before it existed).
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+  || [ -n "$(find src/stockade -name '*.[ch]' -newer "$stamp" 2>/dev/null)" ] \
   || ! .venv/bin/python -c "import stockade.cell._native" 2>/dev/null; then
   step "upgrading pip in .venv"
   quietly .venv/bin/python -m pip install -q --upgrade pip
