@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from stockade.image import Image, ImageConfig
+from tests._image import lay_out_root, link_program_names, place_files, which_host
 
 PROGRAMS = (
     "sh",
@@ -84,31 +84,6 @@ PASSWD = (
 GROUP = "root:x:0:\ndaemon:x:1:\nbuilder:x:1234:\nstaff:x:50:\nnogroup:x:65534:\n"
 
 
-def _libraries(binaries: list[str]) -> set[str]:
-    out = subprocess.run(["ldd", *binaries], capture_output=True, text=True, check=False).stdout
-    libs: set[str] = set()
-    for line in out.splitlines():
-        for part in line.split():
-            if part.startswith("/") and os.path.exists(part):
-                libs.add(os.path.realpath(part))
-                libs.add(os.path.normpath(part))
-    return libs
-
-
-def _place(src: str, root: Path) -> None:
-    dst = root / src.lstrip("/")
-    if dst.exists() or dst.is_symlink():
-        return
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if os.path.islink(src):
-        os.symlink(os.readlink(src), dst)
-        return
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _python_files() -> list[str]:
     """The stdlib of the host's /usr/bin/python3 (the cell runs that one)."""
     lib = "/usr/lib/python3.11"
@@ -121,7 +96,7 @@ def _python_files() -> list[str]:
 
 def build_rootfs() -> Path:
     """The test image's root filesystem (built once, then reused)."""
-    binaries = [p for name in PROGRAMS if (p := shutil.which(name, path="/usr/bin:/usr/sbin:/bin:/sbin"))]
+    binaries = [p for p in which_host(PROGRAMS) if p]
     binaries.append("/usr/bin/python3.11")
     binaries = [os.path.realpath(b) for b in binaries]
     key = hashlib.sha256(("\n".join(sorted(binaries)) + PASSWD + GROUP + "v7").encode()).hexdigest()[:16]
@@ -131,40 +106,11 @@ def build_rootfs() -> Path:
     tmp = ROOT / f"{key}.tmp-{os.getpid()}"
     rootfs = tmp / "rootfs"
     rootfs.mkdir(parents=True)
-    for name in (
-        "usr/bin",
-        "usr/sbin",
-        "usr/lib",
-        "usr/lib64",
-        "etc",
-        "tmp",
-        "proc",
-        "dev",
-        "sys",
-        "root",
-        "home/builder",
-        "var/lib/dpkg",
-        "var/tmp",
-        "run",
-        "opt/app",
-        "srv",
-    ):
-        (rootfs / name).mkdir(parents=True, exist_ok=True)
-    for link, target in (
-        ("bin", "usr/bin"),
-        ("sbin", "usr/sbin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-    ):
-        os.symlink(target, rootfs / link)
+    lay_out_root(rootfs, ("home/builder", "var/lib/dpkg", "var/tmp", "run", "opt/app", "srv"))
     python = _python_files()
     modules = [p for p in python if p.endswith(".so")]  # lib-dynload: _ctypes needs libffi
-    for path in (*binaries, *_libraries([*binaries, *modules]), *python):
-        _place(path, rootfs)
-    for name in PROGRAMS:
-        found = shutil.which(name, path="/usr/bin:/usr/sbin:/bin:/sbin")
-        if found and not (rootfs / "usr/bin" / name).exists():
-            os.symlink(os.path.realpath(found), rootfs / "usr/bin" / name)
+    place_files(rootfs, [*binaries, *python], libraries_of=[*binaries, *modules])
+    link_program_names(rootfs, PROGRAMS, which_host(PROGRAMS))
     if not (rootfs / "usr/bin/python3").exists():
         os.symlink("python3.11", rootfs / "usr/bin/python3")
     (rootfs / "etc/passwd").write_text(PASSWD)

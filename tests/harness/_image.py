@@ -1,6 +1,6 @@
 """A small image for the harness tests: the host's own shell, coreutils and
-procps, hard-linked (tests/cell/_image.py's way), an /etc of its own, and an
-``adduser``/``userdel`` of a few lines of sh (Debian's adduser is Perl, and
+procps, laid out by tests/_image.py (as tests/cell/_image.py is), an /etc of
+its own, and an ``adduser``/``userdel`` of a few lines of sh (Debian's adduser is Perl, and
 shadow's useradd aborts when the kernel's audit socket is refused, as a
 cell's seccomp does). Put into the image store of a state directory under
 the tests' own name."""
@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from stockade.image import ImageConfig, ImageStore
-from tests.cell._image import _libraries, _place
+from tests._image import lay_out_root, link_program_names, place_files, which_host
 
 NAME = "stockade-inspect-test:1"
 PROGRAMS = (
@@ -52,41 +52,13 @@ def store_image(state: Path, tag: str = NAME) -> str:
     """The image in ``<state>/images`` under ``tag``; returns it."""
     store = ImageStore(state / "images")
     store.ensure()
-    found = [shutil.which(p, path="/usr/bin:/usr/sbin:/bin:/sbin") for p in PROGRAMS]
+    found = which_host(PROGRAMS)
     binaries = [os.path.realpath(p) for p in found if p]
     with store.workdir("test-image") as work:
         rootfs = work / "rootfs"
-        dirs = (
-            "usr/bin",
-            "usr/sbin",
-            "usr/lib",
-            "usr/lib64",
-            "etc",
-            "tmp",
-            "proc",
-            "dev",
-            "sys",
-            "root",
-            "home",
-        )
-        for name in (*dirs, "var/tmp", "run"):
-            (rootfs / name).mkdir(parents=True, exist_ok=True)
-        for link, target in (
-            ("bin", "usr/bin"),
-            ("sbin", "usr/sbin"),
-            ("lib", "usr/lib"),
-            ("lib64", "usr/lib64"),
-        ):
-            os.symlink(target, rootfs / link)
-        for path in (*binaries, *_libraries(binaries)):
-            _place(path, rootfs)
-        for name, path in zip(PROGRAMS, found, strict=True):
-            if (
-                path
-                and not (rootfs / "usr/bin" / name).exists()
-                and not (rootfs / "usr/sbin" / name).exists()
-            ):
-                os.symlink(os.path.realpath(path), rootfs / "usr/bin" / name)
+        lay_out_root(rootfs, ("home", "var/tmp", "run"))
+        place_files(rootfs, binaries, libraries_of=binaries)
+        link_program_names(rootfs, PROGRAMS, found, present_in=("usr/bin", "usr/sbin"))
         for tool, script in (("adduser", ADDUSER), ("userdel", USERDEL)):
             (rootfs / "usr/sbin" / tool).unlink(missing_ok=True)
             (rootfs / "usr/sbin" / tool).write_text(script)
