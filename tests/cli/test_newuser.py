@@ -487,3 +487,71 @@ def test_every_duration_flag_reads_the_policys_grammar(capsys: pytest.CaptureFix
         code, _, err = cli(capsys, *args)
         assert code == ExitCode.USAGE, (args, err)
         assert "'1x' is not a duration; write a number of seconds or a number with a unit" in err, err
+
+
+def _wheel(directory: Path, name: str = "tiny", version: str = "1.0") -> Path:
+    """A pure wheel of one module, made by hand (no build backend, no network)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": b"X = 1\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return wheel
+
+
+def test_a_pip_run_is_not_recorded_as_a_refused_bind(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """urllib3 (pip's, vendored) binds ('::1', 0) at import to learn whether
+    IPv6 works; every pip run was recorded as a refused bind. A real pip
+    downloads a local wheel from a file:// index (no traffic at all) and
+    nothing is refused; the control, a bind of a port the policy does not
+    list, still is, and is recorded with its port."""
+    import json
+    import socket
+
+    workspace = tmp_path / "ws"
+    (workspace / "index").mkdir(parents=True)
+    wheel = _wheel(workspace / "index")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        unlisted = s.getsockname()[1]
+    events = tmp_path / "events.jsonl"
+    script = (
+        "set -e; python3 -m pip download --no-index --no-cache-dir --disable-pip-version-check"
+        f" --find-links file://{workspace}/index -d {workspace}/out tiny;"
+        " python3 -c 'import pip._vendor.urllib3.util.connection as c; print(\"ipv6\", c.HAS_IPV6)'"
+    )
+    code = main(["exec", "--workspace", str(workspace), "--events", str(events), "--", "sh", "-c", script])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert (workspace / "out" / wheel.name).read_bytes() == wheel.read_bytes(), out
+    denied = [e for e in map(json.loads, events.read_text().splitlines()) if e.get("outcome") == "denied"]
+    assert denied == [], denied
+    assert "ipv6 True" in out, out  # the probe's bind succeeded: nothing to refuse
+    assert "refusal" not in err, err
+
+    bind = f"import socket; socket.socket(socket.AF_INET6).bind(('::1', {unlisted}))"
+    code = main(["exec", "--events", str(events), "--", "python3", "-c", bind])
+    _, err = capfd.readouterr()
+    assert code != 0
+    denied = [e for e in map(json.loads, events.read_text().splitlines()) if e.get("outcome") == "denied"]
+    assert [(e["layer"], e["detail"].get("blockers"), e["detail"].get("saddr")) for e in denied] == [
+        ("landlock", ["net.bind_tcp"], "::1")
+    ], denied
+    assert "TCP bind on ::1" in err, err

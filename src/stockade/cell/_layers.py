@@ -49,7 +49,14 @@ def prepare_layers(
         write_exec=grants.write_exec,
         exec_files=_landlock.exec_closure(grants.exec_files) if grants.exec_files else (),
         connect_tcp=(GATEWAY_PORT, LLM_PORT, *loopback),
-        bind_tcp=loopback,
+        # Port 0 (the kernel picks one of the ephemeral range): urllib3 binds
+        # ('::1', 0) at import to learn whether IPv6 works, so every pip run
+        # was a refused bind, noise that teaches users to skip refusals. It
+        # gives the agent nothing listen(2) without a bind does not already
+        # give (autobind, which Landlock up to ABI 7 cannot refuse): a socket
+        # in the cell's own network namespace that no process of the cell may
+        # connect to (connect_tcp above), and that nothing outside reaches.
+        bind_tcp=(0, *loopback),
     )
     prepared = _landlock.prepare(rules, _landlock.landlock_abi())
     handled = _landlock.FS_RIGHTS_BY_ABI[min(prepared.abi, 5)]
