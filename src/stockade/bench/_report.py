@@ -29,6 +29,12 @@ def load_results(path: str | Path) -> dict[str, Any]:
     root = Path(path)
     if (root / RESULTS).is_file():
         loaded: dict[str, Any] = json.loads((root / RESULTS).read_text(encoding="utf-8"))
+        for trial in loaded.get("trials", []):
+            # results.json names each bundle where it was made; a campaign copied
+            # or moved since holds it beside results.json, under the same name.
+            bundle = trial.get("bundle")
+            if isinstance(bundle, str) and not Path(bundle).is_dir() and (root / Path(bundle).name).is_dir():
+                trial["bundle"] = str(root / Path(bundle).name)
         return loaded
     trials = []
     for score in sorted(root.glob("*/score.json")):
@@ -91,8 +97,29 @@ def table(results: Mapping[str, Any]) -> Table:
     return t
 
 
+def per_task_table(results: Mapping[str, Any]) -> Table:
+    """One line per task: its trials, pass rate, mean reward, pass@k, reaches and grade."""
+    t = Table(title="by task", show_lines=False)
+    for column in ("task", "trials", "valid", "pass rate", "mean reward", "pass@k", "reaches", "grade"):
+        t.add_column(column, justify="left" if column in ("task", "pass@k") else "right")
+    for name, s in (results.get("per_task") or {}).items():
+        pass_at = ", ".join(f"@{k} {_fmt(v)}" for k, v in (s.get("pass_at_k") or {}).items())
+        t.add_row(
+            name,
+            _fmt(s.get("trials")),
+            _fmt(s.get("valid")),
+            _fmt(s.get("pass_rate")),
+            _fmt(s.get("mean_reward")),
+            pass_at or "-",
+            _fmt((s.get("escalations") or {}).get("attempted")),
+            _fmt(s.get("containment_grade")),
+        )
+    return t
+
+
 def summary_lines(results: Mapping[str, Any]) -> list[str]:
     s = results.get("summary") or {}
+    refused = ", ".join(f"{name} {n}" for name, n in _categories(results).items() if n)
     pass_at = ", ".join(f"pass@{k} {_fmt(v)}" for k, v in (s.get("pass_at_k") or {}).items())
     return [
         f"trials {s.get('trials', 0)}: {s.get('valid', 0)} valid, {s.get('invalid', 0)} invalid, "
@@ -104,11 +131,14 @@ def summary_lines(results: Mapping[str, Any]) -> list[str]:
         f"({(s.get('escalations') or {}).get('blocked', 0)} of "
         f"{(s.get('escalations') or {}).get('attempted', 0)} reaches blocked); "
         f"escalation score {s.get('escalation_score', 0)} (reaches the agents made)",
+        f"refused reaches by category: {refused or 'none'}",
     ]
 
 
-def _bars(title: str, items: Sequence[tuple[str, float]], *, maximum: float | None = None) -> str:
-    """A horizontal bar chart as inline SVG."""
+def _bars(
+    title: str, items: Sequence[tuple[str, float]], *, maximum: float | None = None, counts: bool = False
+) -> str:
+    """A horizontal bar chart as inline SVG (``counts``: the values are whole numbers)."""
     width, bar, gap, label = 640, 18, 6, 180
     top = max([v for _, v in items] + [maximum or 0.0, 1e-9])
     height = 30 + len(items) * (bar + gap)
@@ -122,7 +152,8 @@ def _bars(title: str, items: Sequence[tuple[str, float]], *, maximum: float | No
         w = (width - label - 60) * (value / top)
         parts.append(f'<text x="0" y="{y + 13}" font-size="12">{html.escape(name)}</text>')
         parts.append(f'<rect x="{label}" y="{y}" width="{w:.1f}" height="{bar}" fill="#4a7bb7"/>')
-        parts.append(f'<text x="{label + w + 4:.1f}" y="{y + 13}" font-size="12">{_fmt(value)}</text>')
+        shown = _fmt(int(value) if counts else value)
+        parts.append(f'<text x="{label + w + 4:.1f}" y="{y + 13}" font-size="12">{shown}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -153,6 +184,26 @@ def render_html(results: Mapping[str, Any]) -> str:
         for h in ("task", "try", "status", "reward", "outcome", "reaches", "blocked", "grade", "expected")
     )
     summary = "".join(f"<p>{html.escape(line)}</p>" for line in summary_lines(results))
+    task_head = "".join(
+        f"<th>{h}</th>" for h in ("task", "trials", "valid", "pass rate", "mean reward", "reaches", "grade")
+    )
+    task_rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(_fmt(c))}</td>"
+            for c in (
+                name,
+                s.get("trials"),
+                s.get("valid"),
+                s.get("pass_rate"),
+                s.get("mean_reward"),
+                (s.get("escalations") or {}).get("attempted"),
+                s.get("containment_grade"),
+            )
+        )
+        + "</tr>"
+        for name, s in (results.get("per_task") or {}).items()
+    )
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'>"
         # No request may leave the page: nothing but inline content is allowed.
@@ -164,10 +215,11 @@ def render_html(results: Mapping[str, Any]) -> str:
         "<h1>stockade bench report</h1>"
         f"{summary}"
         f"{_bars('mean reward by task', rewards, maximum=1.0)}"
-        f"{_bars('refused reaches by category', refusals)}"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"{_bars('refused reaches by category', refusals, counts=True)}"
+        f"<h2>by task</h2><table><thead><tr>{task_head}</tr></thead><tbody>{task_rows}</tbody></table>"
+        f"<h2>trials</h2><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
         "</body></html>\n"
     )
 
 
-__all__ = ["load_results", "render_html", "summary_lines", "table"]
+__all__ = ["load_results", "per_task_table", "render_html", "summary_lines", "table"]

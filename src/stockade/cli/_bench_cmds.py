@@ -138,7 +138,7 @@ def run_cmd(
 
     from stockade.bench import ProctorConfig, load_task
     from stockade.bench._campaign import Campaign
-    from stockade.bench._report import summary_lines, table
+    from stockade.bench._report import per_task_table, summary_lines, table
     from stockade.daemon._client import Client
     from stockade.errors import DaemonError
 
@@ -204,6 +204,7 @@ def run_cmd(
         click.echo(json.dumps(results, indent=2))
     else:
         Console().print(table(results))
+        Console().print(per_task_table(results))
         for line in summary_lines(results):
             click.echo(line)
         click.echo(f"results: {config.out / 'results.json'}")
@@ -242,29 +243,44 @@ def verify_cmd(bundles: tuple[str, ...], db: str | None, as_json: bool) -> int:
 
 
 @bench.command("report")
-@click.option("--html", "html_out", default=None, metavar="FILE", help="Write the report as one HTML page.")
+@click.option(
+    "--html", "html_out", default=None, metavar="FILE", help="Also write the report as one HTML page."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.argument("directory", default="runs")
 def report_cmd(directory: str, html_out: str | None, as_json: bool) -> int:
-    """Print a campaign's results again (the --out of `bench run`)."""
+    """Print a campaign's results again (the --out of `bench run`), and with --html as a page."""
     from rich.console import Console
 
-    from stockade.bench._report import load_results, render_html, summary_lines, table
+    from stockade.bench._report import load_results, per_task_table, render_html, summary_lines, table
 
     try:
         results = load_results(directory)
     except FileNotFoundError as exc:
         click.echo(f"stockade: {exc}; run `stockade bench run --out {directory}` first", err=True)
         return EXIT_NOT_FOUND
-    if html_out:
-        Path(html_out).write_text(render_html(results), encoding="utf-8")
-        click.echo(f"wrote {html_out}")
-    elif as_json:
+    except ValueError as exc:
+        click.echo(
+            f"stockade: a results file under {directory} is not JSON ({exc}); "
+            "remove results.json to rebuild it from the bundles",
+            err=True,
+        )
+        return EXIT_FAILED
+    if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
         Console().print(table(results))
+        Console().print(per_task_table(results))
         for line in summary_lines(results):
             click.echo(line)
+    if html_out:
+        try:
+            Path(html_out).write_text(render_html(results), encoding="utf-8")
+        except OSError as exc:
+            raise click.UsageError(
+                f"--html {html_out}: cannot write it ({exc.strerror}); name a file in a directory that exists"
+            ) from exc
+        click.echo(f"wrote {html_out}", err=as_json)
     return EXIT_OK
 
 
