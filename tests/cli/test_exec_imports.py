@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a cell reads the kern
 
 STOCKADE_MODULES = frozenset(
     {
-        *("stockade", "stockade._netns", "stockade.errors", "stockade.exit_codes"),
+        *("stockade", "stockade._netns", "stockade._slots", "stockade.errors", "stockade.exit_codes"),
         *("stockade.cli", "stockade.cli._exec", "stockade.cli._exec_gateway", "stockade.cli.main"),
         *("stockade.policy", "stockade.policy._default", "stockade.policy._model"),
         *("stockade.record", "stockade.record._event"),

@@ -30,9 +30,9 @@ import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from stockade._slots import Frozen, Mutable
 from stockade.cell._audit_mount import (
     AUDIT_CWD,
     AUDIT_PATH,
@@ -95,16 +95,23 @@ KIND_LOST: Final = "cell.audit_lost"
 LossReason = Literal["overrun", "kernel", "landlock_count", "cap", "rules", "off"]
 
 
-@dataclass(frozen=True)
-class AuditRecord:
+class AuditRecord(Frozen):
     """One parsed audit record: its type, stamp and decoded ``key=value`` fields."""
 
+    _fields = ("type", "time", "serial", "fields")
+    __slots__ = _fields
     type: int
     time: float
     """Seconds since the epoch, from ``audit(SECONDS.MILLIS:SERIAL)``."""
     serial: int
     """Records with the same serial belong to one kernel event."""
     fields: dict[str, str]
+
+    def __init__(self, type: int, time: float, serial: int, fields: dict[str, str]) -> None:
+        object.__setattr__(self, "type", type)
+        object.__setattr__(self, "time", time)
+        object.__setattr__(self, "serial", serial)
+        object.__setattr__(self, "fields", fields)
 
 
 def decode_value(key: str, raw: str) -> str:
@@ -349,26 +356,39 @@ def mount_event(cell: str, refusal: MountRefusal) -> Event:
 # --- attribution --------------------------------------------------------------------------
 
 
-@dataclass
-class _Group:
+class _Group(Mutable):
     """Landlock records of one kernel event, waiting for their SYSCALL record."""
 
-    arrived: float
-    records: list[AuditRecord] = field(default_factory=list)
-    syscall: AuditRecord | None = None
+    _fields = ("arrived", "records", "syscall")
+    __slots__ = _fields
+
+    def __init__(
+        self, arrived: float, records: list[AuditRecord] | None = None, syscall: AuditRecord | None = None
+    ) -> None:
+        self.arrived = arrived
+        self.records: list[AuditRecord] = [] if records is None else records
+        self.syscall = syscall
 
 
-@dataclass
-class _Domain:
-    cell: str
-    enforcing: bool
-    logged: int = 0
+class _Domain(Mutable):
+    _fields = ("cell", "enforcing", "logged")
+    __slots__ = _fields
+
+    def __init__(self, cell: str, enforcing: bool, logged: int = 0) -> None:
+        self.cell = cell
+        self.enforcing = enforcing
+        self.logged = logged
 
 
-@dataclass(frozen=True)
-class _Watch:
+class _Watch(Frozen):
+    _fields = ("session", "pid")
+    __slots__ = _fields
     session: int
     pid: int
+
+    def __init__(self, session: int, pid: int) -> None:
+        object.__setattr__(self, "session", session)
+        object.__setattr__(self, "pid", pid)
 
 
 def _hints_of(rec: AuditRecord, syscall: AuditRecord | None) -> list[tuple[str, object]]:

@@ -1,0 +1,50 @@
+"""The plain value classes of the start-up path behave as the dataclasses they replace."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from stockade._slots import Frozen, Mutable
+
+
+class _Point(Frozen):
+    _fields = ("x", "y")
+    __slots__ = _fields
+
+    def __init__(self, x: int, y: tuple[int, ...] = ()) -> None:
+        object.__setattr__(self, "x", x)
+        object.__setattr__(self, "y", y)
+
+
+class _Box(Mutable):
+    _fields = ("items",)
+    __slots__ = _fields
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = items
+
+
+def test_frozen_is_equal_and_hashed_by_its_fields_and_cannot_change() -> None:
+    a, b = _Point(1, (2,)), _Point(1, (2,))
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != _Point(2, (2,))
+    assert a.__eq__(("x", 1)) is NotImplemented
+    assert repr(a) == "_Point(x=1, y=(2,))"
+    with pytest.raises(AttributeError, match="cannot assign to field 'x'"):
+        a.x = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="cannot delete field 'x'"):
+        del a.x
+    assert pickle.loads(pickle.dumps(a)) == a
+    assert not hasattr(a, "__dict__")
+
+
+def test_mutable_is_equal_by_its_fields_and_unhashable() -> None:
+    box = _Box([1])
+    box.items.append(2)
+    box.items = [1, 2]
+    assert box == _Box([1, 2]) and box != _Box([1])
+    with pytest.raises(TypeError):
+        hash(box)
+    assert pickle.loads(pickle.dumps(box)) == box
