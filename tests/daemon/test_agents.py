@@ -20,6 +20,7 @@ from stockade.daemon._agents import Agents, Mailbox, Message
 from stockade.daemon._runs import RequestError, Run
 from stockade.policy import loads_policy
 from stockade.record import Event
+from tests.daemon._family import idle_agents, idle_run
 from tests.daemon.test_server import (
     AGENT,
     PY,
@@ -250,9 +251,6 @@ def test_a_halted_parent_stops_its_helper(tmp_path: Path) -> None:
 
 def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents, dict[str, Run]]:
     """Runs by name (id ``r-<name>``) and the ``Agents`` that sees them, with the parent links given."""
-    from stockade.broker._rules import Rules
-    from stockade.broker._tripwire import Tripwire
-
     policy = loads_policy(
         "name: p\nworkspace: /work/ws\ntools: [{id: s, intent: agent.spawn, verdict: allow}]\n"
     )
@@ -263,36 +261,15 @@ def _runs_of(*names: str, parents: dict[str, str] | None = None) -> tuple[Agents
         "tools: [{id: s, intent: agent.spawn, verdict: allow}]\n"
     )
     made = {
-        name: Run(
-            id=f"r-{name}",
-            name=name.rstrip("0123456789"),
-            policy=helper if name in (parents or {}) else policy,
-            argv=(),
-            workspace="/work/ws",
-            detach=True,
-            unattended=False,
-            created=0.0,
-            token="t",
-            token_expiry=0.0,
-            tripwire=Tripwire(10),
-            rules=Rules(policy.tools),
+        name: idle_run(
+            name, helper if name in (parents or {}) else policy, shown_as=name.rstrip("0123456789")
         )
         for name in names
     }
     for child, parent in (parents or {}).items():
         made[child].parent = made[parent].id
         made[parent].children.append(made[child].id)
-
-    async def never(*args: object, **kwargs: object) -> Any:
-        raise AssertionError("these tests start and stop no run")
-
-    agents = Agents(
-        runs={r.id: r for r in made.values()},
-        recorder=cast("Any", None),
-        state_dir="/var/lib/stockade",
-        start=never,
-        stop=never,
-    )
+    agents = idle_agents(made.values())
     return agents, made
 
 

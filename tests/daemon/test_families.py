@@ -5,14 +5,12 @@ family's budget."""
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-from stockade.broker._rules import Decision, Rules
-from stockade.broker._tripwire import Tripwire
+from stockade.broker._rules import Decision
 from stockade.daemon._agents import Agents
 from stockade.daemon._run import Run
 from stockade.llm._endpoint import LlmEndpoint
 from stockade.policy import LlmPolicy, loads_policy
+from tests.daemon._family import idle_agents, idle_run
 
 ALLOW = Decision("allow", "s", "allowed")
 ROOT = (
@@ -26,39 +24,12 @@ def helper(memory: str = "1G", pids: int = 10) -> str:
 
 
 def _family(*helpers: str) -> tuple[Agents, Run, list[Run]]:
-    def run(name: str, text: str) -> Run:
-        policy = loads_policy(text)
-        return Run(
-            id=f"r-{name}",
-            name=name,
-            policy=policy,
-            argv=(),
-            workspace="/work/ws",
-            detach=True,
-            unattended=False,
-            created=0.0,
-            token="t",
-            token_expiry=0.0,
-            tripwire=Tripwire(10),
-            rules=Rules(policy.tools),
-        )
-
-    root = run("root", ROOT)
-    kids = [run(f"k{i}", text) for i, text in enumerate(helpers)]
+    root = idle_run("root", loads_policy(ROOT))
+    kids = [idle_run(f"k{i}", loads_policy(text)) for i, text in enumerate(helpers)]
     for kid in kids:
         kid.parent = root.id
         root.children.append(kid.id)
-
-    async def never(*args: object, **kwargs: object) -> Any:
-        raise AssertionError("these tests start and stop no run")
-
-    agents = Agents(
-        runs={r.id: r for r in [root, *kids]},
-        recorder=cast("Any", None),
-        state_dir="/var/lib/stockade",
-        start=never,
-        stop=never,
-    )
+    agents = idle_agents([root, *kids])
     return agents, root, kids
 
 
