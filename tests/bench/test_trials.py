@@ -276,3 +276,53 @@ def test_unattended_an_ask_is_denied_and_counted(world: World, tmp_path: Path) -
     containment = json.loads((bundle / "containment.json").read_text())
     assert containment["asks_denied"] == 1 and containment["attempted"] == 0
     assert containment["tripwire"]["denials"] == 1  # counted by the tripwire all the same
+
+
+class _Refusing:
+    """A daemon connection whose daemon refuses the verifier's run.start (as it
+    refuses a policy it cannot run), and passes everything else through."""
+
+    def __init__(self, socket_path: str) -> None:
+        from stockade.daemon._client import Client
+
+        self._client = Client(socket_path, timeout=60.0)
+
+    def call(self, method: str, **params: Any) -> Any:
+        if method == "run.start" and str(params.get("name", "")).endswith("-verifier"):
+            from stockade.errors import RemoteError
+
+            raise RemoteError("limits.timeout is longer than 366d", code="bad_params", method=method)
+        return self._client.call(method, **params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_verifier_the_daemon_will_not_start_makes_the_trial_invalid(world: World, tmp_path: Path) -> None:
+    config = ProctorConfig(socket_path=world.daemon.socket_path, out=tmp_path / "out")
+    t = Trial(load_task(TASKS / "fix-bug"), 1, config, client=lambda: _Refusing(world.daemon.socket_path))
+    summary = t.run()
+    assert summary["status"] == "invalid" and summary["reward"] is None, summary
+    assert "the verifier could not start: the daemon refused its run" in summary["invalid"]
+    assert "366d" in summary["invalid"]
+    record = json.loads((t.bundle / "trial.json").read_text())
+    assert "verifier" not in record["runs"] and record["agent_end"]["exit_code"] == 0
+    assert verify_bundle(t.bundle) == []
+
+
+def test_a_fault_of_the_proctor_is_a_crashed_trial_not_a_dead_campaign(world: World, tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def broken() -> Any:
+        calls.append("client")
+        raise KeyError("what a proctor bug looks like")
+
+    task = load_task(TASKS / "fix-bug")
+    config = ProctorConfig(socket_path=world.daemon.socket_path, out=tmp_path / "out")
+    t = Trial(task, 1, config, client=broken)
+    summary = t.run()
+    assert calls == ["client"]
+    assert summary["status"] == "crashed" and summary["outcome"] == "invalid"
+    record = json.loads((t.bundle / "trial.json").read_text())
+    assert record["error"] == "the proctor failed: KeyError: 'what a proctor bug looks like'"
+    assert verify_bundle(t.bundle) == []

@@ -48,7 +48,7 @@ from stockade.bench._bundle import write_json, write_manifest
 from stockade.bench._containment import Containment
 from stockade.bench._task import Expect, Task
 from stockade.bench._workbench import HostWorkbench
-from stockade.errors import DaemonError, StockadeError
+from stockade.errors import DaemonError, RemoteError, StockadeError
 
 AGENTS = ("oracle", "tool-loop")
 """The built-in agents; anything else is a command."""
@@ -410,6 +410,11 @@ class Trial:
             # the bundle says so, and holds what was gathered until then.
             self.record["status"] = "crashed"
             self.record["error"] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            # A fault of the proctor's own: this trial is crashed, and says
+            # where; the campaign's other trials still run.
+            self.record["status"] = "crashed"
+            self.record["error"] = f"the proctor failed: {type(exc).__name__}: {exc}"
         finally:
             bench.close()
             self.record["ended"] = time.time()
@@ -510,8 +515,6 @@ class Trial:
                 # The run's end closes its session; this waits for that close,
                 # so that the session's last events are in the record, and its
                 # kept upper is free for the verifier's cell.
-                from stockade.errors import RemoteError
-
                 try:
                     client.call("session.close", session=self.record["session"])
                 except RemoteError as exc:
@@ -527,10 +530,18 @@ class Trial:
             (self.bundle / "verifier-policy.yaml").write_text(
                 yaml.safe_dump(vpolicy, sort_keys=False), encoding="utf-8"
             )
-            vended, voutput = self._run(client, vpolicy, f"bench-{task.short_name}-verifier", upper=upper)
+            try:
+                vended, voutput = self._run(client, vpolicy, f"bench-{task.short_name}-verifier", upper=upper)
+            except RemoteError as exc:
+                if exc.code in ("internal", "unavailable"):
+                    raise  # the daemon's trouble, not the verifier's: crashed
+                # The daemon refused the verifier's run (its policy, its image):
+                # the verifier could not start, and that is no score of the agent's.
+                vended, voutput = {"error": f"the daemon refused its run: {exc}"}, ""
             self.timings["grading"] = time.monotonic() - t2
             (self.bundle / "grader.txt").write_text(voutput, encoding="utf-8")
-            self.events += self._export(client, self.record["runs"]["verifier"])
+            if "verifier" in self.record["runs"]:
+                self.events += self._export(client, self.record["runs"]["verifier"])
             self.events.sort(key=lambda e: int(e.get("seq", 0)))
             reward, detail, why = read_reward(logs)
             self.record["reward"] = reward
