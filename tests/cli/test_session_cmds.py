@@ -60,3 +60,34 @@ def test_open_exec_ls_close(tmp_path: Path) -> None:
         assert out.strip() == "no session is open"
         code, _, err = _cli(sock, "close", sid)
         assert code == 6 and "no open session" in err  # not found
+
+
+def test_shell_runs_each_line_as_a_recorded_exec_and_keeps_cd(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    policy = tmp_path / "bench.json"
+    policy.write_text(json.dumps({"name": "bench", "workspace": str(ws)}))
+    with daemon_at(tmp_path) as dt:
+        sock = dt.socket_path
+        code, out, err = _cli(sock, "open", str(policy))
+        assert code == 0, err
+        sid = out.strip()
+        lines = b"echo hi > made.txt && cat made.txt\ncd /tmp\npwd\ncd /no/such/dir\n\npwd; false\nexit\n"
+        code, out, err = _cli(sock, "shell", sid, stdin=lines)
+        # Each line ran in the cell; `cd` was kept, a failed one left it as it was.
+        assert out == "hi\n/tmp\n/tmp\n", err
+        assert "/no/such/dir" in err
+        assert code == 1  # `exit` gives the last line's code (`false`)
+        assert (ws / "made.txt").read_text() == "hi\n"  # in the session's workspace
+        code, out, _ = _cli(sock, "shell", sid, stdin=b"exit 7\n")
+        assert code == 7
+        (info,) = [i for i in dt_sessions(sock) if i["session"] == sid]
+        assert info["calls"] == 5  # one exec per line that ran: the blank line and exit ran none
+        code, _, err = _cli(sock, "shell", "s-nosuchsession", stdin=b"true\n")
+        assert code == 6 and "no open session" in err
+
+
+def dt_sessions(sock: str) -> list[dict[str, object]]:
+    from stockade.daemon._client import Client
+
+    with Client(sock, timeout=30) as client:
+        return list(client.sessions())

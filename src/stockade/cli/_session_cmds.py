@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -106,6 +107,87 @@ def exec_cmd(
     if result.timed_out:
         click.echo(f"stockade: killed after the {timeout:g} s timeout", err=True)
     return int(result.returncode)
+
+
+@session.command("shell")
+@click.argument("session_id", metavar="SESSION")
+@click.option("--cwd", metavar="DIR", help="The directory to start in (absolute, inside the cell).")
+@click.option("--user", metavar="UID", help="Another user (a root workbench only).")
+@click.option(
+    "--timeout",
+    type=Duration(minimum=0.001),
+    help="Kill each line's whole tree after this long (90, 30s, 5m).",
+)
+@_place
+def shell_cmd(
+    session_id: str,
+    cwd: str | None,
+    user: str | None,
+    timeout: float | None,
+    state: str | None,
+    socket_path: str | None,
+) -> int:
+    """A shell in SESSION: each line is one recorded exec (sh -c LINE); cd is kept, exit ends it."""
+    from stockade.daemon._client import RemoteSession
+
+    if cwd is not None and not cwd.startswith("/"):
+        raise click.UsageError(
+            f"--cwd {cwd!r} is not absolute; give a directory inside the cell such as /app"
+        )
+    interactive = sys.stdin.isatty()
+    if interactive:
+        import readline  # noqa: F401  (line editing and history for input())
+    code = 0
+    with _client(state, socket_path, timeout=60.0) as client:
+        remote = RemoteSession.attach(client, session_id)
+        if interactive:
+            click.echo(
+                f"stockade: a shell in session {session_id}; each line is one exec, `exit` ends it",
+                err=True,
+            )
+        while True:
+            try:
+                line = input(f"{session_id}:{cwd or '~'}$ ") if interactive else sys.stdin.readline()
+            except EOFError:
+                line = ""
+            if not line:
+                break  # end of input
+            line = line.rstrip("\n")
+            words = _simple_words(line)
+            if words and words[0] == "exit" and len(words) <= 2:
+                return int(words[1]) if len(words) == 2 and words[1].isdigit() else code
+            is_cd = bool(words) and words[0] == "cd" and len(words) <= 2
+            if is_cd:
+                # Resolved in the cell (its view, its HOME), kept for the next lines.
+                argv = ["/bin/sh", "-c", 'cd -- "${1:-$HOME}" && pwd', "sh", *words[1:]]
+            elif line.strip():
+                argv = ["/bin/sh", "-c", line]
+            else:
+                continue
+            result = remote.exec(argv, cwd=cwd, user=user, timeout=timeout)
+            if is_cd and result.returncode == 0:
+                cwd = result.stdout.decode("utf-8", "replace").strip() or cwd
+            else:
+                sys.stdout.buffer.write(result.stdout)
+                sys.stdout.buffer.flush()
+            sys.stderr.buffer.write(result.stderr)
+            sys.stderr.buffer.flush()
+            if result.timed_out:
+                click.echo(f"stockade: killed after the {timeout:g} s timeout", err=True)
+            code = int(result.returncode)
+    return code
+
+
+def _simple_words(line: str) -> list[str] | None:
+    """The words of ``line`` when it is one plain command (no operator,
+    redirection or substitution), else None: only such a ``cd`` or ``exit``
+    is the shell's own; anything else goes to ``sh -c`` as typed."""
+    if any(c in line for c in ";&|<>()$`\\"):
+        return None
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return None
 
 
 @session.command("ls")
