@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
 
@@ -103,6 +105,49 @@ async def test_without_a_daemon_the_sample_lives_in_this_process(tmp_path: Path)
     envs = await sandbox_type.sample_init("alone", config, {})
     env = envs["default"]
     assert (await env.exec(["echo", "hi"])).stdout == "hi\n"
+    # No daemon hosts the session: no outside connection, and the message says
+    # how to get one (Inspect's contract: NotImplementedError).
+    with pytest.raises(NotImplementedError, match=r"start the daemon .*`stockade session shell`"):
+        await env.connection()
     await sandbox_type.sample_cleanup("alone", config, envs, False)
     assert env.report["record"]["via"] == "process"
     assert env.report["record"]["store"] == _paths.store_path(str(tmp_path / "state"))
+    with pytest.raises(ConnectionError, match="has ended"):
+        await env.connection()
+
+
+async def test_with_a_daemon_the_connection_is_a_shell_in_the_samples_session(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    config = sandbox_type.config_deserialize({"state": str(state)})
+    dt = DaemonThread(state=str(state), socket_path=_paths.socket_path(state=str(state)))
+    dt.start()
+    try:
+        with Client(dt.socket_path, timeout=60) as client:
+            envs = await sandbox_type.sample_init("connect", config, {})
+            env = envs["default"]
+            try:
+                run = env.record.run_id
+                connection = await env.connection()
+                assert connection.type == "stockade"
+                argv = shlex.split(connection.command)
+                (session,) = client.sessions(run)
+                assert argv[1:4] == ["session", "shell", "--socket"] and argv[-1] == session["session"]
+                # What a human would do: run the command and type into it.
+                typed = "echo from-the-shell > typed.txt\ncd /tmp\npwd\ncat /etc/shadow\n"
+                shell = await anyio.run_process(argv, input=typed.encode(), check=False)
+                assert shell.stdout.decode() == "/tmp\n", shell.stderr
+                assert shell.returncode != 0 and b"/etc/shadow" in shell.stderr  # the cell's refusal
+                # The lines ran in the sample's own cell, where the sandbox sees them.
+                assert await env.read_file("typed.txt") == "from-the-shell\n"
+                stored = _stored(client, run)
+                lines = [e["detail"]["argv"] for e in stored if e["kind"] == "session.exec"]
+                assert ["/bin/sh", "-c", "echo from-the-shell > typed.txt"] in lines
+                assert ["/bin/sh", "-c", "cat /etc/shadow"] in lines
+                assert any(
+                    e["outcome"] == "denied" and "/etc/shadow" in e["summary"] for e in stored
+                )  # the kernel's refusal is in the sample's record
+            finally:
+                await sandbox_type.sample_cleanup("connect", config, envs, False)
+    finally:
+        dt.stop()

@@ -271,6 +271,8 @@ class _RemoteWorkbench:
     def __init__(self, socket: str, info: dict[str, Any]) -> None:
         self._socket = socket
         self._info = info
+        self.socket = socket
+        """The daemon's socket (``stockade session shell --socket``)."""
         self.session_id = str(info["session"])
         self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._clients: list[Any] = []

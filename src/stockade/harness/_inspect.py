@@ -22,6 +22,8 @@ import contextlib
 import dataclasses
 import errno
 import os
+import shlex
+import sys
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Union, overload
 
@@ -240,17 +242,32 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         _attach_to_sample(self.report)
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        """``stockade session shell`` for the sample's session, when the daemon
+        hosts it: a line-by-line shell whose every line is a recorded exec in
+        the sample's cell, inside all its layers.
+
+        Raises:
+            ConnectionError: the sample's session has ended.
+            NotImplementedError: no daemon hosts the session (it lives in this
+                process); the message says to start one.
+        """
         if self._closed:
-            raise ConnectionError("the sample's stockade session has ended")
-        # The session lives in the eval's own process, so there is nothing to
-        # attach a terminal to from outside; entering the cell's namespaces
-        # with nsenter would skip its Landlock and seccomp, which is no
-        # connection to offer.
-        raise NotImplementedError(
-            "the stockade sandbox runs its session inside the eval's process and offers no "
-            "outside connection; follow it with `stockade export --run "
-            f"{self.record.run_id}` once the sample ends"
-        )
+            raise ConnectionError(f"the stockade session of run {self.record.run_id} has ended")
+        socket = getattr(self._workbench, "socket", None)
+        session_id = getattr(self._workbench, "session_id", None)
+        if self.host.via != "daemon" or socket is None or session_id is None:
+            # Entering the cell's namespaces from outside (nsenter) would skip
+            # its Landlock and seccomp, which is no connection to offer.
+            raise NotImplementedError(
+                f"the stockade session of run {self.record.run_id} lives inside the eval's process, "
+                "which offers no outside connection; start the daemon for the same state directory "
+                "(`stockade daemon &`) before the eval, and each sample's session is the daemon's, "
+                "reached with `stockade session shell`"
+            )
+        argv = [_stockade_command(), "session", "shell", "--socket", socket, "--cwd", self._cwd]
+        if user is not None:
+            argv += ["--user", user]
+        return SandboxConnection(type="stockade", command=shlex.join([*argv, session_id]))
 
     def default_polling_interval(self) -> float:
         return 0.2
@@ -395,6 +412,13 @@ def _staged_argv(files: ExecFiles, argv: list[str], uid: int | str | None) -> li
     files.write_file(path, b"\0".join(a.encode() for a in argv) + b"\0", user=uid)
     script = 'mapfile -d "" -t a < "$0" && rm -f -- "$0" && exec "${a[@]}"'
     return ["/bin/bash", "-c", script, path]
+
+
+def _stockade_command() -> str:
+    """The ``stockade`` executable beside this interpreter (the venv's), else
+    the one on ``PATH``."""
+    beside = os.path.join(os.path.dirname(sys.executable), "stockade")
+    return beside if os.access(beside, os.X_OK) else "stockade"
 
 
 async def _in_thread(fn: Callable[[], T]) -> T:
