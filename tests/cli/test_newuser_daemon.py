@@ -219,6 +219,41 @@ def test_secrets_come_from_the_callers_shell(
         proc.stderr.close()
 
 
+def test_the_llm_key_comes_from_the_callers_shell(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``OPENAI_API_KEY=… stockade run -f …`` with a daemon already running
+    (whose environment lacks the key): the key is the caller's, as ``${VAR}``
+    and secrets are. Unset in the caller's shell too, it is exit 3 naming it."""
+    state, sock = tmp_path / "state", tmp_path / "d.sock"
+    env = {k: v for k, v in os.environ.items() if k != "STOCKADE_TEST_LLM_KEY"}
+    proc = subprocess.Popen(
+        [STOCKADE, "daemon", "--state", str(state), "--socket", str(sock)], stderr=subprocess.PIPE, env=env
+    )
+    try:
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stderr], [], [], WAIT)
+        assert ready and "listening on" in proc.stderr.readline().decode()
+        extra = (
+            "llm:\n  provider: openai\n  base_url: http://127.0.0.1:9/v1\n  model: m\n"
+            "  api_key_env: STOCKADE_TEST_LLM_KEY\n"
+        )
+        file = policy(tmp_path, "llmkeyed", 'test -n "$OPENAI_BASE_URL" && echo endpoint-set', extra)
+        monkeypatch.delenv("STOCKADE_TEST_LLM_KEY", raising=False)
+        code, _, err = cli(capsys, "run", "-f", str(file), "--socket", str(sock))
+        assert code == ExitCode.POLICY, err
+        assert "STOCKADE_TEST_LLM_KEY" in err and "not set" in err
+        monkeypatch.setenv("STOCKADE_TEST_LLM_KEY", "sk-callers-key")
+        code, out, err = cli(capsys, "run", "-f", str(file), "--socket", str(sock))
+        assert code == 0, err
+        assert out == "endpoint-set\n" and "sk-callers-key" not in out + err
+    finally:
+        proc.terminate()
+        proc.wait(WAIT)
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
 def test_logs_follow_says_when_the_daemon_dies_and_the_next_daemon_names_lost_runs(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
