@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.daemon.test_server import (
+    AGENT_WIRE,
     PY,
     Wire,
     agent_policy,
@@ -33,30 +34,9 @@ from tests.daemon.test_server import (
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cells under the daemon need root on this host")
 
-FLOOD_AGENT = textwrap.dedent(
+FLOOD_AGENT = AGENT_WIRE + textwrap.dedent(
     """
-    import json, os, socket, struct, sys
     plan = json.load(open(sys.argv[1]))
-    TOKEN = os.environ["STOCKADE_TOKEN"]
-    BROKER = os.environ["STOCKADE_BROKER"]
-
-    def connect():
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(BROKER)
-        return s
-
-    def read_frame(s):
-        head = b""
-        while len(head) < 4:
-            chunk = s.recv(4 - len(head))
-            if not chunk:
-                return None
-            head += chunk
-        n = struct.unpack(">I", head)[0]
-        body = b""
-        while len(body) < n:
-            body += s.recv(n - len(body))
-        return json.loads(body)
 
     def frame(i, method, params):
         body = json.dumps({"v": 1, "id": i, "method": method, "params": params}).encode()

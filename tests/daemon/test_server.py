@@ -180,10 +180,9 @@ def workspace(tmp_path: Path, name: str = "ws") -> Path:
     return ws
 
 
-AGENT = textwrap.dedent(
+AGENT_WIRE = textwrap.dedent(
     """
     import json, os, socket, struct, sys
-    plan = json.load(open(sys.argv[1]))
     TOKEN = os.environ["STOCKADE_TOKEN"]
     BROKER = os.environ["STOCKADE_BROKER"]
 
@@ -204,6 +203,17 @@ AGENT = textwrap.dedent(
         while len(body) < n:
             body += s.recv(n - len(body))
         return json.loads(body)
+    """
+)
+"""The start of every hand-framing agent script in these tests: its token, a
+connection to the broker socket and a reader of one length-prefixed frame
+(None at end of stream). The agents of this file, test_floods and
+test_sessions each add only their own plan loop, so a change to the wire is
+made once."""
+
+AGENT = AGENT_WIRE + textwrap.dedent(
+    """
+    plan = json.load(open(sys.argv[1]))
 
     def frame(obj):
         body = json.dumps(obj).encode()

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from stockade.daemon._client import Client, RemoteSession
+from stockade.daemon._server import DaemonThread
 from stockade.errors import RemoteError
 from tests.daemon.test_server import (
+    AGENT_WIRE,
     PY,
     agent_policy,
     daemon_at,
@@ -40,6 +42,67 @@ def _events(client: Client, run: str | None = None) -> list[dict[str, Any]]:
 
 def _policy_text(ws: Path) -> str:
     return json.dumps({"name": "bench", "workspace": str(ws)})
+
+
+def _held_agent_and_bystander(
+    tmp_path: Path, ws: Path, script: str, intents: list[str]
+) -> tuple[Path, Path, Path, Path]:
+    """The set-up of the tests where a run's agent sends intents naming
+    sessions: a policy running ``script`` (a ``HELD_AGENT``) on the fifo and
+    plan file it returns, allowed ``intents``, and a second run's policy
+    (``other``) whose agent holds on a fifo of its own so that its session can
+    be named as a foreign one. Returns ``(fifo, plan, policy, other)``."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    fifo = shared / "go"
+    os.mkfifo(fifo)
+    plan = shared / "plan.json"
+    policy = tmp_path / "agent.json"
+    policy.write_text(
+        json.dumps(
+            {
+                "name": "agent",
+                "command": [PY, "-c", script, str(fifo), str(plan)],
+                "workspace": str(ws),
+                "filesystem": {"read": [str(shared)]},
+                "tools": [{"id": i, "intent": i, "verdict": "allow"} for i in intents],
+            }
+        )
+    )
+    other_ws = workspace(tmp_path, "o")
+    other_fifo = other_ws / "hold"  # in its workspace: the cell sees it
+    os.mkfifo(other_fifo)
+    other = agent_policy(tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=other_ws)
+    return fifo, plan, policy, other
+
+
+def _start_with_sessions(
+    dt: DaemonThread, client: Client, policy: Path, other: Path
+) -> tuple[dict[str, Any], dict[str, Any], RemoteSession, RemoteSession]:
+    """Both runs of ``_held_agent_and_bystander`` started, and a session opened
+    on each: ``(run, elsewhere, own, foreign)``."""
+    run = client.call("run.start", policy_path=str(policy), detach=True)
+    elsewhere = client.call("run.start", policy_path=str(other), detach=True)
+    wait_output(dt.socket_path, elsewhere["id"], "blocking")  # alive while its session is opened
+    own = client.open_session(run=run["id"])
+    foreign = client.open_session(run=elsewhere["id"])
+    return run, elsewhere, own, foreign
+
+
+def _release_to_the_end(
+    dt: DaemonThread, client: Client, run: str, fifo: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Once the held agent of ``run`` is ready, its fifo released and the run
+    waited to its end: the ``result`` of each reply it printed, and its events."""
+    wait_output(dt.socket_path, run, "ready")
+    with client.subscribe("events.subscribe", run=run) as stream:
+        release(fifo)
+        for pushed in stream:
+            if kind_is("run.end", run)(pushed):
+                break
+    logs = client.call("run.logs", run=run)["data"]
+    replies = [json.loads(line)["result"] for line in logs.splitlines() if line.startswith("{")]
+    return replies, _events(client, run)
 
 
 def test_open_exec_files_close_and_the_record(tmp_path: Path) -> None:
@@ -176,36 +239,37 @@ def test_the_daemon_closes_its_sessions_when_it_stops(tmp_path: Path) -> None:
     assert "session.close" in seen and "cell.end" in seen
 
 
-SESSION_AGENT = textwrap.dedent(
+HELD_AGENT = AGENT_WIRE + textwrap.dedent(
     """
-    import json, os, select, socket, struct, sys
+    import select
     fifo, plan = sys.argv[1], sys.argv[2]
 
     def frame(obj):
         body = json.dumps(obj).encode()
         return struct.pack(">I", len(body)) + body
 
-    def read_frame(s):
-        head = b""
-        while len(head) < 4:
-            head += s.recv(4 - len(head))
-        n = struct.unpack(">I", head)[0]
-        body = b""
-        while len(body) < n:
-            body += s.recv(n - len(body))
-        return json.loads(body)
+    def intent(i, name, args):
+        return frame({"v": 1, "id": i, "method": "intent",
+                      "params": {"token": TOKEN, "intent": name, "args": args}})
 
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader now, before saying so
     print("ready", flush=True)
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     poller.poll()
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(os.environ["STOCKADE_BROKER"])
+    s = connect()
+    """
+)
+"""The start of an agent that says ``ready``, then waits on the fifo
+``argv[1]`` until the test has opened its sessions and written their ids to
+the plan file ``argv[2]`` (which it reads only then); each agent below adds
+its own loop over the plan."""
+
+SESSION_AGENT = HELD_AGENT + textwrap.dedent(
+    """
     for i, session in enumerate(json.load(open(plan)), 1):
         args = {"argv": ["sh", "-c", "echo $$ >> calls; cat calls | wc -l"], "session": session}
-        s.sendall(frame({"v": 1, "id": i, "method": "intent",
-                         "params": {"token": os.environ["STOCKADE_TOKEN"], "intent": "exec", "args": args}}))
+        s.sendall(intent(i, "exec", args))
         print(json.dumps(read_frame(s)), flush=True)
     """
 )
@@ -213,45 +277,13 @@ SESSION_AGENT = textwrap.dedent(
 
 def test_the_exec_intent_runs_in_the_runs_own_session_only(tmp_path: Path) -> None:
     ws = workspace(tmp_path)
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    fifo = shared / "go"
-    os.mkfifo(fifo)
-    plan = shared / "sessions.json"
-    policy = tmp_path / "agent.json"
-    policy.write_text(
-        json.dumps(
-            {
-                "name": "agent",
-                "command": [PY, "-c", SESSION_AGENT, str(fifo), str(plan)],
-                "workspace": str(ws),
-                "filesystem": {"read": [str(shared)]},
-                "tools": [{"id": "exec", "intent": "exec", "verdict": "allow"}],
-            }
-        )
-    )
-    other_ws = workspace(tmp_path, "o")
-    other_fifo = other_ws / "hold"  # in its workspace: the cell sees it
-    os.mkfifo(other_fifo)
-    other = agent_policy(tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=other_ws)
+    fifo, plan, policy, other = _held_agent_and_bystander(tmp_path, ws, SESSION_AGENT, ["exec"])
     with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
-        run = client.call("run.start", policy_path=str(policy), detach=True)
-        elsewhere = client.call("run.start", policy_path=str(other), detach=True)
-        wait_output(dt.socket_path, elsewhere["id"], "blocking")  # alive while its session is opened
-        own = client.open_session(run=run["id"])
-        foreign = client.open_session(run=elsewhere["id"])
+        run, elsewhere, own, foreign = _start_with_sessions(dt, client, policy, other)
         plan.write_text(json.dumps([own.session_id, own.session_id, foreign.session_id]))
-        wait_output(dt.socket_path, run["id"], "ready")
-        with client.subscribe("events.subscribe", run=run["id"]) as stream:
-            release(fifo)
-            for pushed in stream:
-                if kind_is("run.end", run["id"])(pushed):
-                    break
-        logs = client.call("run.logs", run=run["id"])["data"]
-        replies = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
-        events = _events(client, run["id"])
+        replies, events = _release_to_the_end(dt, client, run["id"], fifo)
         client.call("run.stop", run=elsewhere["id"], grace=0)
-    first, second, refused = (r["result"] for r in replies)
+    first, second, refused = replies
     assert first["verdict"] == "allow" and first["value"]["exit_code"] == 0
     assert first["value"]["session"] == own.session_id
     # State lasts between the two intents: the second sees the first's line.
@@ -340,35 +372,10 @@ def test_a_kept_upper_carries_an_image_sessions_changes_to_the_next(
     assert not (image.rootfs / "etc" / "marker").exists()
 
 
-FS_AGENT = textwrap.dedent(
+FS_AGENT = HELD_AGENT + textwrap.dedent(
     """
-    import json, os, select, socket, struct, sys
-    fifo, plan = sys.argv[1], sys.argv[2]
-
-    def frame(obj):
-        body = json.dumps(obj).encode()
-        return struct.pack(">I", len(body)) + body
-
-    def read_frame(s):
-        head = b""
-        while len(head) < 4:
-            head += s.recv(4 - len(head))
-        n = struct.unpack(">I", head)[0]
-        body = b""
-        while len(body) < n:
-            body += s.recv(n - len(body))
-        return json.loads(body)
-
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    print("ready", flush=True)
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    poller.poll()
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(os.environ["STOCKADE_BROKER"])
-    for i, (intent, args) in enumerate(json.load(open(plan)), 1):
-        s.sendall(frame({"v": 1, "id": i, "method": "intent",
-                         "params": {"token": os.environ["STOCKADE_TOKEN"], "intent": intent, "args": args}}))
+    for i, (name, args) in enumerate(json.load(open(plan)), 1):
+        s.sendall(intent(i, name, args))
         print(json.dumps(read_frame(s)), flush=True)
     """
 )
@@ -380,36 +387,12 @@ def test_fs_intents_in_the_runs_session_are_done_inside_its_cell(tmp_path: Path)
     session's cell may not read fails there; a session of another run is the
     broker's refusal, recorded."""
     ws = workspace(tmp_path)
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    fifo = shared / "go"
-    os.mkfifo(fifo)
-    plan = shared / "plan.json"
-    policy = tmp_path / "agent.json"
-    policy.write_text(
-        json.dumps(
-            {
-                "name": "agent",
-                "command": [PY, "-c", FS_AGENT, str(fifo), str(plan)],
-                "workspace": str(ws),
-                "filesystem": {"read": [str(shared)]},
-                "tools": [
-                    {"id": i, "intent": i, "verdict": "allow"} for i in ("fs.read", "fs.write", "fs.list")
-                ],
-            }
-        )
+    fifo, plan, policy, other = _held_agent_and_bystander(
+        tmp_path, ws, FS_AGENT, ["fs.read", "fs.write", "fs.list"]
     )
-    other_ws = workspace(tmp_path, "o")
-    other_fifo = other_ws / "hold"  # in its workspace: the cell sees it
-    os.mkfifo(other_fifo)
-    other = agent_policy(tmp_path, [{"op": "block", "fifo": str(other_fifo)}], name="other", ws=other_ws)
     marker = f"{ws}/from-intent.txt"
     with daemon_at(tmp_path) as dt, Client(dt.socket_path, timeout=60) as client:
-        run = client.call("run.start", policy_path=str(policy), detach=True)
-        elsewhere = client.call("run.start", policy_path=str(other), detach=True)
-        wait_output(dt.socket_path, elsewhere["id"], "blocking")  # alive while its session is opened
-        own = client.open_session(run=run["id"])
-        foreign = client.open_session(run=elsewhere["id"])
+        run, elsewhere, own, foreign = _start_with_sessions(dt, client, policy, other)
         sid = own.session_id
         plan.write_text(
             json.dumps(
@@ -427,15 +410,7 @@ def test_fs_intents_in_the_runs_session_are_done_inside_its_cell(tmp_path: Path)
             )
         )
         assert own.exec(["mkfifo", f"{ws}/trap"]).returncode == 0
-        wait_output(dt.socket_path, run["id"], "ready")
-        with client.subscribe("events.subscribe", run=run["id"]) as stream:
-            release(fifo)
-            for pushed in stream:
-                if kind_is("run.end", run["id"])(pushed):
-                    break
-        logs = client.call("run.logs", run=run["id"])["data"]
-        replies = [json.loads(line)["result"] for line in logs.splitlines() if line.startswith("{")]
-        events = _events(client, run["id"])
+        replies, events = _release_to_the_end(dt, client, run["id"], fifo)
         client.call("run.stop", run=elsewhere["id"], grace=0)
     made, exists, appended, read, listed, shadow, refused, trap = replies
     assert trap["value"]["size"] == 0, trap
