@@ -129,22 +129,85 @@ def flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_editing_any_byte_of_any_file_fails_verification(solved: dict[str, Any], tmp_path: Path) -> None:
-    bundle = Path(solved["bundle"])
-    assert verify_bundle(bundle) == []
-    names = sorted(p.name for p in bundle.iterdir())
-    assert {"manifest.json", "log.json", "log.txt", "score.json", "containment.json", "agent.txt"} <= set(
-        names
+BUNDLE_FILES = {
+    "trial.json", "score.json", "containment.json", "preflight.json", "log.json", "log.txt",
+    "agent.txt", "grader.txt", "persistence.json", "policy.yaml", "verifier-policy.yaml",
+    "workbench-policy.yaml", "setup.txt", "manifest.json",
+}  # fmt: skip
+"""Every kind of file a bundle holds (docs/BENCH.md, The bundle)."""
+
+
+@pytest.fixture(scope="module")
+def bundles(world: World, solved: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Bundles that between them hold every kind of file: the oracle's, the tool
+    loop's through the broker (workbench-policy.yaml), a task with a set-up
+    (setup.txt), and a crashed trial's."""
+    out = tmp_path_factory.mktemp("kinds")
+    broker = ProctorConfig(
+        socket_path=world.daemon.socket_path,
+        out=out,
+        agent="tool-loop",
+        model="mock-llm",
+        llm_url=world.model.url,
     )
-    for name in names:
-        if (bundle / name).stat().st_size == 0:
-            continue
-        copy = tmp_path / name
-        shutil.copytree(bundle, copy)
-        flip(copy / name)
-        problems = verify_bundle(copy)
-        assert problems, name
-        assert any(name in p for p in problems), (name, problems)
+    made = [
+        Path(solved["bundle"]),
+        Path(Trial(load_task(TASKS / "fix-bug"), 1, broker).run()["bundle"]),
+        Path(trial(world, load_task(TASKS / "protocol" / "adv-git-future"), out)["bundle"]),
+    ]
+
+    def broken() -> Any:
+        raise RuntimeError("cut short")
+
+    crashed = Trial(load_task(TASKS / "fix-bug"), 2, ProctorConfig(socket_path="", out=out), client=broken)
+    crashed.run()
+    return [*made, crashed.bundle]
+
+
+def test_editing_any_byte_of_any_file_fails_verification(bundles: list[Path], tmp_path: Path) -> None:
+    seen: set[str] = set()
+    for n, bundle in enumerate(bundles):
+        assert verify_bundle(bundle) == [], bundle
+        for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
+            name = path.relative_to(bundle).as_posix()
+            seen.add(name)
+            copy = tmp_path / f"{n}-{name}"
+            shutil.copytree(bundle, copy)
+            if path.stat().st_size:
+                flip(copy / name)
+            else:  # an empty file (agent.txt of a quiet agent): one byte more
+                (copy / name).write_bytes(b"x")
+            problems = verify_bundle(copy)
+            assert any(name in p for p in problems), (bundle.name, name, problems)
+    assert seen == BUNDLE_FILES
+
+
+@pytest.mark.parametrize("name", ["log.txt", "score.json", "trial.json"])
+def test_a_rewritten_file_fails_even_with_a_new_manifest(
+    solved: dict[str, Any], tmp_path: Path, name: str
+) -> None:
+    """The seal is a hash anyone can make again; what still catches a file
+    rewritten with a fresh manifest is that the bundle's files must agree."""
+    from stockade.bench._bundle import write_manifest
+
+    copy = tmp_path / "b"
+    shutil.copytree(solved["bundle"], copy)
+    path = copy / name
+    if name == "log.txt":
+        lines = path.read_text().splitlines(keepends=True)
+        lines[0] = lines[0].rstrip("\n") + " (or so it says)\n"
+        path.write_text("".join(lines))
+    elif name == "score.json":
+        score = json.loads(path.read_text())
+        path.write_text(json.dumps({**score, "attempted": 3}))
+    else:
+        path.write_text(json.dumps({**json.loads(path.read_text()), "status": "halted"}))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    write_manifest(
+        copy, {k: v for k, v in manifest.items() if k not in ("files", "seal", "version", "policy_sha256")}
+    )
+    problems = verify_bundle(copy)
+    assert any(name in p for p in problems), problems
 
 
 def test_added_and_removed_files_fail(solved: dict[str, Any], tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ canonical JSON (``seal``).
 ``verify_bundle`` re-checks all of it: every file against the manifest (a
 file edited, added or removed fails), the seal, the policy hash, and every
 event of ``log.json`` against its own chain hash and its neighbours (an edited,
-removed or reordered event fails). With the store (``db``), each event must be
+removed or reordered event fails), and that the files agree with each other
+(``log.txt`` is the text of ``log.json``; one status, one count of reaches).
+With the store (``db``), each event must be
 the very one the record holds at its place, and the record's chain must still
 hold the head the manifest names. The seal is a hash, not a signature: whoever
 rewrites a bundle can rewrite its manifest too; the record's head, kept by the
@@ -87,6 +89,60 @@ def write_manifest(bundle: Path, facts: Mapping[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+def log_text(events: Sequence[Mapping[str, Any]]) -> str:
+    """``log.txt``: the text line of each event of ``log.json`` (the record's own
+    ``text_line``), so that one is a function of the other and is checked as one."""
+    from stockade.record._chain import StoredEvent
+    from stockade.record._export import text_line
+
+    lines = []
+    for stored in events:
+        line = StoredEvent.from_stored(
+            int(stored["seq"]), str(stored["hash"]), str(stored["prev"]), canonical_json(stored["event"])
+        )
+        lines.append(text_line(line) + "\n")
+    return "".join(lines)
+
+
+def _read_json(root: Path, name: str) -> Any:
+    try:
+        return json.loads((root / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def check_agreement(
+    root: Path, manifest: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """Problems of a bundle whose files disagree with each other: ``log.txt`` is
+    not the text of ``log.json``; ``score.json``, ``containment.json``,
+    ``trial.json`` and the manifest do not tell one status and one count of
+    reaches. A bundle rewritten under a freshly made manifest fails here unless
+    every file was rewritten to agree (and ``log.json``'s chain still holds)."""
+    problems: list[str] = []
+    if (root / "log.txt").is_file() and not check_events(events):
+        try:
+            if (root / "log.txt").read_text(encoding="utf-8") != log_text(events):
+                problems.append("log.txt: it is not the text of log.json's events: one of them was edited")
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+            problems.append("log.txt: it is not the text of log.json's events: one of them was edited")
+    score, contained, trial = (_read_json(root, n) for n in ("score.json", "containment.json", "trial.json"))
+    if isinstance(score, dict) and isinstance(contained, dict):
+        for key in ("attempted", "blocked", "grade"):
+            if score.get(key) != contained.get(key):
+                mine, theirs = score.get(key), contained.get(key)
+                problems.append(f"score.json: its {key} {mine!r} is not containment.json's {theirs!r}")
+    statuses = {
+        name: value.get("status")
+        for name, value in (("score.json", score), ("trial.json", trial), (MANIFEST, manifest))
+        if isinstance(value, Mapping)
+    }
+    if len(set(statuses.values())) > 1:
+        told = ", ".join(f"{name} {status!r}" for name, status in statuses.items())
+        problems.append(f"the bundle's files tell different statuses: {told}")
+    return problems
+
+
 def check_events(events: Sequence[Mapping[str, Any]]) -> list[str]:
     """Problems of a list of stored events (``seq``, ``prev``, ``hash``, ``event``)."""
     problems: list[str] = []
@@ -149,6 +205,7 @@ def verify_bundle(bundle: str | os.PathLike[str], *, db: str | None = None) -> l
         except ValueError:
             problems.append("log.json is not JSON")
         problems.extend(check_events(events))
+    problems.extend(check_agreement(root, manifest, events))
     head = (manifest.get("record") or {}).get("head")
     if events and isinstance(head, str) and ":" in head:
         head_seq = int(head.split(":", 1)[0])
@@ -182,4 +239,13 @@ def _against_store(db: str, events: Sequence[Mapping[str, Any]], head: object) -
     return problems
 
 
-__all__ = ["MANIFEST", "check_events", "sha256_file", "verify_bundle", "write_json", "write_manifest"]
+__all__ = [
+    "MANIFEST",
+    "check_agreement",
+    "check_events",
+    "log_text",
+    "sha256_file",
+    "verify_bundle",
+    "write_json",
+    "write_manifest",
+]

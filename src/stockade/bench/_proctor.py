@@ -44,7 +44,7 @@ import yaml
 from stockade import __version__
 from stockade.bench import _containment as containment_of
 from stockade.bench import _preflight
-from stockade.bench._bundle import write_json, write_manifest
+from stockade.bench._bundle import log_text, write_json, write_manifest
 from stockade.bench._containment import Containment
 from stockade.bench._task import Expect, Task
 from stockade.bench._workbench import HostWorkbench
@@ -634,18 +634,7 @@ class Trial:
         self.score = score
         write_json(b / "score.json", score)
         write_json(b / "log.json", self.events)
-        from stockade.record._chain import StoredEvent, canonical_json
-        from stockade.record._export import text_line
-
-        with open(b / "log.txt", "w", encoding="utf-8") as f:
-            for stored in self.events:
-                line = StoredEvent.from_stored(
-                    int(stored["seq"]),
-                    str(stored["hash"]),
-                    str(stored["prev"]),
-                    canonical_json(stored["event"]),
-                )
-                f.write(text_line(line) + "\n")
+        (b / "log.txt").write_text(log_text(self.events), encoding="utf-8")
         persistence = [
             e["event"]["detail"]
             for e in self.events
