@@ -5,6 +5,7 @@ file modes, and the package's own surface."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -555,3 +556,68 @@ def test_a_pip_run_is_not_recorded_as_a_refused_bind(
         ("landlock", ["net.bind_tcp"], "::1")
     ], denied
     assert "TCP bind on ::1" in err, err
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
+
+
+def _yaml_blocks() -> list[tuple[str, object]]:
+    import yaml
+
+    blocks = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.DOTALL):
+            try:
+                blocks.append((doc.name, yaml.safe_load(block)))
+            except yaml.YAMLError:
+                continue  # a fragment with placeholders (`…`), not a policy
+    return blocks
+
+
+def test_no_documented_policy_puts_a_key_into_the_cells_env() -> None:
+    """POLICY.md's `env` example set OPENAI_API_KEY for the cell, against the
+    project's own advice (a key belongs in llm.api_key_env or secrets)."""
+    blocks = _yaml_blocks()
+    with_env = [
+        (name, b["env"]) for name, b in blocks if isinstance(b, dict) and isinstance(b.get("env"), dict)
+    ]
+    assert with_env, "no documented policy has an env section: the test looks at nothing"
+    for name, env in with_env:
+        given = [*env.get("pass", []), *(env.get("set") or {})]
+        assert not [n for n in given if SECRET_NAME.search(str(n))], (name, env)
+
+
+def test_the_readmes_exec_lines_do_what_they_say(capfd: pytest.CaptureFixture[str]) -> None:
+    """The README's ``exec --json -- ls /`` failed by design (/ may not be
+    listed) and its ``exec --policy … -- make test`` ran in an empty fresh
+    workspace. Its --json line runs as written, exit 0 and one JSON object; a
+    line that runs a project's command names the project as its workspace."""
+    import json
+    import shlex
+
+    lines = [
+        line.split("#", 1)[0].strip()
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith(".venv/bin/stockade exec ")
+    ]
+    (json_line,) = [line for line in lines if "--json" in line]
+    argv = shlex.split(json_line)[1:]
+    code = main(argv)
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["exit_code"] == 0 and result["stdout"], result
+    projects = [line for line in lines if "--policy" in line]
+    assert projects and all("--workspace" in line for line in projects), projects
+
+
+def test_shipped_files_say_what_the_code_does() -> None:
+    """examples/policy.yaml called the gateway "coming"; SDK.md left recording
+    an intent's ``tool_call`` to the integrator, which the daemon does
+    (tests/daemon: the intent events carry detail.tool_call)."""
+    example = (ROOT / "examples" / "policy.yaml").read_text()
+    assert "(coming)" not in example and "gateway" in example
+    sdk = (ROOT / "docs" / "SDK.md").read_text()
+    assert "integrator's\npart" not in sdk and "integrator's part" not in sdk
+    assert "check_tool_call_id" in sdk
