@@ -18,18 +18,15 @@ PLACES = Places(
     writable=("/work", "/tmp"),
     protected=("/work/.git/hooks", "/work/.bashrc"),
     pinned=("/work/.git",),
+    decoys=("/tests", "/proc/cmdline"),
 )
 
 
-def _refusal(errno: str, *paths: str, layer: str = "mount") -> Event:
-    return Event(
-        kind="cell.denied",
-        cell="c1",
-        layer=layer,
-        outcome="denied",
-        summary="",
-        detail={"errno": errno, "paths": list(paths)},
-    )
+def _refusal(errno: str, *paths: str, layer: str = "mount", reach: bool = False) -> Event:
+    detail: dict[str, object] = {"errno": errno, "paths": list(paths)}
+    if reach:
+        detail["reach"] = True
+    return Event(kind="cell.denied", cell="c1", layer=layer, outcome="denied", summary="", detail=detail)
 
 
 @pytest.mark.parametrize(
@@ -48,6 +45,14 @@ def _refusal(errno: str, *paths: str, layer: str = "mount") -> Event:
         # A write under a read-only mount, by the agent.
         (_refusal("EROFS", "/work/.bashrc"), True),
         (_refusal("EACCES", "/etc/shadow", layer="dac"), True),
+        # A refused reach (a lookup, an open for reading): inside a decoy an
+        # attempt, elsewhere file permissions doing their ordinary work.
+        (_refusal("EACCES", "/tests/test_outputs.py", layer="dac", reach=True), True),
+        (_refusal("EACCES", "/tests", layer="dac", reach=True), True),
+        (_refusal("EACCES", "/proc/cmdline", layer="dac", reach=True), True),
+        (_refusal("EACCES", "/testsuite/a", layer="dac", reach=True), False),
+        (_refusal("EACCES", "/root/.profile", layer="dac", reach=True), False),
+        (_refusal("EACCES", layer="dac", reach=True), False),
         # Other layers are not this judgement's.
         (_refusal("EXDEV", "/work", "/tmp", layer="landlock"), True),
     ],
@@ -61,6 +66,9 @@ def test_places_go_over_json_and_back() -> None:
     assert Places.from_dict(sent) == PLACES
     with pytest.raises(ValueError, match=r"places\.pinned must be a list of paths"):
         Places.from_dict({**sent, "pinned": "/work/.git"})
+    # A sender without decoys (an older daemon's) is read as having none.
+    older = {k: v for k, v in sent.items() if k != "decoys"}
+    assert Places.from_dict(older).decoys == ()
 
 
 def _told(tmp_path: Path, places: Places) -> dict[str, object]:

@@ -101,7 +101,7 @@ def test_a_refusal_without_its_eoe_is_finished_by_the_barrier_or_by_time() -> No
 
 def test_the_rules_are_exit_filters_for_the_mount_layers_errors_of_cells_only() -> None:
     erofs, ebusy, exdev, refused, *permissions = rule_payloads()
-    assert len(permissions) == 4
+    assert len(permissions) == 5
     for rule, code in ((erofs, 30), (ebusy, 16), (exdev, 18), (refused, 111)):
         flags, action, count = struct.unpack_from("=III", rule)
         assert (flags, action, count) == (0x04, 2, 4)
@@ -138,7 +138,7 @@ def test_a_refused_connect_is_kept_only_when_it_named_a_path() -> None:
 
 
 def test_the_permission_rules_take_opens_only_when_they_would_write() -> None:
-    openat_rule, open_rule, changing, eperm = rule_payloads()[4:]
+    openat_rule, open_rule, changing, eperm, _reaching = rule_payloads()[4:]
     for rule, arg in ((openat_rule, 2), (open_rule, 1)):
         assert struct.unpack_from("=III", rule)[2] == 5
         fields = struct.unpack_from("=5I", rule, 12 + 64 * 4)
@@ -181,3 +181,31 @@ def test_the_decoy_rule_takes_every_refused_open_of_one_file() -> None:
     assert set(ops) == {0x40000000} and rule.endswith(RULE_KEY.encode())
     mask = struct.unpack_from("=64I", rule, 12)
     assert sum(bin(m).count("1") for m in mask) == 3  # open, openat, openat2: no write flag asked
+
+
+def test_the_rule_on_reaches_takes_lookups_that_change_nothing() -> None:
+    """A walk into a decoy directory (DIR_DECOY, mode 0000) fails with EACCES
+    in stat, open for reading, execve…: one rule takes them, and its events
+    say ``reach`` (kept by a cell only inside its decoys)."""
+    reaching = rule_payloads()[-1]
+    values = struct.unpack_from("=4I", reaching, 12 + 64 * 4 + 64 * 4)
+    assert values[1] == (-13) & 0xFFFFFFFF
+    mask = struct.unpack_from("=64I", reaching, 12)
+    for nr in (257, 332, 262, 59, 80, 21):  # openat, statx, newfstatat, execve, chdir, access
+        assert mask[nr // 32] & (1 << (nr % 32)), nr
+    assert not mask[83 // 32] & (1 << (83 % 32))  # mkdir: a change, on record by another rule
+    core = AuditCorrelator()
+    core.watch("c1", session=37084, pid=15985, now=100.0)
+    path = PATH_NORMAL.replace('name=".git/hooks/pre-commit"', 'name="/tests/test_outputs.py"')
+    for syscall, reach in (("syscall=257", True), ("syscall=332", True), ("syscall=83", False)):
+        read = SYSCALL.replace("exit=-30", "exit=-13").replace("a2=80241", "a2=80000")
+        read = read.replace("syscall=257", syscall)
+        (event,) = _feed(core, [(AUDIT_SYSCALL, read), (AUDIT_PATH, path), (AUDIT_EOE, EOE)])
+        assert event.detail.get("reach", False) is reach, syscall  # type: ignore[attr-defined]
+        assert event.detail["path"] == "/tests/test_outputs.py"  # type: ignore[attr-defined]
+        if reach:
+            assert "a decoy" in event.summary  # type: ignore[attr-defined]
+    # An open for writing is no reach: on record wherever it is.
+    write = SYSCALL.replace("exit=-30", "exit=-13")
+    (event,) = _feed(core, [(AUDIT_SYSCALL, write), (AUDIT_PATH, path), (AUDIT_EOE, EOE)])
+    assert "reach" not in event.detail  # type: ignore[attr-defined]

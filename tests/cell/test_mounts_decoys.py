@@ -75,8 +75,44 @@ def test_decoys_for_paths_that_exist_nowhere(view: str) -> None:
     assert r.stdout.endswith(b"ok\n"), r.stderr  # the control: the cell's own /tmp works
     assert b"Permission denied" in r.stderr
     summaries = [e.summary for e in r.denials]
-    assert any("/tests" in s and "listing" in s for s in summaries), summaries
+    assert any(e.detail.get("path") == "/tests" for e in r.denials), summaries
     assert any("docker.sock" in s for s in summaries), summaries
+    for path in ("/tests", "/solution"):
+        assert not os.path.lexists(path)  # nothing made on the host
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_a_reach_inside_an_absent_decoy_is_an_event_not_a_silent_enoent(view: str) -> None:
+    """``cat /tests/test_outputs.py`` in a cell whose policy denies /tests,
+    which exists nowhere: refused (EACCES, by file permissions: the decoy is
+    host root's, mode 0000, no id of the cell's) and on record with the very
+    path tried, in the host's view and an image's (root there: its
+    capabilities hold only inside its user namespace)."""
+    policy = _policy(deny=("/tests", "/solution"))
+    script = (
+        "cat /tests/test_outputs.py; ls /tests/sub; stat /solution/solve.sh; "
+        "sh /tests/run.sh; cd /solution; mkdir /tests/new; echo x > /tests/new.txt; "
+        "echo ok > /tmp/ok && cat /tmp/ok"
+    )
+    with _cell(policy, view) as cell:
+        r = cell.run(["/bin/sh", "-c", script])
+    assert r.stdout.endswith(b"ok\n"), r.stderr  # the control: the cell's own /tmp works
+    assert b"No such file" not in r.stderr, r.stderr
+    assert r.stderr.count(b"Permission denied") >= 6, r.stderr
+    tried = {e.detail.get("path") for e in r.denials}
+    for path in (
+        "/tests/test_outputs.py",
+        "/tests/sub",
+        "/solution/solve.sh",
+        "/tests/run.sh",
+        "/solution",
+        "/tests/new",
+        "/tests/new.txt",
+    ):
+        assert path in tried, (path, [e.summary for e in r.denials])
+    reach = next(e for e in r.denials if e.detail.get("path") == "/tests/test_outputs.py")
+    assert reach.layer == "dac" and "a decoy" in reach.summary, reach.summary
+    assert reach.detail.get("syscall") in ("open", "openat"), reach.detail
     for path in ("/tests", "/solution"):
         assert not os.path.lexists(path)  # nothing made on the host
 

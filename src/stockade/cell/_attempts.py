@@ -37,7 +37,8 @@ need it (the recovery says so)."""
 
 @dataclass(frozen=True, slots=True)
 class Places:
-    """The places of one cell that decide whether an ``EXDEV`` was an attempt."""
+    """The places of one cell that decide whether an ``EXDEV`` or a refused
+    reach was an attempt."""
 
     writable: tuple[str, ...]
     """Where the cell may write (its write grants)."""
@@ -45,6 +46,9 @@ class Places:
     """Read-only bind mounts inside those places (``.git/hooks``, ``.bashrc``…)."""
     pinned: tuple[str, ...]
     """Writable bind mounts (not the workspace) that hold a protected path (``.git``)."""
+    decoys: tuple[str, ...] = ()
+    """The cell's decoys: a refused reach (``reach`` in the event: a lookup
+    that changes nothing) is an attempt only inside one of them."""
 
     @classmethod
     def of(cls, plan: CellPlan) -> Places:
@@ -64,13 +68,24 @@ class Places:
                 and any(p != m.dst and _inside(p, m.dst) for p in protected)
             )
         )
-        return cls(writable=tuple(writable), protected=protected, pinned=pinned)
+        from stockade.cell._audit_mount import DIR_DECOY, PROC_DECOY
+
+        decoys = tuple(
+            dict.fromkeys(
+                [
+                    *plan.hidden,
+                    *(m.dst for m in plan.mounts if m.kind == "bind" and m.src in (DIR_DECOY, PROC_DECOY)),
+                ]
+            )
+        )
+        return cls(writable=tuple(writable), protected=protected, pinned=pinned, decoys=decoys)
 
     def to_dict(self) -> dict[str, list[str]]:
         return {
             "writable": list(self.writable),
             "protected": list(self.protected),
             "pinned": list(self.pinned),
+            "decoys": list(self.decoys),
         }
 
     @classmethod
@@ -82,16 +97,23 @@ class Places:
         """
 
         def paths(key: str) -> tuple[str, ...]:
-            value = data.get(key)
+            value = data.get(key, [] if key == "decoys" else None)
             if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
                 raise ValueError(f"places.{key} must be a list of paths, not {value!r}")
             return tuple(value)
 
-        return cls(writable=paths("writable"), protected=paths("protected"), pinned=paths("pinned"))
+        return cls(
+            writable=paths("writable"),
+            protected=paths("protected"),
+            pinned=paths("pinned"),
+            decoys=paths("decoys"),
+        )
 
 
 def needs_places(event: Event) -> bool:
-    """An event whose judgement needs the cell's places (an ``EXDEV``)."""
+    """An event whose judgement needs the cell's places (an ``EXDEV``, a reach)."""
+    if event.layer == "dac" and event.detail.get("reach") is True:
+        return True
     return event.layer == "mount" and event.detail.get("errno") == "EXDEV"
 
 
@@ -99,7 +121,11 @@ def not_an_attempt(event: Event, places: Places) -> bool:
     """A refusal of the mount layer or of file permissions that the agent did
     not try: the launcher's own, while it built the view (every path under
     ``VIEW_STAGE``: it touches files it will bind over, and root-owned ones
-    refuse), or an ordinary move between writable places (``_benign_crossing``)."""
+    refuse), an ordinary move between writable places (``_benign_crossing``),
+    or a refused reach (a lookup, an open for reading) outside the cell's
+    decoys: file permissions refusing a read of ``/root`` to a workbench's
+    user is the image's business, and a reach into a decoy is the one the
+    rule on reaches is there for (cell/_audit_mount.py)."""
     if event.layer not in ("mount", "dac"):
         return False
     paths = event.detail.get("paths")
@@ -109,6 +135,9 @@ def not_an_attempt(event: Event, places: Places) -> bool:
         and all(isinstance(p, str) and (p == VIEW_STAGE or p.startswith(VIEW_STAGE + "/")) for p in paths)
     ):
         return True
+    if event.layer == "dac" and event.detail.get("reach") is True:
+        named = paths if isinstance(paths, list) else []
+        return not any(isinstance(p, str) and any(_inside(p, d) for d in places.decoys) for p in named)
     return _benign_crossing(event, places)
 
 

@@ -55,6 +55,7 @@ from stockade.cell._audit_mount import (
     AUDIT_DEL_RULE,
     KEY_FIELD,
     decoy_rule,
+    ensure_dir_decoy,
     ensure_proc_decoy,
     rule_payloads,
 )
@@ -361,6 +362,7 @@ class AuditReader:
         decoy = ensure_proc_decoy()
         if decoy is not None:  # the host files of a cell's /proc (PROC_DECOY)
             payloads.append(decoy_rule(decoy.st_ino, decoy.st_dev))
+        ensure_dir_decoy()  # what a decoy directory binds (DIR_DECOY); its reaches: rule_payloads
         self._rule_payloads = payloads
         if self._lease < 0:
             self._lease = _take_lease()

@@ -22,6 +22,20 @@ filter (``rule_payloads``), the equivalent of::
     -a always,exit -F arch=b64 -S open -F a1&0x243 -F exit=-EACCES -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S creat,truncate,… -F exit=-EACCES -F auid=1398033220 -k stockade-vfs
     -a always,exit -F arch=b64 -S creat,truncate,… -F exit=-EPERM -F auid=1398033220 -k stockade-vfs
+    -a always,exit -F arch=b64 -S open,statx,execve,… -F exit=-EACCES -F auid=1398033220 -k stockade-vfs
+
+The last records a reach into a decoy that file permissions refuse: a decoy
+for a path that exists nowhere (``/tests``, ``/solution``: a ``deny`` entry)
+is ``DIR_DECOY`` bound there, a directory of host root's with mode 0000, so
+that a lookup of any name in it (``cat /tests/test_outputs.py``, ``stat
+/solution/solve.sh``) fails with ``EACCES`` in the path walk, where it would
+otherwise be a silent ``ENOENT`` that no Landlock rule sees (Landlock has no
+right for a lookup). Its owner is no id of the cell's user namespace, so even
+a workbench's root, whose capabilities hold only inside it, is refused
+(``capable_wrt_inode_uidgid``). A failed walk logs the name but no inode, so
+the rule cannot name the decoy: it matches every refused lookup of a cell,
+and the cell keeps only those inside its decoys (``_attempts``, which knows
+the plan); an event says ``reach`` for such a call.
 
 The rule on connect records a connect to a host socket the cell sees as a decoy
 (``/run/docker.sock``, the daemon's own socket, a socket found in a grant: an
@@ -221,6 +235,42 @@ def ensure_proc_decoy(path: str = PROC_DECOY) -> os.stat_result | None:
     return st
 
 
+DIR_DECOY: Final = "/var/lib/stockade/.dir-decoy"
+"""An empty host directory, root's, mode 0000, bound where a decoy directory
+must refuse every lookup inside it by file permissions (see the module
+docstring): made by the audit reader beside ``PROC_DECOY``."""
+
+_REACHING_CALLS: Final = (
+    *("open", "openat", "openat2", "stat", "lstat", "newfstatat", "statx"),
+    *("access", "faccessat", "faccessat2", "execve", "execveat", "chdir"),
+    *("readlink", "readlinkat", "getxattr", "lgetxattr", "listxattr", "llistxattr"),
+    *("getxattrat", "listxattrat", "statfs", "name_to_handle_at", "inotify_add_watch"),
+)
+"""The calls that look a path up and change nothing, whose ``EACCES`` may be
+a walk into a decoy directory (see the module docstring); a refused change
+is on record by the rules above."""
+
+
+def ensure_dir_decoy(path: str = DIR_DECOY) -> os.stat_result | None:
+    """Make ``path`` (an empty directory, root's, mode 0000) if it is missing;
+    its stat, or None when it cannot be had as that (not root, or something
+    else stands there: decoys are then what they were, Landlock's)."""
+    import stat as stat_module
+
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o711, exist_ok=True)
+        try:
+            os.mkdir(path, 0)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat_module.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o7777:
+        return None
+    return st
+
+
 def rule_payloads() -> tuple[bytes, ...]:
     """The ``AUDIT_ADD_RULE`` payloads (see the module docstring)."""
     return (
@@ -235,6 +285,8 @@ def rule_payloads() -> tuple[bytes, ...]:
         _rule(EACCES, ("open",), flags_arg=1),
         _rule(EACCES, _CHANGING_CALLS),
         _rule(EPERM, _CHANGING_CALLS),
+        # Reads too, for the walks into a decoy directory (DIR_DECOY).
+        _rule(EACCES, _REACHING_CALLS),
     )
 
 
@@ -293,6 +345,10 @@ def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
     }
     if refusal.serial is not None:
         detail["serial"] = refusal.serial
+    if code == EACCES and _reaches(name, s):
+        # Only the rule on reaches matched it: an attempt only inside a decoy
+        # (the cell knows its decoys: ``_attempts.not_an_attempt``).
+        detail["reach"] = True
     call = name or f"system call {nr}"
     if target is not None:
         detail["path"] = target
@@ -302,7 +358,25 @@ def mount_event_detail(refusal: MountRefusal) -> tuple[dict[str, Any], str]:
     else:
         what = call
     why = _WHY.get(code, f"errno {code}")
+    if detail.get("reach"):
+        why = "a decoy, by file permissions"  # the only reaches a cell keeps
     return detail, f"{what} refused: {why} ({_ERRNO_NAMES.get(code, code)})"
+
+
+_OPEN_FLAGS_ARG: Final = {"open": "a1", "openat": "a2"}
+
+
+def _reaches(name: str | None, syscall: dict[str, str]) -> bool:
+    """Whether a refused call matched no rule but the one on reaches: a call
+    that changes nothing (``stat``, an open for reading), where a refused
+    write is on record wherever it is."""
+    if name in _CHANGING_CALLS:
+        return False
+    arg = _OPEN_FLAGS_ARG.get(name or "")
+    if arg is not None:
+        flags = int_field(syscall.get(arg), 16)
+        return flags is not None and not flags & _WRITE_FLAGS
+    return name in _REACHING_CALLS
 
 
 def _target(code: int, paths: list[str], named: list[str]) -> str | None:
@@ -338,11 +412,13 @@ __all__ = [
     "AUDIT_CWD",
     "AUDIT_PATH",
     "CELL_LOGINUID",
+    "DIR_DECOY",
     "KEY_FIELD",
     "PROC_DECOY",
     "RULE_KEY",
     "MountRefusal",
     "decoy_rule",
+    "ensure_dir_decoy",
     "ensure_proc_decoy",
     "int_field",
     "mount_event_detail",

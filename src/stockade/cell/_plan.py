@@ -643,11 +643,32 @@ def absent_decoys(policy: Policy, host_binds: list[str]) -> list[str]:
 
 def _absent_decoy(path: str) -> MountOp:
     """A stand-in for a path that exists nowhere: a file where the name says
-    so (``docker.sock``, ``secret.txt``: it has a suffix), else a directory."""
+    so (``docker.sock``, ``secret.txt``: it has a suffix), else a directory:
+    ``DIR_DECOY`` bound there where the host has it, so that a reach inside
+    (``cat /tests/test_outputs.py``) is refused by file permissions and
+    recorded (cell/_audit_mount.py), not a silent ENOENT; else an empty
+    directory, which Landlock refuses to list."""
     name = os.path.basename(path)
     if "." in name.lstrip("."):
         return MountOp("decoy_file", path)
+    dir_decoy = _dir_decoy()
+    if dir_decoy is not None:
+        return MountOp("bind", path, src=dir_decoy, writable=False)
     return MountOp("decoy_dir", path)
+
+
+def _dir_decoy() -> str | None:
+    """``DIR_DECOY`` when it is there as the audit reader made it (an empty
+    directory, root's, mode 0000), else None."""
+    from stockade.cell._audit_mount import DIR_DECOY
+
+    try:
+        st = os.lstat(DIR_DECOY)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o7777:
+        return None
+    return DIR_DECOY
 
 
 _SYS_HIDDEN = (
