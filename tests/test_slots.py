@@ -38,6 +38,10 @@ def test_frozen_is_equal_and_hashed_by_its_fields_and_cannot_change() -> None:
         del a.x
     assert pickle.loads(pickle.dumps(a)) == a
     assert not hasattr(a, "__dict__")
+    moved = a._replace(x=5)
+    assert moved == _Point(5, (2,)) and a == _Point(1, (2,))
+    with pytest.raises(TypeError, match="no field 'z'"):
+        a._replace(z=1)
 
 
 def test_mutable_is_equal_by_its_fields_and_unhashable() -> None:

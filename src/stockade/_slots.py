@@ -14,11 +14,12 @@ A subclass names its fields in ``_fields``, in the order of its
 ``__init__``'s parameters (``__reduce__`` relies on it), sets ``__slots__ =
 _fields`` and sets them in ``__init__``: ``Frozen`` with ``object.__setattr__`` (assignment raises
 afterwards, as for ``@dataclass(frozen=True)``), ``Mutable`` plainly.
+``_replace(**changes)`` stands for ``dataclasses.replace``.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Self
 
 
 class Mutable:
@@ -41,6 +42,14 @@ class Mutable:
     def __repr__(self) -> str:
         inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
         return f"{self.__class__.__qualname__}({inner})"
+
+    def _replace(self, **changes: object) -> Self:
+        """A copy with ``changes``: what ``dataclasses.replace`` is for a dataclass
+        (namedtuple's name for it)."""
+        unknown = set(changes) - set(self._fields)
+        if unknown:
+            raise TypeError(f"{self.__class__.__qualname__} has no field {sorted(unknown)[0]!r}")
+        return self.__class__(**{name: changes.get(name, getattr(self, name)) for name in self._fields})
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return (self.__class__, self._values())

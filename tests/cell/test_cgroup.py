@@ -7,7 +7,6 @@ bounded and wait on the thing itself (a pipe, a pidfd, ``cgroup.events``).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import select
 import subprocess
@@ -205,7 +204,7 @@ def _layout_for(mechanism: KillMechanism) -> CgroupLayout | None:
     if mechanism == "freezer":
         if "freezer" not in lay.v1:
             pytest.skip("this host has no cgroup v1 freezer")
-        return dataclasses.replace(lay, v2=None)
+        return lay._replace(v2=None)
     if "pids" not in lay.v1:
         pytest.skip("this host has no cgroup v1 pids hierarchy to hold the cell")
     return CgroupLayout(None, {"pids": lay.v1["pids"]})
@@ -347,7 +346,7 @@ def test_a_bad_cell_id_is_refused(bad: str) -> None:
 def test_a_limit_no_hierarchy_enforces_is_a_host_error(limits: Limits, feature: str) -> None:
     lay = layout()
     bare = CgroupLayout(
-        v2=dataclasses.replace(lay.v2, controllers=(), enabled=()) if lay.v2 else None,
+        v2=lay.v2._replace(controllers=(), enabled=()) if lay.v2 else None,
         v1={k: v for k, v in lay.v1.items() if k not in ("memory", "pids", "cpu")},
     )
     with pytest.raises(HostError) as info:

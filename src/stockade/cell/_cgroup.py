@@ -30,9 +30,9 @@ import os
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Literal
 
+from stockade._slots import Frozen
 from stockade.errors import CellError, HostError
 from stockade.policy._model import Limits
 
@@ -55,10 +55,11 @@ _MAX_ID = 64
 # --------------------------------------------------------------------------- layout
 
 
-@dataclass(frozen=True)
-class Hierarchy:
+class Hierarchy(Frozen):
     """One mounted cgroup hierarchy and this process's own cgroup in it."""
 
+    _fields = ("version", "mount", "own", "controllers", "enabled", "is_root")
+    __slots__ = _fields
     version: Literal[1, 2]
     mount: str
     """Where the hierarchy is mounted."""
@@ -67,22 +68,43 @@ class Hierarchy:
     controllers: tuple[str, ...]
     """v1: the controllers bound to this hierarchy. v2: the controllers listed
     in the own cgroup's ``cgroup.controllers`` (available to it)."""
-    enabled: tuple[str, ...] = ()
+    enabled: tuple[str, ...]
     """v2 only: the controllers in the own cgroup's ``cgroup.subtree_control``
     (already enabled for its children)."""
-    is_root: bool = False
+    is_root: bool
     """The own cgroup is the hierarchy's root (exempt from the v2 rule that a
     cgroup with processes may not enable controllers for its children)."""
 
+    def __init__(
+        self,
+        version: Literal[1, 2],
+        mount: str,
+        own: str,
+        controllers: tuple[str, ...],
+        enabled: tuple[str, ...] = (),
+        is_root: bool = False,
+    ) -> None:
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "mount", mount)
+        object.__setattr__(self, "own", own)
+        object.__setattr__(self, "controllers", controllers)
+        object.__setattr__(self, "enabled", enabled)
+        object.__setattr__(self, "is_root", is_root)
 
-@dataclass(frozen=True)
-class CgroupLayout:
+
+class CgroupLayout(Frozen):
     """The cgroup hierarchies this process can see, from ``/proc/self/mountinfo``
     and ``/proc/self/cgroup``."""
 
+    _fields = ("v2", "v1")
+    __slots__ = _fields
     v2: Hierarchy | None
-    v1: dict[str, Hierarchy] = field(default_factory=dict)
+    v1: dict[str, Hierarchy]
     """Controller name (``memory``, ``cpu``, ``name=systemd``, ...) to its v1 hierarchy."""
+
+    def __init__(self, v2: Hierarchy | None, v1: dict[str, Hierarchy] | None = None) -> None:
+        object.__setattr__(self, "v2", v2)
+        object.__setattr__(self, "v1", {} if v1 is None else v1)
 
 
 def _unescape(path: str) -> str:
@@ -218,10 +240,18 @@ class _Dir:
         """Controllers whose files this cell uses in this directory."""
 
 
-@dataclass(frozen=True)
-class CgroupStats:
+class CgroupStats(Frozen):
     """What a cell's cgroup saw; read it before ``destroy``."""
 
+    _fields = (
+        "oom_killed",
+        "pids_limit_hit",
+        "memory_peak",
+        "cpu_usage_ns",
+        "cpu_throttled",
+        "pids_peak_at_max",
+    )
+    __slots__ = _fields
     oom_killed: bool
     """The kernel OOM-killed a process of the cell at its memory limit."""
     pids_limit_hit: bool
@@ -232,11 +262,27 @@ class CgroupStats:
     """CPU time used by the cell's processes, in nanoseconds."""
     cpu_throttled: bool
     """The CPU quota throttled the cell at least once."""
-    pids_peak_at_max: bool | None = None
+    pids_peak_at_max: bool | None
     """The most processes the cell held at once reached its own ``pids.max``
     (None: unknown, no ``pids.peak``). The kernel counts a refused fork in
     the forking cell's ``pids.events`` whichever ancestor's limit refused it
     (a family's: ``create(within=…)``); this tells whether it was its own."""
+
+    def __init__(
+        self,
+        oom_killed: bool,
+        pids_limit_hit: bool,
+        memory_peak: int | None,
+        cpu_usage_ns: int | None,
+        cpu_throttled: bool,
+        pids_peak_at_max: bool | None = None,
+    ) -> None:
+        object.__setattr__(self, "oom_killed", oom_killed)
+        object.__setattr__(self, "pids_limit_hit", pids_limit_hit)
+        object.__setattr__(self, "memory_peak", memory_peak)
+        object.__setattr__(self, "cpu_usage_ns", cpu_usage_ns)
+        object.__setattr__(self, "cpu_throttled", cpu_throttled)
+        object.__setattr__(self, "pids_peak_at_max", pids_peak_at_max)
 
 
 def _missing(feature: str, what: str, lay: CgroupLayout, reason: str | None) -> HostError:

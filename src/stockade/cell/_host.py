@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
+from stockade._slots import Frozen
 from stockade.errors import HostError
 from stockade.policy._model import Policy
 
@@ -642,10 +643,11 @@ def probe(*, deep: bool = False) -> HostFacts:
 # --------------------------------------------------------------------------- requirements
 
 
-@dataclass(frozen=True)
-class Requirement:
+class Requirement(Frozen):
     """A host feature a policy needs."""
 
+    _fields = ("feature", "needs", "why")
+    __slots__ = _fields
     feature: str
     """Stable key, as in ``HostError.feature``: ``landlock.net``, ``cgroup.memory``, ..."""
     needs: str
@@ -653,17 +655,29 @@ class Requirement:
     why: str
     """What in the policy (or in every cell) needs it."""
 
+    def __init__(self, feature: str, needs: str, why: str) -> None:
+        object.__setattr__(self, "feature", feature)
+        object.__setattr__(self, "needs", needs)
+        object.__setattr__(self, "why", why)
 
-@dataclass(frozen=True)
-class Finding:
+
+class Finding(Frozen):
     """Whether this host meets one requirement."""
 
+    _fields = ("requirement", "met", "have", "fix")
+    __slots__ = _fields
     requirement: Requirement
     met: bool
     have: str
     """What the host offers instead, or in full."""
     fix: str | None
     """What to do when it is not met."""
+
+    def __init__(self, requirement: Requirement, met: bool, have: str, fix: str | None) -> None:
+        object.__setattr__(self, "requirement", requirement)
+        object.__setattr__(self, "met", met)
+        object.__setattr__(self, "have", have)
+        object.__setattr__(self, "fix", fix)
 
 
 def requirements(policy: Policy) -> list[Requirement]:

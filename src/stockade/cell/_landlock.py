@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from dataclasses import dataclass
 from errno import ENOENT, ENOTDIR
 
+from stockade._slots import Frozen
 from stockade.cell._syscall import (
     O_CLOEXEC,
     O_PATH,
@@ -124,8 +124,7 @@ FEATURES: dict[str, tuple[int, str]] = {
 """Feature name (as in ``HostError.feature``) to (Landlock ABI, first Linux release)."""
 
 
-@dataclass(frozen=True)
-class LandlockRules:
+class LandlockRules(Frozen):
     """What the agent may reach, in paths as seen inside the cell.
 
     Rights are inherited down a directory tree and add up: a file that is under a
@@ -135,38 +134,76 @@ class LandlockRules:
     the file rights of its entry.
     """
 
-    read: tuple[str, ...] = ()
+    _fields = (
+        "read",
+        "read_exec",
+        "write",
+        "write_exec",
+        "exec_files",
+        "connect_tcp",
+        "bind_tcp",
+        "scope_signals",
+        "scope_abstract_unix",
+        "log_denials",
+    )
+    __slots__ = _fields
+    read: tuple[str, ...]
     """Read files and list directories; no execution."""
-    read_exec: tuple[str, ...] = ()
+    read_exec: tuple[str, ...]
     """Read and execute."""
-    write: tuple[str, ...] = ()
+    write: tuple[str, ...]
     """Read, write, truncate, create, remove, rename, link, make nodes and use
     device ioctls; no execution."""
-    write_exec: tuple[str, ...] = ()
+    write_exec: tuple[str, ...]
     """Everything ``write`` grants, and execution."""
-    exec_files: tuple[str, ...] = ()
+    exec_files: tuple[str, ...]
     """Single executables granted execute and read: a policy's ``exec.allow``
     passed through :func:`exec_closure`."""
-    connect_tcp: tuple[int, ...] = ()
+    connect_tcp: tuple[int, ...]
     """TCP ports the agent may connect to (any address; the cell's only
     interface is loopback). Every other TCP connect fails with EACCES."""
-    bind_tcp: tuple[int, ...] = ()
+    bind_tcp: tuple[int, ...]
     """TCP ports the agent may bind (0 = let the kernel pick). Every other bind
     fails with EACCES."""
-    scope_signals: bool = True
+    scope_signals: bool
     """Refuse signals to processes outside the cell's Landlock domain (ABI 6)."""
-    scope_abstract_unix: bool = True
+    scope_abstract_unix: bool
     """Refuse connecting to abstract unix sockets bound outside the domain (ABI 6)."""
-    log_denials: bool = True
+    log_denials: bool
     """Send the denials of the agent (the programs run after execve) to the
     kernel audit log (ABI 7). False runs without kernel records of Landlock
     denials, on hosts older than Linux 6.15."""
 
+    def __init__(
+        self,
+        read: tuple[str, ...] = (),
+        read_exec: tuple[str, ...] = (),
+        write: tuple[str, ...] = (),
+        write_exec: tuple[str, ...] = (),
+        exec_files: tuple[str, ...] = (),
+        connect_tcp: tuple[int, ...] = (),
+        bind_tcp: tuple[int, ...] = (),
+        scope_signals: bool = True,
+        scope_abstract_unix: bool = True,
+        log_denials: bool = True,
+    ) -> None:
+        object.__setattr__(self, "read", read)
+        object.__setattr__(self, "read_exec", read_exec)
+        object.__setattr__(self, "write", write)
+        object.__setattr__(self, "write_exec", write_exec)
+        object.__setattr__(self, "exec_files", exec_files)
+        object.__setattr__(self, "connect_tcp", connect_tcp)
+        object.__setattr__(self, "bind_tcp", bind_tcp)
+        object.__setattr__(self, "scope_signals", scope_signals)
+        object.__setattr__(self, "scope_abstract_unix", scope_abstract_unix)
+        object.__setattr__(self, "log_denials", log_denials)
 
-@dataclass(frozen=True)
-class PreparedLandlock:
+
+class PreparedLandlock(Frozen):
     """:class:`LandlockRules` computed for one ABI; :func:`apply` only does syscalls."""
 
+    _fields = ("abi", "ruleset_attr", "paths", "ports", "restrict_flags", "rules", "held")
+    __slots__ = _fields
     abi: int
     ruleset_attr: bytes
     """struct landlock_ruleset_attr, as long as this ABI needs (8, 16 or 24 bytes)."""
@@ -175,14 +212,32 @@ class PreparedLandlock:
     ports: tuple[bytes, ...]
     """Packed struct landlock_net_port_attr, one per port."""
     restrict_flags: int
-    rules: tuple[bytes, ...] = ()
+    rules: tuple[bytes, ...]
     """Packed struct landlock_path_beneath_attr for paths the parent already
     opened (``O_PATH`` descriptors it keeps): the child adds them without a
     lookup. Rules bind inodes, so a descriptor opened on the host names the
     same file as the bind mount that shows it in the cell."""
-    held: object = None
+    held: object
     """What keeps the descriptors named in ``rules`` open for as long as this
     prepared ruleset lives (``_layers.HostDescriptors``)."""
+
+    def __init__(
+        self,
+        abi: int,
+        ruleset_attr: bytes,
+        paths: tuple[tuple[bytes, int, int], ...],
+        ports: tuple[bytes, ...],
+        restrict_flags: int,
+        rules: tuple[bytes, ...] = (),
+        held: object = None,
+    ) -> None:
+        object.__setattr__(self, "abi", abi)
+        object.__setattr__(self, "ruleset_attr", ruleset_attr)
+        object.__setattr__(self, "paths", paths)
+        object.__setattr__(self, "ports", ports)
+        object.__setattr__(self, "restrict_flags", restrict_flags)
+        object.__setattr__(self, "rules", rules)
+        object.__setattr__(self, "held", held)
 
 
 _abi: int | None = None

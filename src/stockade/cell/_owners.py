@@ -30,8 +30,8 @@ import fcntl
 import os
 import struct
 import threading
-from dataclasses import dataclass
 
+from stockade._slots import Frozen
 from stockade.errors import CellError
 
 OWNER_BASE = 1 << 20
@@ -49,11 +49,15 @@ F_OFD_SETLK = 37
 _FLOCK = struct.Struct("hh4xqqi4x")
 
 
-@dataclass(frozen=True, slots=True)
-class OwnerLease:
+class OwnerLease(Frozen):
     """One leased slot: its namespace owner's host uid and gid (the same number)."""
 
+    _fields = ("slot",)
+    __slots__ = _fields
     slot: int
+
+    def __init__(self, slot: int) -> None:
+        object.__setattr__(self, "slot", slot)
 
     @property
     def uid(self) -> int:

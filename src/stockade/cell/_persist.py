@@ -28,9 +28,9 @@ import fnmatch
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Literal
 
+from stockade._slots import Frozen, Mutable
 from stockade.policy._default import SHELL_FILES
 
 Kind = Literal[
@@ -157,10 +157,11 @@ loads (git-config(1)); ``alias.*`` and ``submodule.*.update`` only when the
 value starts with ``!`` (a shell command)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Seen:
+class Seen(Frozen):
     """One persistence-relevant path at one moment."""
 
+    _fields = ("path", "root", "kind", "is_dir", "digest", "mode", "content", "runs")
+    __slots__ = _fields
     path: str
     root: str
     """The writable place it lies in (revert resolves the path beneath it)."""
@@ -169,42 +170,102 @@ class Seen:
     digest: str
     """sha256 of the content (a directory: ``""``; a symbolic link: of its target)."""
     mode: int
-    content: bytes | None = None
+    content: bytes | None
     """The bytes, when small enough to keep for revert."""
-    runs: tuple[str, ...] = ()
+    runs: tuple[str, ...]
     """For a git config: its keys that run programs, as ``key=value``; for a
     hook: its own name when it is executable."""
 
+    def __init__(
+        self,
+        path: str,
+        root: str,
+        kind: Kind,
+        is_dir: bool,
+        digest: str,
+        mode: int,
+        content: bytes | None = None,
+        runs: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "root", root)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "is_dir", is_dir)
+        object.__setattr__(self, "digest", digest)
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "runs", runs)
 
-@dataclass(slots=True)
-class Snapshot:
+
+class Snapshot(Mutable):
     """What ``snapshot`` found in the writable places."""
 
+    _fields = ("roots", "protected", "seen", "gitlinks", "indexes", "cut")
+    __slots__ = _fields
     roots: tuple[str, ...]
-    protected: tuple[str, ...] = ()
-    seen: dict[str, Seen] = field(default_factory=dict)
-    gitlinks: dict[str, frozenset[str]] = field(default_factory=dict)
+    protected: tuple[str, ...]
+    seen: dict[str, Seen]
+    gitlinks: dict[str, frozenset[str]]
     """For each git index: the paths it records as gitlinks (mode 160000)."""
-    indexes: dict[str, bytes] = field(default_factory=dict)
+    indexes: dict[str, bytes]
     """The bytes of each index that holds gitlinks or may gain some (for revert)."""
-    cut: list[str] = field(default_factory=list)
+    cut: list[str]
     """Where the walk stopped early (budget spent, an index too large)."""
 
+    def __init__(
+        self,
+        roots: tuple[str, ...],
+        protected: tuple[str, ...] = (),
+        seen: dict[str, Seen] | None = None,
+        gitlinks: dict[str, frozenset[str]] | None = None,
+        indexes: dict[str, bytes] | None = None,
+        cut: list[str] | None = None,
+    ) -> None:
+        self.roots = roots
+        self.protected = protected
+        self.seen = {} if seen is None else seen
+        self.gitlinks = {} if gitlinks is None else gitlinks
+        self.indexes = {} if indexes is None else indexes
+        self.cut = [] if cut is None else cut
 
-@dataclass(frozen=True, slots=True)
-class Change:
+
+class Change(Frozen):
     """One line of the persistence report."""
 
+    _fields = ("path", "root", "kind", "change", "is_dir", "runs", "before", "note", "index")
+    __slots__ = _fields
     path: str
     root: str
     kind: Kind
     change: Literal["created", "changed", "removed"]
-    is_dir: bool = False
-    runs: tuple[str, ...] = ()
-    before: Seen | None = None
-    note: str = ""
-    index: str = ""
+    is_dir: bool
+    runs: tuple[str, ...]
+    before: Seen | None
+    note: str
+    index: str
     """For a gitlink: the index that records it."""
+
+    def __init__(
+        self,
+        path: str,
+        root: str,
+        kind: Kind,
+        change: Literal["created", "changed", "removed"],
+        is_dir: bool = False,
+        runs: tuple[str, ...] = (),
+        before: Seen | None = None,
+        note: str = "",
+        index: str = "",
+    ) -> None:
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "root", root)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "change", change)
+        object.__setattr__(self, "is_dir", is_dir)
+        object.__setattr__(self, "runs", runs)
+        object.__setattr__(self, "before", before)
+        object.__setattr__(self, "note", note)
+        object.__setattr__(self, "index", index)
 
     def to_dict(self) -> dict[str, object]:
         return {

@@ -46,8 +46,8 @@ import stat
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from stockade._slots import Mutable
 from stockade.cell._syscall import libc
 from stockade.cell._syscall_table import AUDIT_ARCH_X86_64
 from stockade.errors import HostError
@@ -224,10 +224,24 @@ def attach_guard(cgroup_dir: str) -> None:
 # --------------------------------------------------------------------------- one cell
 
 
-@dataclass
-class CellWatch:
+class CellWatch(Mutable):
     """What the supervisor knows of one cell, and the events it made for it."""
 
+    _fields = (
+        "cell_id",
+        "listener",
+        "offered",
+        "host_uid",
+        "netns_fd",
+        "audit",
+        "on_event",
+        "events",
+        "connects",
+        "closed",
+        "lock",
+        "_diag",
+    )
+    __slots__ = _fields
     cell_id: str
     listener: int
     offered: dict[tuple[int, int], tuple[str, int]]
@@ -236,14 +250,42 @@ class CellWatch:
     netns_fd: int
     audit: bool
     """The policy's mode is ``audit``: a refusal is recorded and the connect made."""
-    on_event: Callable[[Event], None] | None = None
+    on_event: Callable[[Event], None] | None
     """Called with each event as it is made (from the supervisor's thread)."""
-    events: list[Event] = field(default_factory=list)
-    connects: int = 0
+    events: list[Event]
+    connects: int
     """Connects being made for the cell right now."""
-    closed: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    _diag: socket.socket | None = None
+    closed: bool
+    lock: threading.Lock
+    _diag: socket.socket | None
+
+    def __init__(
+        self,
+        cell_id: str,
+        listener: int,
+        offered: dict[tuple[int, int], tuple[str, int]],
+        host_uid: int,
+        netns_fd: int,
+        audit: bool,
+        on_event: Callable[[Event], None] | None = None,
+        events: list[Event] | None = None,
+        connects: int = 0,
+        closed: bool = False,
+        lock: threading.Lock | None = None,
+        _diag: socket.socket | None = None,
+    ) -> None:
+        self.cell_id = cell_id
+        self.listener = listener
+        self.offered = offered
+        self.host_uid = host_uid
+        self.netns_fd = netns_fd
+        self.audit = audit
+        self.on_event = on_event
+        self.events = [] if events is None else events
+        self.connects = connects
+        self.closed = closed
+        self.lock = threading.Lock() if lock is None else lock
+        self._diag = _diag
 
     def diag(self) -> socket.socket:
         """A sock_diag socket in the cell's network namespace, made once, on first need."""
