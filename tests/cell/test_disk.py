@@ -20,22 +20,26 @@ PY = "/usr/bin/python3"
 
 FILL = r"""
 import os, sys
-kind = sys.argv[1]
-open("/tmp/small", "wb").write(b"x" * 4096)  # the control: well under both limits
-print("control", os.path.getsize("/tmp/small"))
+kind, where = sys.argv[1], sys.argv[2]
+small = os.path.join(where, "small")
+open(small, "wb").write(b"x" * 4096)  # the control: well under every limit here
+print("control", os.path.getsize(small))
 try:
     if kind == "bytes":
-        with open("/tmp/big", "wb") as f:
+        with open(os.path.join(where, "big"), "wb") as f:
             while True:
                 f.write(b"x" * (1 << 20))
     else:
         n = 0
         while True:
-            open(f"/tmp/f{n}", "w").close()
+            open(os.path.join(where, f"f{n}"), "w").close()
             n += 1
 except OSError as exc:
     print("refused", exc.errno)
 """
+"""Fills the directory ``argv[2]`` (the cell's /tmp, or ``.``, its workspace)
+by ``bytes`` or by ``files`` (``argv[1]``) after a small control file: one
+filler for both of the cell's limited filesystems."""
 
 
 def _limited(disk: DiskLimit | None) -> Policy:
@@ -45,7 +49,7 @@ def _limited(disk: DiskLimit | None) -> Policy:
 
 def test_tmp_stops_at_its_byte_limit_and_the_run_says_so() -> None:
     with Cell(_limited(DiskLimit(bytes=8 << 20)), environ={}) as cell:
-        result = cell.run([PY, "-I", "-c", FILL, "bytes"], timeout=60)
+        result = cell.run([PY, "-I", "-c", FILL, "bytes", "/tmp"], timeout=60)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.decode().split() == ["control", "4096", "refused", str(errno.ENOSPC)]
     assert "disk" in result.limits_hit
@@ -57,7 +61,7 @@ def test_tmp_stops_at_its_byte_limit_and_the_run_says_so() -> None:
 
 def test_tmp_stops_at_its_file_limit_and_the_run_says_so() -> None:
     with Cell(_limited(DiskLimit(bytes=32 << 20, files=200)), environ={}) as cell:
-        result = cell.run([PY, "-I", "-c", FILL, "files"], timeout=60)
+        result = cell.run([PY, "-I", "-c", FILL, "files", "/tmp"], timeout=60)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.decode().split() == ["control", "4096", "refused", str(errno.ENOSPC)]
     assert [e.summary for e in result.events if e.kind == "cell.limit"] == [
@@ -80,25 +84,6 @@ def test_limits_disk_in_a_policy_file() -> None:
     assert loads_policy("name: t\n").limits.disk is None
 
 
-WORKSPACE_FILL = r"""
-import os, sys
-open("small", "w").write("x")  # the control
-print("control", open("small").read())
-try:
-    if sys.argv[1] == "bytes":
-        with open("big", "wb") as f:
-            while True:
-                f.write(b"x" * (1 << 20))
-    else:
-        n = 0
-        while True:
-            open(f"f{n}", "w").close()
-            n += 1
-except OSError as exc:
-    print("refused", exc.errno)
-"""
-
-
 def test_a_fresh_workspace_is_a_filesystem_of_that_size() -> None:
     """A fresh workspace under ``limits.disk`` is an ext4 image of its own:
     writing past its bytes fails with ENOSPC and the run says so; closing
@@ -106,10 +91,10 @@ def test_a_fresh_workspace_is_a_filesystem_of_that_size() -> None:
     with Cell(_limited(DiskLimit(bytes=32 << 20)), environ={}) as cell:
         workspace = cell.workspace
         assert os.path.ismount(workspace)
-        result = cell.run([PY, "-I", "-c", WORKSPACE_FILL, "bytes"], timeout=60)
+        result = cell.run([PY, "-I", "-c", FILL, "bytes", "."], timeout=60)
         size = os.path.getsize(os.path.join(workspace, "big"))
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.decode().split() == ["control", "x", "refused", str(errno.ENOSPC)]
+    assert result.stdout.decode().split() == ["control", "4096", "refused", str(errno.ENOSPC)]
     assert 16 << 20 < size <= 32 << 20
     assert [e.summary for e in result.events if e.kind == "cell.limit"] == [
         f"disk limit of the workspace reached: {32 << 20} bytes, writes refused (ENOSPC)"
@@ -120,7 +105,7 @@ def test_a_fresh_workspace_is_a_filesystem_of_that_size() -> None:
 
 def test_a_fresh_workspace_stops_at_its_file_limit() -> None:
     with Cell(_limited(DiskLimit(bytes=32 << 20, files=500)), environ={}) as cell:
-        result = cell.run([PY, "-I", "-c", WORKSPACE_FILL, "files"], timeout=60)
+        result = cell.run([PY, "-I", "-c", FILL, "files", "."], timeout=60)
         made = len(os.listdir(cell.workspace))
     assert result.exit_code == 0, result.stderr
     assert result.stdout.decode().split()[-2:] == ["refused", str(errno.ENOSPC)]
