@@ -4,8 +4,10 @@ were tampered with; resume; the commands."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -389,3 +391,38 @@ def test_a_fault_of_the_proctor_is_a_crashed_trial_not_a_dead_campaign(world: Wo
     record = json.loads((t.bundle / "trial.json").read_text())
     assert record["error"] == "the proctor failed: KeyError: 'what a proctor bug looks like'"
     assert verify_bundle(t.bundle) == []
+
+
+class _Terminal(io.StringIO):
+    """stderr as a terminal: `bench run` draws its progress bar only on one."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_bench_run_queues_shows_progress_and_resumes(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "runs"
+    args = ["bench", "run", "fix-bug", "--socket", world.daemon.socket_path, "--out", str(out)]
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("TERM", "xterm")
+    assert run_app([*args, "--attempts", "2", "--concurrency", "2"]) == 0
+    shown = capsys.readouterr().out
+    # The progress bar, to the end, and a line per trial.
+    assert "trials" in terminal.getvalue() and "2/2" in terminal.getvalue()
+    assert terminal.getvalue().count("stockade/fix-bug #") == 2
+    # The summary table and lines, and results.json.
+    assert "stockade bench" in shown and "by task" in shown
+    assert "pass rate 1.00" in shown and f"results: {out / 'results.json'}" in shown
+    results = json.loads((out / "results.json").read_text())
+    assert [t["attempt"] for t in results["trials"]] == [1, 2] and results["concurrency"] == 2
+    first = {t["bundle"] for t in results["trials"]}
+    # --resume: the two finished trials are kept, only the third runs.
+    assert run_app([*args, "--attempts", "3", "--resume", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert len(again["trials"]) == 3 and {t["bundle"] for t in again["trials"]} >= first
+    assert sum(1 for t in again["trials"] if t.get("resumed")) == 2
+    assert len(list(out.glob("*/manifest.json"))) == 3
+    assert again["summary"]["pass_at_k"] == {"1": 1.0, "3": 1.0}

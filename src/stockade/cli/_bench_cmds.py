@@ -158,7 +158,8 @@ def run_cmd(
     state_dir, sock = _where(state, socket_path)
     local = None
     try:
-        Client(sock, timeout=10.0).call("status")
+        with Client(sock, timeout=10.0) as probe:
+            probe.call("status")
     except DaemonError:
         from stockade.daemon._server import DaemonThread
 
