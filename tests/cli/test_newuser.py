@@ -621,3 +621,35 @@ def test_shipped_files_say_what_the_code_does() -> None:
     sdk = (ROOT / "docs" / "SDK.md").read_text()
     assert "integrator's\npart" not in sdk and "integrator's part" not in sdk
     assert "check_tool_call_id" in sdk
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        "llm:\n  base_url: http://127.0.0.1:9/v1\n  api_key_env: STOCKADE_TEST_UNSET_KEY\n",
+        "secrets:\n  - {name: T, env: STOCKADE_TEST_UNSET_KEY, hosts: [api.example.com]}\n",
+    ],
+    ids=["llm-key", "secret"],
+)
+def test_an_unset_key_is_exit_3_under_exec_and_run_alike(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str
+) -> None:
+    """An unset key was exit 3 under exec and 2 under run: one code per kind of
+    problem (a policy that cannot be honoured here), one message, both commands."""
+    monkeypatch.delenv("STOCKADE_TEST_UNSET_KEY", raising=False)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    file = tmp_path / "keyed.yaml"
+    file.write_text(f"name: keyed\nworkspace: {ws}\ncommand: [/bin/true]\n{section}")
+    place = ("--state", str(tmp_path / "state"), "--socket", str(tmp_path / "d.sock"))
+    said = []
+    for args in (("exec", "-p", str(file), "--", "true"), ("run", "-f", str(file), *place)):
+        code, _, err = cli(capsys, *args)
+        assert code == ExitCode.POLICY, (args, err)
+        assert "STOCKADE_TEST_UNSET_KEY" in err and "not set" in err, err
+        assert_one_style(err)
+        said.append(err)
+    assert said[0] == said[1]
+    # Control: set, both start.
+    monkeypatch.setenv("STOCKADE_TEST_UNSET_KEY", "value")
+    assert cli(capsys, "exec", "-p", str(file), "--", "true")[0] == 0
