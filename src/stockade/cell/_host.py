@@ -93,14 +93,20 @@ NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 """The namespaces every cell gets, as named under /proc/self/ns."""
 
 
-@dataclass(frozen=True)
-class Fact(Generic[T]):
+class Fact(Frozen, Generic[T]):
     """One thing seen about the host: its value, how it was seen and, when it
     falls short of what stockade can use, what to do about it."""
 
+    _fields = ("value", "how", "fix")
+    __slots__ = _fields
     value: T
     how: str
-    fix: str | None = None
+    fix: str | None
+
+    def __init__(self, value: T, how: str, fix: str | None = None) -> None:
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "how", how)
+        object.__setattr__(self, "fix", fix)
 
 
 @dataclass(frozen=True)
