@@ -71,6 +71,18 @@ def run_cell(reader: AuditReader | None, cell_id: str, spec: CellSpec) -> tuple[
     return cell.pid, cell.session
 
 
+def _refused_writes(target: Path, n: int) -> str:
+    """A cell script that tries ``n`` appends to ``target`` (each refused by
+    Landlock, so each one a denial record) and then prints ``done``: the load
+    of the tests that count or interleave denials."""
+    return f"""
+for _ in range({n}):
+    try: open({str(target)!r}, "a")
+    except PermissionError: pass
+print("done")
+"""
+
+
 def test_write_connect_and_syscall_denials_become_events(
     reader: AuditReader, tmp_path: Path, listener: int
 ) -> None:
@@ -121,14 +133,7 @@ def test_two_cells_at_once_are_told_apart(reader: AuditReader, tmp_path: Path) -
         target = tmp_path / f"{name}.txt"
         target.write_text("x")
         # Both cells deny in an interleaved loop once both are running.
-        script = f"""
-import os, time
-for _ in range(200):
-    try: open({str(target)!r}, "a")
-    except PermissionError: pass
-print("done")
-"""
-        cells[name] = (start_cell(CellSpec(script=script)), target)
+        cells[name] = (start_cell(CellSpec(script=_refused_writes(target, 200))), target)
     try:
         for name, (cell, _) in cells.items():
             reader.watch(name, session=cell.session, pid=cell.pid)
@@ -326,12 +331,7 @@ def test_denial_storm_is_recorded_or_accounted_for(reader: AuditReader, tmp_path
     n = int(os.environ.get("STOCKADE_STORM", "10000"))
     target = tmp_path / "t"
     target.write_text("x")
-    script = f"""
-for _ in range({n}):
-    try: open({str(target)!r}, "a")
-    except PermissionError: pass
-print("done")
-"""
+    script = _refused_writes(target, n)
     started = time.perf_counter()
     run_cell(reader, "storm", CellSpec(script=script))
     events = reader.collect("storm", timeout=30.0)
@@ -364,12 +364,7 @@ def test_overrun_is_reported(tmp_path: Path) -> None:
     small = AuditReader(rcvbuf=4096)
     target = tmp_path / "t"
     target.write_text("x")
-    script = f"""
-for _ in range(2000):
-    try: open({str(target)!r}, "a")
-    except PermissionError: pass
-print("done")
-"""
+    script = _refused_writes(target, 2000)
     try:
         cell = start_cell(CellSpec(script=script))
         small.watch("flooded", session=cell.session, pid=cell.pid)
