@@ -131,6 +131,38 @@ sys.stdout.flush()
 """.replace("MARK", repr(MARK))
 
 
+UNIX_PROBES = """
+def unix_connect(address):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    try:
+        s.connect(address)
+        s.sendall(b"exfiltrated")
+        return "connected"
+    finally:
+        s.close()
+def own_pathname_socket():
+    # The legitimate neighbour for unix sockets: one the cell binds itself.
+    path = os.path.join(os.getcwd(), "own.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen()
+    with socket.socket(socket.AF_UNIX) as c:
+        c.connect(path)
+        conn, _ = srv.accept()
+        c.sendall(b"ping")
+        data = conn.recv(4)
+        conn.close()
+    srv.close()
+    os.unlink(path)
+    return data.decode()
+"""
+"""Probe functions (a body's part) for the unix-socket escapes of test_network
+and test_unix_sockets: ``unix_connect`` tries a host socket and writes to it;
+``own_pathname_socket`` is their control, a socket the cell binds and reaches
+itself (answers ``ping``)."""
+
+
 def probe_argv(body: str, params: dict[str, Any] | None = None) -> list[str]:
     """The argv of a probe running ``body`` with ``params`` (as ``P`` inside)."""
     code = _PRELUDE + "\n" + body + "\n" + _EPILOGUE

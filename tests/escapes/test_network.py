@@ -36,6 +36,7 @@ import pytest
 from stockade.cell._layers import GATEWAY_PORT
 from tests.escapes._net_cell import (
     NEIGHBOUR_PORT,
+    UNIX_PROBES,
     FakeGateway,
     HostCanary,
     Probe,
@@ -585,30 +586,12 @@ def test_program_ignoring_http_proxy_fails_at_once_and_is_recorded(canary: HostC
 
 # --- abstract and pathname unix sockets of the host ----------------------------------------
 
-_UNIX_BODY = """
-def unix_connect(address):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(5)
-    try:
-        s.connect(address)
-        s.sendall(b"exfiltrated")
-        return "connected"
-    finally:
-        s.close()
+_UNIX_BODY = (
+    UNIX_PROBES
+    + """
 def own_socket():
-    # The legitimate neighbour for unix sockets: one the cell binds itself.
-    path = os.path.join(os.getcwd(), "own.sock")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(path)
-    srv.listen()
-    with socket.socket(socket.AF_UNIX) as c:
-        c.connect(path)
-        conn, _ = srv.accept()
-        c.sendall(b"ping")
-        data = conn.recv(4)
-        conn.close()
-    srv.close()
-    os.unlink(path)
+    # The control by path (UNIX_PROBES), then one by an abstract name.
+    data = own_pathname_socket()
     abstract = b"\\0own-" + os.urandom(4).hex().encode()
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(abstract)
@@ -616,8 +599,9 @@ def own_socket():
     with socket.socket(socket.AF_UNIX) as c:
         c.connect(abstract)
     srv.close()
-    return data.decode()
+    return data
 """
+)
 
 
 def test_abstract_unix_socket_of_the_host_is_unreachable() -> None:

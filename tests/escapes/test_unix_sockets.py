@@ -28,33 +28,19 @@ import pytest
 from stockade.cell import _plan
 from stockade.cell._plan import NOBODY
 from stockade.policy import Policy
-from tests.escapes._net_cell import Probe, live_probe, net_policy, pending_connections, probe
+from tests.escapes._net_cell import (
+    UNIX_PROBES,
+    Probe,
+    live_probe,
+    net_policy,
+    pending_connections,
+    probe,
+)
 
-_BODY = """
+_BODY = (
+    UNIX_PROBES
+    + """
 import stat
-def unix_connect(address):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(5)
-    try:
-        s.connect(address)
-        s.sendall(b"exfiltrated")
-        return "connected"
-    finally:
-        s.close()
-def own_socket():
-    path = os.path.join(os.getcwd(), "own.sock")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(path)
-    srv.listen()
-    with socket.socket(socket.AF_UNIX) as c:
-        c.connect(path)
-        conn, _ = srv.accept()
-        c.sendall(b"ping")
-        data = conn.recv(4)
-        conn.close()
-    srv.close()
-    os.unlink(path)
-    return data.decode()
 def pair():
     a, b = socket.socketpair()
     a.sendall(b"pair")
@@ -63,9 +49,10 @@ def pair():
     b.close()
     return got
 """
+)
 
 _CONTROLS = """
-attempt("own", own_socket)
+attempt("own", own_pathname_socket)
 attempt("pair", pair)
 attempt("neighbour", neighbour)
 """
