@@ -15,6 +15,9 @@ from inspect_ai.util import SandboxEnvironment
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
 from inspect_ai.util._sandbox.self_check import *  # noqa: F403
 
+from stockade.daemon import _paths
+from stockade.daemon._server import DaemonThread
+
 pytestmark = pytest.mark.anyio
 
 XFAIL: dict[str, str] = {
@@ -46,21 +49,44 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tmp_path_factory.mktemp("state")
 
 
+@pytest.fixture(scope="module", params=["process", "daemon"])
+def _host(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    """Each check runs on both paths a sample takes (docs/HARNESSES.md): its
+    session in this process (no daemon), and hosted by a daemon that runs for
+    the config's state directory (the harness finds it by its socket)."""
+    via = str(request.param)
+    state = tmp_path_factory.mktemp(f"state-{via}")
+    if via == "process":
+        yield via, state
+        return
+    dt = DaemonThread(state=str(state), socket_path=_paths.socket_path(state=str(state)))
+    dt.start()
+    try:
+        yield via, state
+    finally:
+        dt.stop()
+
+
 @pytest.fixture(scope="module")
-async def _shared_env(state_dir: Path) -> AsyncIterator[SandboxEnvironment]:
+async def _shared_env(_host: tuple[str, Path]) -> AsyncIterator[SandboxEnvironment]:
     # As Inspect does it: the type by name from the registry, which loads the
     # `inspect_ai` entry points when the name is not yet known.
+    via, state = _host
     sandbox_type: Any = registry_find_sandboxenv("stockade")
     assert sandbox_type.__module__ == "stockade.harness._inspect"
-    config = sandbox_type.config_deserialize({"state": str(state_dir)})
+    config = sandbox_type.config_deserialize({"state": str(state)})
     await sandbox_type.task_init("conformance", config)
     envs = await sandbox_type.sample_init("conformance", config, {"sample_id": "1"})
     env = envs["default"]
+    assert env.host.via == via
     try:
         yield env
     finally:
         await sandbox_type.sample_cleanup("conformance", config, envs, False)
-        assert env.report is not None and env.report["record"]["store"] is not None
+        assert env.report is not None and env.report["record"]["via"] == via
+        assert env.report["record"]["store"] is not None
 
 
 @pytest.fixture
@@ -146,16 +172,19 @@ async def test_a_compose_file_gives_the_sample_its_environment_and_workdir(tmp_p
 
 
 @pytest.fixture(scope="module")
-async def _root_image_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxEnvironment]:
+async def _root_image_env(_host: tuple[str, Path]) -> AsyncIterator[SandboxEnvironment]:
+    # On both paths: a daemon takes a policy's image from its own store, the
+    # state directory's, where the image is put here.
     from tests.harness._image import store_image
 
-    state = tmp_path_factory.mktemp("image-state")
+    via, state = _host
     name = store_image(state)
     policy = state / "root.yaml"
     policy.write_text(f"name: root-image\nimage: {name}\nuser: root\n")
     sandbox_type: Any = registry_find_sandboxenv("stockade")
     config = sandbox_type.config_deserialize({"state": str(state), "policy": str(policy)})
     envs = await sandbox_type.sample_init("root-image", config, {})
+    assert envs["default"].host.via == via
     try:
         yield envs["default"]
     finally:
