@@ -7,14 +7,18 @@ Two figures, each the median and 90th percentile over interleaved rounds from
 this one warm process (local first, then stockade, every round):
 
 - per call: ``exec`` of a command in a live sample's sandbox (``/bin/true``,
-  ``sh -c 'echo hi'``), then ``write_file`` + ``read_file`` of 4 KiB;
+  ``sh -c 'echo hi'``), then ``write_file`` and ``read_file`` of 4 KiB;
 - per sample: what a whole sample costs its harness around its agent:
   ``sample_init``, 5 execs, a file written and read, ``sample_cleanup``
   (for stockade: the session's cell started and ended, its persistence
   walk, the record appended to the store under a temporary state directory).
 
-``local`` contains nothing (a subprocess in a temporary directory); the aim
-is stockade within 2x of it per call. Nothing here asserts a time.
+Three sandboxes: ``local`` contains nothing (a subprocess in a temporary
+directory); ``stockade`` with no daemon (the sample's session in this
+process); ``stockade@daemon``, the same with a daemon running for its state
+directory (a ``DaemonThread`` in this process, so the sample is a run of it
+and each call a round trip of its control socket). The aim is stockade
+within 2x of ``local`` per call. Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -29,15 +33,20 @@ from typing import Any
 
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
 
+from stockade.daemon import _paths
+from stockade.daemon._server import DaemonThread
+
+
+def _type(kind: str) -> Any:
+    return registry_find_sandboxenv(kind.split("@", 1)[0])
+
 
 async def _sample(kind: str, config: Any) -> dict[str, Any]:
-    cls: Any = registry_find_sandboxenv(kind)
-    return dict(await cls.sample_init("bench", config, {}))
+    return dict(await _type(kind).sample_init("bench", config, {}))
 
 
 async def _cleanup(kind: str, config: Any, envs: dict[str, Any]) -> None:
-    cls: Any = registry_find_sandboxenv(kind)
-    await cls.sample_cleanup("bench", config, envs, False)
+    await _type(kind).sample_cleanup("bench", config, envs, False)
 
 
 def _stats(samples: list[float]) -> str:
@@ -54,9 +63,27 @@ async def _timed(fn: Callable[[], Awaitable[object]]) -> float:
 
 async def main(rounds: int) -> None:
     state = tempfile.mkdtemp(prefix="stockade-bench-state-")
-    stockade_config = registry_find_sandboxenv("stockade").config_deserialize({"state": state})
-    configs: dict[str, Any] = {"local": None, "stockade": stockade_config}
+    hosted = tempfile.mkdtemp(prefix="stockade-bench-daemon-")
+    daemon = DaemonThread(state=hosted, socket_path=_paths.socket_path(state=hosted))
+    daemon.start()
+    try:
+        await _measure(rounds, state, hosted)
+    finally:
+        daemon.stop()
+
+
+async def _measure(rounds: int, state: str, hosted: str) -> None:
+    stockade = registry_find_sandboxenv("stockade")
+    configs: dict[str, Any] = {
+        "local": None,
+        "stockade": stockade.config_deserialize({"state": state}),
+        "stockade@daemon": stockade.config_deserialize({"state": hosted}),
+    }
     live = {kind: await _sample(kind, cfg) for kind, cfg in configs.items()}
+    assert [envs["default"].host.via for kind, envs in live.items() if kind != "local"] == [
+        "process",
+        "daemon",
+    ]
     calls: dict[tuple[str, str], list[float]] = {}
     payload = b"x" * 4096
     for _ in range(rounds):
@@ -67,11 +94,14 @@ async def main(rounds: int) -> None:
                     await _timed(lambda argv=argv, env=env: env.exec(argv))
                 )
 
-            async def file_round(env: Any = env) -> None:
+            async def write(env: Any = env) -> None:
                 await env.write_file("bench.bin", payload)
+
+            async def read(env: Any = env) -> None:
                 assert await env.read_file("bench.bin", text=False) == payload
 
-            calls.setdefault(("write+read 4 KiB", kind), []).append(await _timed(file_round))
+            calls.setdefault(("write_file 4 KiB", kind), []).append(await _timed(write))
+            calls.setdefault(("read_file 4 KiB", kind), []).append(await _timed(read))
     for kind, envs in live.items():
         await _cleanup(kind, configs[kind], envs)
 
@@ -92,15 +122,17 @@ async def main(rounds: int) -> None:
 
     print(f"per call ({rounds} rounds)")
     for (name, kind), samples in calls.items():
-        print(f"  {name:18s} {kind:9s} {_stats(samples)}")
+        print(f"  {name:18s} {kind:15s} {_stats(samples)}")
     for name in dict.fromkeys(n for n, _ in calls):
-        ratio = statistics.median(calls[(name, "stockade")]) / statistics.median(calls[(name, "local")])
-        print(f"  {name:18s} stockade/local {ratio:5.2f}x")
+        for kind in ("stockade", "stockade@daemon"):
+            ratio = statistics.median(calls[(name, kind)]) / statistics.median(calls[(name, "local")])
+            print(f"  {name:18s} {kind}/local {ratio:5.2f}x")
     print(f"per sample ({len(whole['local'])} rounds: init, 5 execs, a file written and read, cleanup)")
     for kind, samples in whole.items():
-        print(f"  {kind:9s} {_stats(samples)}")
-    ratio = statistics.median(whole["stockade"]) / statistics.median(whole["local"])
-    print(f"  stockade/local {ratio:5.2f}x")
+        print(f"  {kind:15s} {_stats(samples)}")
+    for kind in ("stockade", "stockade@daemon"):
+        ratio = statistics.median(whole[kind]) / statistics.median(whole["local"])
+        print(f"  {kind}/local {ratio:5.2f}x")
 
 
 if __name__ == "__main__":
