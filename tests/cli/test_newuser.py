@@ -653,3 +653,38 @@ def test_an_unset_key_is_exit_3_under_exec_and_run_alike(
     # Control: set, both start.
     monkeypatch.setenv("STOCKADE_TEST_UNSET_KEY", "value")
     assert cli(capsys, "exec", "-p", str(file), "--", "true")[0] == 0
+
+
+def test_a_denied_tree_shows_names_as_policy_md_says(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`deny` shows a denied tree's file names (empty stand-ins, two levels
+    deep), which POLICY.md said was not so ("what is inside a denied directory
+    is not shown"). What the cell lists is what the doc says; what is read is
+    refused and recorded; a tree no grant covers is not there at all."""
+    import json
+
+    shown = tmp_path / "shown"
+    (shown / "a" / "b" / "c").mkdir(parents=True)
+    (shown / "a" / "top.txt").write_text("secret one")
+    (shown / "a" / "b" / "mid.txt").write_text("secret two")
+    (shown / "a" / "b" / "c" / "deep.txt").write_text("secret three")
+    ungranted = tmp_path / "ungranted"
+    ungranted.mkdir()
+    file = tmp_path / "p.yaml"
+    file.write_text(f"name: t\nfilesystem:\n  read: [{shown}]\n  deny: [{shown}/a]\n")
+    script = f"find {shown} | sort; cat {shown}/a/top.txt; ls {ungranted}; true"
+    events = tmp_path / "events.jsonl"
+    code = main(["exec", "-p", str(file), "--events", str(events), "--", "sh", "-c", script])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    listed = [line.removeprefix(str(shown)) for line in out.splitlines()]
+    assert listed == ["", "/a", "/a/b", "/a/b/c", "/a/b/mid.txt", "/a/top.txt"], out
+    assert "secret" not in out
+    assert "No such file or directory" in err and str(ungranted) in err, err
+    denied = [e for e in map(json.loads, events.read_text().splitlines()) if e.get("outcome") == "denied"]
+    assert [e["detail"].get("path") for e in denied] == [f"{shown}/a/top.txt"], denied
+    row = next(
+        line for line in (ROOT / "docs" / "POLICY.md").read_text().splitlines() if line.startswith("| `deny`")
+    )
+    assert "two levels deep" in row and "not shown" not in row, row
