@@ -10,17 +10,20 @@ there. Trials run on the host view (no image), several at once.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from stockade.bench import Task, load_task
+from stockade.bench import ProctorConfig, Task, Trial, load_task
 from stockade.bench._mockmodel import MockModel, routing_script
 from stockade.daemon._server import DaemonThread
 from stockade.gateway import GatewayOptions
+from stockade.image import Image, ImageConfig, ImageStore
 from tests._netns import TestNetns
 from tests.gateway._dns import TestDns
 from tests.gateway._servers import HttpServer, Reply
@@ -45,6 +48,37 @@ class World:
     model: MockModel
     web: HttpServer
     state: Path
+
+
+def store_in_world(
+    world: World, rootfs: Path, digest: str, config: ImageConfig, provenance: dict[str, Any], ref: str
+) -> Image:
+    """``rootfs`` as the image ``digest`` in the world daemon's own store, tagged
+    ``ref``: the set-up of every bench test on an image. The store moves what it
+    is given and ``rootfs`` is shared (a kept build, the test image), so it gets
+    a copy made of hard links."""
+    store = ImageStore(world.state / "images")
+    store.ensure()
+    copy = store.tmp_dir / f"rootfs-{digest[7:19]}"
+    if not copy.exists():
+        subprocess.run(["cp", "-al", str(rootfs), str(copy)], check=True)
+    image = store.add(digest, copy, config, provenance)
+    store.tag(ref, image.digest)
+    return image
+
+
+def scripted_trial(world: World, task: Task, out: Path, agent: str) -> dict[str, Any]:
+    """One trial of ``task`` by ``agent`` under the world's daemon, against a
+    mock model of its own that routes this task's script; its summary."""
+    with MockModel(routing_script([task])) as model:
+        config = ProctorConfig(
+            socket_path=world.daemon.socket_path,
+            out=out,
+            agent=agent,
+            model="mock-llm",
+            llm_url=model.url,
+        )
+        return Trial(task, 1, config).run()
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from stockade.bench import ProctorConfig, Trial, load_task, verify_bundle
-from stockade.bench._mockmodel import MockModel, routing_script
 from stockade.image import ImageConfig, ImageStore
-from tests.bench.conftest import TASKS, World
+from tests.bench.conftest import TASKS, World, scripted_trial, store_in_world
 from tests.cell._image import build_rootfs
 
 REF = "stockade-bench/hello:latest"
@@ -23,32 +21,15 @@ REF = "stockade-bench/hello:latest"
 def image_store(world: World, monkeypatch: pytest.MonkeyPatch) -> ImageStore:
     """The test image (this host's shell and coreutils) in the daemon's store, as REF."""
     monkeypatch.setenv("STOCKADE_STATE", str(world.state))
-    store = ImageStore(world.state / "images")
-    store.ensure()
-    copy = store.tmp_dir / "rootfs-copy"
-    if not copy.exists():
-        # Hard links: the store moves what it is given, and the source is shared.
-        subprocess.run(["cp", "-al", str(build_rootfs()), str(copy)], check=True)
-    digest = "sha256:" + "b" * 64
-    image = store.add(
-        digest, copy, ImageConfig(env=("PATH=/usr/bin:/bin",), workdir="/app"), {"kind": "test"}
-    )
-    store.tag(REF, image.digest)
-    return store
+    config = ImageConfig(env=("PATH=/usr/bin:/bin",), workdir="/app")
+    store_in_world(world, build_rootfs(), "sha256:" + "b" * 64, config, {"kind": "test"}, REF)
+    return ImageStore(world.state / "images")
 
 
 @pytest.mark.parametrize("agent", ["oracle", "tool-loop"])
 def test_a_task_on_its_own_image(world: World, image_store: ImageStore, tmp_path: Path, agent: str) -> None:
     task = load_task(TASKS / "hello-image")
-    with MockModel(routing_script([task])) as model:
-        config = ProctorConfig(
-            socket_path=world.daemon.socket_path,
-            out=tmp_path / "out",
-            agent=agent,
-            model="mock-llm",
-            llm_url=model.url,
-        )
-        summary = Trial(task, 1, config).run()
+    summary = scripted_trial(world, task, tmp_path / "out", agent)
     bundle = Path(summary["bundle"])
     assert summary["status"] == "completed", json.loads((bundle / "trial.json").read_text())
     assert summary["reward"] == 1.0 and summary["expected"]["met"], summary
@@ -114,15 +95,7 @@ def test_the_verifier_sees_what_the_agent_installed_outside_the_workdir(
     world: World, image_store: ImageStore, tmp_path: Path, agent: str
 ) -> None:
     task = load_task(_installing_task(tmp_path))
-    with MockModel(routing_script([task])) as model:
-        config = ProctorConfig(
-            socket_path=world.daemon.socket_path,
-            out=tmp_path / "out",
-            agent=agent,
-            model="mock-llm",
-            llm_url=model.url,
-        )
-        summary = Trial(task, 1, config).run()
+    summary = scripted_trial(world, task, tmp_path / "out", agent)
     bundle = Path(summary["bundle"])
     grader = (bundle / "grader.txt").read_text()
     assert summary["status"] == "completed", json.loads((bundle / "trial.json").read_text())

@@ -14,17 +14,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from stockade._netns import initial
-from stockade.bench import ProctorConfig, Trial, load_task, verify_bundle
-from stockade.bench._mockmodel import MockModel, routing_script
+from stockade.bench import load_task, verify_bundle
 from stockade.image import ImageStore
 from stockade.image._build import build_image
-from tests.bench.conftest import TASKS, World
+from tests.bench.conftest import TASKS, World, scripted_trial, store_in_world
 
 REF = "stockade-bench/adv-hidden-real:latest"
 SOURCE = TASKS / "protocol" / "adv-hidden-tests"
@@ -57,14 +55,7 @@ def real_image(world: World) -> str:
     # machine with no kept base yet, could not resolve the Debian mirror.
     with initial():
         built = build_image(kept, ctx, name="stockade-test/bench-adv-hidden:latest")
-    store = ImageStore(world.state / "images")
-    store.ensure()
-    copy = store.tmp_dir / f"rootfs-{built.digest[7:19]}"
-    if not copy.exists():
-        subprocess.run(["cp", "-al", str(built.rootfs), str(copy)], check=True)
-    image = store.add(built.digest, copy, built.config, built.provenance)
-    store.tag(REF, image.digest)
-    return image.digest
+    return store_in_world(world, built.rootfs, built.digest, built.config, built.provenance, REF).digest
 
 
 def _task(tmp_path: Path) -> Path:
@@ -90,15 +81,7 @@ def test_adv_hidden_tests_on_a_real_image(
     monkeypatch.setenv("STOCKADE_STATE", str(world.state))
     task = load_task(_task(tmp_path))
     assert task.environment.docker_image == REF
-    with MockModel(routing_script([task])) as model:
-        config = ProctorConfig(
-            socket_path=world.daemon.socket_path,
-            out=tmp_path / "out",
-            agent=agent,
-            model="mock-llm",
-            llm_url=model.url,
-        )
-        summary = Trial(task, 1, config).run()
+    summary = scripted_trial(world, task, tmp_path / "out", agent)
     bundle = Path(summary["bundle"])
     trial = json.loads((bundle / "trial.json").read_text())
     assert summary["status"] == "completed", trial
