@@ -12,6 +12,8 @@ from stockade._slots import Frozen, Mutable
 class _Point(Frozen):
     _fields = ("x", "y")
     __slots__ = _fields
+    x: int
+    y: tuple[int, ...]
 
     def __init__(self, x: int, y: tuple[int, ...] = ()) -> None:
         object.__setattr__(self, "x", x)
@@ -21,6 +23,7 @@ class _Point(Frozen):
 class _Box(Mutable):
     _fields = ("items",)
     __slots__ = _fields
+    items: list[int]
 
     def __init__(self, items: list[int]) -> None:
         self.items = items
@@ -33,7 +36,7 @@ def test_frozen_is_equal_and_hashed_by_its_fields_and_cannot_change() -> None:
     assert a.__eq__(("x", 1)) is NotImplemented
     assert repr(a) == "_Point(x=1, y=(2,))"
     with pytest.raises(AttributeError, match="cannot assign to field 'x'"):
-        a.x = 3  # type: ignore[misc]
+        a.x = 3
     with pytest.raises(AttributeError, match="cannot delete field 'x'"):
         del a.x
     assert pickle.loads(pickle.dumps(a)) == a

@@ -6,8 +6,8 @@ class with ``exec`` when the module is imported (0.7 to 2.3 ms a class on this
 host, measured for issue 18), and ``stockade exec`` imports ~40 of them before
 its cell starts. A class here costs a plain class statement (~10 µs); its
 methods are defined once, below. Use it for internal classes on the exec path
-only; public and wire-facing types (``Policy``, ``Event``, ``CellResult``,
-``HostFacts``) stay dataclasses because callers use ``dataclasses.replace``,
+only; public and wire-facing types (``Policy``, ``Event``, ``CellResult``)
+stay dataclasses because callers use ``dataclasses.replace``,
 ``fields`` and ``asdict`` on them.
 
 A subclass names its fields in ``_fields``, in the order of its

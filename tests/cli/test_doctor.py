@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -83,7 +82,7 @@ def test_a_missing_feature_exits_5_and_says_what_to_do(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = _host.probe(deep=True)
-    old = dataclasses.replace(real, landlock_abi=Fact(3, "test: an older kernel"))
+    old = real._replace(landlock_abi=Fact(3, "test: an older kernel"))
     monkeypatch.setattr(_host, "probe", lambda deep=False: old)
     code, report, err = _json(capsys, [])
     assert code == 5

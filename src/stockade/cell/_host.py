@@ -18,7 +18,6 @@ the launch path.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from stockade._slots import Frozen
@@ -109,10 +108,35 @@ class Fact(Frozen, Generic[T]):
         object.__setattr__(self, "fix", fix)
 
 
-@dataclass(frozen=True)
-class HostFacts:
+class HostFacts(Frozen):
     """Everything ``probe`` saw. Facts of the deep probe are ``None`` when it did not run."""
 
+    _fields = (
+        "kernel",
+        "root",
+        "capabilities",
+        "landlock_abi",
+        "seccomp",
+        "seccomp_actions",
+        "seccomp_actions_logged",
+        "namespaces",
+        "userns",
+        "userns_apparmor",
+        "cgroup_v2",
+        "cgroup_v2_controllers",
+        "cgroup_v1",
+        "cgroup_memory",
+        "cgroup_pids",
+        "cgroup_cpu",
+        "cgroup_kill",
+        "audit",
+        "bwrap",
+        "userns_tested",
+        "audit_enabled",
+        "bwrap_version",
+        "workbench",
+    )
+    __slots__ = _fields
     kernel: Fact[str]
     root: Fact[bool]
     """Effective uid 0 (not the same as holding capabilities)."""
@@ -150,15 +174,65 @@ class HostFacts:
     bwrap: Fact[str | None]
     """Path of bubblewrap, used only by benchmarks."""
     # -- deep probe only
-    userns_tested: Fact[bool] | None = None
+    userns_tested: Fact[bool] | None
     """A forked child created a user namespace and the six others inside it."""
-    audit_enabled: Fact[int | None] | None = None
+    audit_enabled: Fact[int | None] | None
     """The kernel's audit ``enabled`` (0 off, 1 on, 2 locked), from AUDIT_GET."""
-    bwrap_version: Fact[str | None] | None = None
-    workbench: Fact[str] | None = None
+    bwrap_version: Fact[str | None] | None
+    workbench: Fact[str] | None
     """How a workbench's ``/`` is made here: "overlay" (overlayfs mounted in
     the cell's user namespace over the idmapped image) or "copy" (the image
     copied for each run); the cheap probe fills it in (``_workbench_layers``)."""
+
+    def __init__(
+        self,
+        kernel: Fact[str],
+        root: Fact[bool],
+        capabilities: Fact[tuple[str, ...]],
+        landlock_abi: Fact[int],
+        seccomp: Fact[bool],
+        seccomp_actions: Fact[tuple[str, ...]],
+        seccomp_actions_logged: Fact[tuple[str, ...] | None],
+        namespaces: Fact[tuple[str, ...]],
+        userns: Fact[bool],
+        userns_apparmor: Fact[bool],
+        cgroup_v2: Fact[str | None],
+        cgroup_v2_controllers: Fact[tuple[str, ...]],
+        cgroup_v1: Fact[tuple[str, ...]],
+        cgroup_memory: Fact[str | None],
+        cgroup_pids: Fact[str | None],
+        cgroup_cpu: Fact[str | None],
+        cgroup_kill: Fact[str],
+        audit: Fact[bool],
+        bwrap: Fact[str | None],
+        userns_tested: Fact[bool] | None = None,
+        audit_enabled: Fact[int | None] | None = None,
+        bwrap_version: Fact[str | None] | None = None,
+        workbench: Fact[str] | None = None,
+    ) -> None:
+        object.__setattr__(self, "kernel", kernel)
+        object.__setattr__(self, "root", root)
+        object.__setattr__(self, "capabilities", capabilities)
+        object.__setattr__(self, "landlock_abi", landlock_abi)
+        object.__setattr__(self, "seccomp", seccomp)
+        object.__setattr__(self, "seccomp_actions", seccomp_actions)
+        object.__setattr__(self, "seccomp_actions_logged", seccomp_actions_logged)
+        object.__setattr__(self, "namespaces", namespaces)
+        object.__setattr__(self, "userns", userns)
+        object.__setattr__(self, "userns_apparmor", userns_apparmor)
+        object.__setattr__(self, "cgroup_v2", cgroup_v2)
+        object.__setattr__(self, "cgroup_v2_controllers", cgroup_v2_controllers)
+        object.__setattr__(self, "cgroup_v1", cgroup_v1)
+        object.__setattr__(self, "cgroup_memory", cgroup_memory)
+        object.__setattr__(self, "cgroup_pids", cgroup_pids)
+        object.__setattr__(self, "cgroup_cpu", cgroup_cpu)
+        object.__setattr__(self, "cgroup_kill", cgroup_kill)
+        object.__setattr__(self, "audit", audit)
+        object.__setattr__(self, "bwrap", bwrap)
+        object.__setattr__(self, "userns_tested", userns_tested)
+        object.__setattr__(self, "audit_enabled", audit_enabled)
+        object.__setattr__(self, "bwrap_version", bwrap_version)
+        object.__setattr__(self, "workbench", workbench)
 
 
 # --------------------------------------------------------------------------- reading
@@ -636,8 +710,7 @@ def probe(*, deep: bool = False) -> HostFacts:
         facts = _cache.get(False) or _cheap()
         _cache[False] = facts
         if deep:
-            facts = replace(
-                facts,
+            facts = facts._replace(
                 userns_tested=_userns_test(),
                 audit_enabled=_audit_status(),
                 bwrap_version=_bwrap_version(facts.bwrap.value),

@@ -102,13 +102,9 @@ def _load(policy_file: str | None) -> Policy:
 
 def report(facts: HostFacts, policy: Policy, findings: list[Finding]) -> dict[str, Any]:
     """The doctor's report as plain data (what ``--json`` prints)."""
-    import dataclasses
-
     return {
         "facts": {
-            f.name: _plain(getattr(facts, f.name))
-            for f in dataclasses.fields(facts)
-            if getattr(facts, f.name) is not None
+            name: _plain(getattr(facts, name)) for name in facts._fields if getattr(facts, name) is not None
         },
         "policy": {"name": policy.name, "source": policy.source, "mode": policy.mode},
         "requirements": [
