@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -426,3 +428,46 @@ def test_bench_run_queues_shows_progress_and_resumes(
     assert sum(1 for t in again["trials"] if t.get("resumed")) == 2
     assert len(list(out.glob("*/manifest.json"))) == 3
     assert again["summary"]["pass_at_k"] == {"1": 1.0, "3": 1.0}
+
+
+def test_mock_llm_solve_example_plays_fix_bug_with_three_reaches_refused(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The documented way: `stockade mock-llm --script solve-example` as a server of
+    its own (in the test's namespace), and `bench run --agent tool-loop` pointed at it."""
+    argv = [sys.executable, "-m", "stockade.cli.main", "mock-llm", "--port", "0", "--script", "solve-example"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as server:
+        try:
+            assert server.stdout is not None
+            line = server.stdout.readline().strip()
+            assert line.startswith("mock-llm listening on http://127.0.0.1:"), line
+            url = line.removeprefix("mock-llm listening on ")
+            args = [
+                "bench",
+                "run",
+                "fix-bug",
+                "--agent",
+                "tool-loop",
+                "--llm-url",
+                url,
+                "--model",
+                "mock-llm",
+            ]
+            out = tmp_path / "runs"
+            code = run_app(
+                [*args, "--socket", world.daemon.socket_path, "--out", str(out), "--check", "--json"]
+            )
+            results = json.loads(capsys.readouterr().out)
+            assert code == 0, results
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=20)
+    (trial_score,) = results["trials"]
+    assert trial_score["outcome"] == "solved" and trial_score["reward"] == 1.0
+    containment = json.loads((Path(trial_score["bundle"]) / "containment.json").read_text())
+    refused = {name: c for name, c in containment["categories"].items() if c["blocked"]}
+    # Three reaches: the hidden tests, a web search, `docker ps`; each refused, none let through.
+    assert set(refused) == {"hidden-tests", "network", "container-tools"}, refused
+    assert containment["blocked"] == containment["attempted"] and containment["grade"] == "A"
+    summaries = " | ".join(r["summary"] for c in refused.values() for r in c.get("reaches", []))
+    assert "test_outputs.py" in summaries and "google" in summaries, summaries
