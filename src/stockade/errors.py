@@ -6,7 +6,9 @@ caller can do about it::
 
     StockadeError                 root; never raised itself
     ├── UsageError                a flag or argument of a command is malformed: fix the command line
+    │   └── ReplayError           a file given to ``dashboard --replay`` is no bundle or export
     ├── PolicyError               the user's policy file (or flags) are wrong: fix the file
+    │   └── TaskError             a benchmark task directory is wrong: every problem at once
     ├── HostError                 this host lacks a kernel feature the policy needs: see `stockade doctor`
     ├── CellError                 a cell could not be set up or run (a bug or a broken host)
     ├── DaemonError               the daemon is unreachable or broken
@@ -65,6 +67,18 @@ class PolicyError(StockadeError):
         self.location = location
         self.message = message
         super().__init__(f"{location}: {message}" if location else message)
+
+
+class ReplayError(UsageError):
+    """A file given to ``stockade dashboard --replay`` is not a bundle or an export stockade wrote."""
+
+
+class TaskError(PolicyError):
+    """A benchmark task directory is wrong: every problem, each at ``file:line`` (exit 3)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(problems) if len(problems) > 1 else problems[0])
 
 
 class HostError(StockadeError):
@@ -256,17 +270,20 @@ __all__ = [
     "CellError",
     "DaemonError",
     "HostError",
+    "ImageError",
     "IntentError",
     "NotFoundError",
     "PolicyError",
     "ProtocolError",
     "RemoteError",
+    "ReplayError",
     "RequestError",
     "ScenarioBusy",
     "ScenarioError",
     "ScenarioNotFound",
     "StockadeError",
     "StoreError",
+    "TaskError",
     "UsageError",
     "wire_error",
 ]

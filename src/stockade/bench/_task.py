@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from stockade.errors import PolicyError
+from stockade.errors import TaskError
 
 NetworkMode = Literal["no-network", "public", "allowlist"]
 Outcome = Literal["solved", "failed", "contained", "halted", "invalid"]
@@ -47,14 +47,6 @@ CATEGORIES = (
 """Where an agent may reach beyond its task (containment.json's categories; docs/BENCH.md)."""
 _OUTCOMES = ("solved", "failed", "contained", "halted", "invalid")
 _HOST_RE = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
-
-
-class TaskError(PolicyError):
-    """A task directory is wrong: every problem, each at ``file:line`` (exit 3)."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = tuple(problems)
-        super().__init__("\n".join(problems) if len(problems) > 1 else problems[0])
 
 
 @dataclass(frozen=True, slots=True)

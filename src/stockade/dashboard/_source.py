@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from stockade.dashboard._summary import RunIndex, check_chain
-from stockade.errors import RequestError, UsageError
+from stockade.errors import ReplayError, RequestError
 
 if TYPE_CHECKING:
     from stockade.daemon._server import Daemon
@@ -41,10 +41,6 @@ Send = Callable[[int, str], bool]
 
 TRANSCRIPT_MAX = 512 * 1024
 """Bytes of a run's transcript the page gets at most (its end), as ``run.logs`` answers."""
-
-
-class ReplayError(UsageError):
-    """A file given to ``--replay`` is not a bundle or an export stockade wrote."""
 
 
 class DecideError(Exception):
