@@ -160,6 +160,16 @@ def flood_policy(tmp_path: Path, plan: list[dict[str, Any]], *, name: str, **ext
     )
 
 
+def _held_flood(tmp_path: Path, name: str, step: dict[str, Any], **extra: Any) -> tuple[Path, Path]:
+    """A flooding run's policy (``flood_policy``): its one flood ``step``, then a
+    ``block`` on a fifo in its workspace (where the cell sees it), so that the
+    flood is held while the test looks. Returns ``(fifo, policy)``; the test
+    ends the run with ``release(fifo)``."""
+    fifo = workspace(tmp_path, f"ws-{name}") / "hold"
+    os.mkfifo(fifo, 0o666)
+    return fifo, flood_policy(tmp_path, [step, {"op": "block", "fifo": str(fifo)}], name=name, **extra)
+
+
 def _timed_reads(tmp_path: Path) -> tuple[Path, Path]:
     """Two bystander runs, ``before`` and ``during`` a flood, each timing three
     reads of the granted file: what the latency tests compare."""
@@ -247,11 +257,8 @@ def _stored(db: str, run: str) -> list[dict[str, Any]]:
 def test_a_tool_record_flood_stops_at_its_budget_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
     from stockade.daemon._tools import RecordBudgets
 
-    fifo = workspace(tmp_path, "ws-flooder") / "hold"  # in its workspace: the cell sees it
-    os.mkfifo(fifo, 0o666)
     # 40 calls of 4 KiB against a budget of 64 KiB: about 15 stored, the rest refused.
-    flood = [{"op": "records", "n": 40, "size": 4096}, {"op": "block", "fifo": str(fifo)}]
-    flooder = flood_policy(tmp_path, flood, name="flooder")
+    fifo, flooder = _held_flood(tmp_path, "flooder", {"op": "records", "n": 40, "size": 4096})
     other = flood_policy(tmp_path, [{"op": "records", "n": 3, "size": 100}], name="other")
     budgets = RecordBudgets(total=64 * 1024)
     with daemon_at(tmp_path, record_budgets=budgets) as dt:
@@ -280,14 +287,11 @@ def test_an_intent_flood_stops_at_its_budget_with_one_event_and_others_go_on(tmp
     and another run's intents (its own budget) are served and recorded."""
     from stockade.daemon._tools import RecordBudgets
 
-    fifo = workspace(tmp_path, "ws-flooder") / "hold"
-    os.mkfifo(fifo, 0o666)
     granted = tmp_path / "granted"
     read = {"op": "intents", "n": 200, "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
-    flood = [read, {"op": "block", "fifo": str(fifo)}]
     rule = {"id": "read-granted", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}}
     tools = [rule]
-    flooder = flood_policy(tmp_path, flood, name="flooder", tools=tools)
+    fifo, flooder = _held_flood(tmp_path, "flooder", read, tools=tools)
     other = flood_policy(tmp_path, [{**read, "n": 20}], name="other", tools=tools)
     # A burst of 50 and a rate the test's few seconds cannot refill (1 a minute).
     budgets = RecordBudgets.intents(rate=1 / 60, burst=50)
@@ -374,10 +378,7 @@ def test_a_connection_flood_on_the_gateway_is_refused_counted_and_others_keep_th
     """Past its 1,024 gateway connections a run's new ones get 503: one
     ``connection.refused`` event, each refusal a denial of that run; another
     run's intent answers about as fast during the flood as before it."""
-    fifo = workspace(tmp_path, "ws-proxy") / "hold"
-    os.mkfifo(fifo, 0o666)
-    flood = [{"op": "proxy", "n": 1024 + 4}, {"op": "block", "fifo": str(fifo)}]
-    flooder = flood_policy(tmp_path, flood, name="proxy", limits={"denials": 100})
+    fifo, flooder = _held_flood(tmp_path, "proxy", {"op": "proxy", "n": 1024 + 4}, limits={"denials": 100})
     before, during = _timed_reads(tmp_path)
     with daemon_at(tmp_path) as dt:
         wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
@@ -407,10 +408,7 @@ def test_a_broker_connection_flood_is_refused_and_others_keep_their_latency(tmp_
     answer about as fast while the 64 are held as before."""
     from stockade.daemon._peer import MAX_BROKER_CONNECTIONS
 
-    fifo = workspace(tmp_path, "ws-brokers") / "hold"
-    os.mkfifo(fifo, 0o666)
-    flood = [{"op": "brokers", "n": MAX_BROKER_CONNECTIONS + 1}, {"op": "block", "fifo": str(fifo)}]
-    flooder = flood_policy(tmp_path, flood, name="brokers")
+    fifo, flooder = _held_flood(tmp_path, "brokers", {"op": "brokers", "n": MAX_BROKER_CONNECTIONS + 1})
     before, during = _timed_reads(tmp_path)
     with daemon_at(tmp_path) as dt:
         wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
@@ -430,10 +428,7 @@ def test_a_broker_connection_flood_is_refused_and_others_keep_their_latency(tmp_
 def test_a_connection_flood_on_the_llm_endpoint_is_refused_while_others_are_served(tmp_path: Path) -> None:
     from stockade.llm._serve import MAX_CONNECTIONS
 
-    fifo = workspace(tmp_path, "ws-llm") / "hold"
-    os.mkfifo(fifo, 0o666)
-    flood = [{"op": "llm", "n": MAX_CONNECTIONS + 6}, {"op": "block", "fifo": str(fifo)}]
-    flooder = flood_policy(tmp_path, flood, name="llm")
+    fifo, flooder = _held_flood(tmp_path, "llm", {"op": "llm", "n": MAX_CONNECTIONS + 6})
     granted = tmp_path / "granted"
     read = {"op": "intent", "intent": "fs.read", "args": {"path": f"{granted}/ok.txt"}}
     tools = [{"id": "read", "intent": "fs.read", "verdict": "allow", "match": {"path": f"{granted}/*"}}]
