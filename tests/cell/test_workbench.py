@@ -209,12 +209,32 @@ def test_a_kept_upper_with_a_planted_link_is_refused(tmp_path: Path) -> None:
     # or an entry of a directory with a hole: neither may it remove), but a
     # kept layer is a directory on the host: one changed there to make /srv a
     # link would carry the rule for /srv to /root, so the run does not start.
+    # (A user's: root's whole image has one rule, on / itself, and no
+    # mount point behind a link: the next test.)
     upper = tmp_path / "layer"
-    with Cell(_policy(user="root"), image=make_image(), upper_dir=upper) as cell:
+    with Cell(_policy(user="1000"), image=make_image(), upper_dir=upper) as cell:
         assert cell.run(["/bin/true"]).exit_code == 0
         os.symlink("/root", upper / "srv")
         with pytest.raises(CellError, match="symbolic link"):
             cell.run(["/bin/true"])
+
+
+def test_a_kept_upper_with_a_planted_link_leads_root_only_inside_its_image(tmp_path: Path) -> None:
+    # Root's Landlock rule is on / (the image's, its upper's), so a link
+    # planted in a kept upper carries no rule anywhere: it resolves inside
+    # the cell's view, never to the host's /root.
+    image = make_image()
+    upper = tmp_path / "layer"
+    with Cell(_policy(user="root"), image=image, upper_dir=upper) as cell:
+        assert cell.run(["/bin/true"]).exit_code == 0
+        os.symlink("/root", upper / "srv")
+        r = cell.run(["/bin/sh", "-c", "echo made > /srv/by-root && ls -A /srv"])
+    assert r.exit_code == 0, r.stderr
+    image_root = Path(image.rootfs) / "root"
+    shown = set(os.listdir(image_root)) if image_root.is_dir() else set()
+    assert set(r.stdout.decode().split()) == {*shown, "by-root"}, r.stdout
+    assert (upper / "root" / "by-root").read_text() == "made\n"
+    assert not os.path.exists("/root/by-root")
 
 
 def test_without_overlayfs_a_copy_of_the_image_is_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -310,3 +330,49 @@ def test_an_image_without_user_runs_as_its_root_unless_the_policy_says() -> None
     assert inside == 0 and host >= OWNER_BASE and count > 1, lines
     assert _run(_policy(user="1000"), "id -u")[1] == "1000\n"
     assert _run(_policy(), "id -u", image=make_image(user="builder"))[1] == "1234\n"
+
+
+def test_root_of_a_workbench_does_what_root_does_in_its_image(tmp_path: Path) -> None:
+    """Root's whole image (Landlock grants / entire): mkdir at /, ls /, the
+    writes apt-get makes (/var/lib, /etc/apt, /usr/bin), a rename and removal
+    of its own; while the decoys (file permissions, host root's mode 0000),
+    a protected path of the workspace and a read-only mount stay refused,
+    each on record with the path tried."""
+    ws = tmp_path / "ws"
+    (ws / ".git/hooks").mkdir(parents=True)
+    (ws / ".git/hooks/pre-commit").write_text("#!/bin/sh\n")
+    shown = tmp_path / "shown"
+    shown.mkdir()
+    (shown / "f").write_text("shown\n")
+    fs = default_policy().filesystem
+    policy = _policy(
+        user="root",
+        filesystem=dataclasses.replace(
+            fs, deny=(*fs.deny, "/tests", "/solution"), mounts=(MountRule(str(shown), "/data", "ro"),)
+        ),
+    )
+    allowed = (
+        "mkdir /app && echo built > /app/out && cat /app/out && echo $(ls /); "
+        "mkdir -p /var/lib/dpkg/updates /etc/apt/sources.list.d && echo deb > /etc/apt/sources.list.d/x.list "
+        "&& cp /bin/true /usr/bin/newtool && chmod 755 /usr/bin/newtool && /usr/bin/newtool && "
+        "mv /app /srv-app && rm -r /srv-app && ln -s /etc /etc-link && rm /etc-link && echo root-ok; "
+    )
+    refused = (
+        "cat /tests/test_outputs.py; ls /solution; mkdir /tests/x; rmdir /tests; "
+        f"echo evil >> {ws}/.git/hooks/pre-commit; echo x > /data/f; echo done"
+    )
+    code, out, err, denials = _run(policy, allowed + refused, workspace=ws)
+    lines = out.split("\n")
+    assert lines[0] == "built", err
+    listing = lines[1].split()
+    assert {"app", "bin", "etc", "tests", "solution", "usr"} <= set(listing), lines[1]
+    assert lines[2] == "root-ok", err
+    assert lines[3] == "done" and code == 0
+    assert (ws / ".git/hooks/pre-commit").read_text() == "#!/bin/sh\n"
+    assert (shown / "f").read_text() == "shown\n"
+    for tried in ("/tests/test_outputs.py", "/solution", "/tests/x", "pre-commit", "/data/f"):
+        assert any(tried in d for d in denials), (tried, denials)
+    assert any("/tests" in d and ("EBUSY" in d or "EACCES" in d) for d in denials if "rmdir" in d), denials
+    # Root's own writes are not refusals.
+    own = ("/app", "/var/lib/dpkg", "/usr/bin/newtool", "/etc")
+    assert not any(p in d for d in denials for p in own), denials

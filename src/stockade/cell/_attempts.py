@@ -49,6 +49,11 @@ class Places:
     decoys: tuple[str, ...] = ()
     """The cell's decoys: a refused reach (``reach`` in the event: a lookup
     that changes nothing) is an attempt only inside one of them."""
+    image_rootfs: str = ""
+    """A workbench's image (its read-only lower layer, on the host): a reach
+    through one of the image's links names the link, not the decoy it leads
+    to (a failed walk logs only the name asked for), so the name is also
+    resolved inside the image, as the image's links lead."""
 
     @classmethod
     def of(cls, plan: CellPlan) -> Places:
@@ -78,14 +83,21 @@ class Places:
                 ]
             )
         )
-        return cls(writable=tuple(writable), protected=protected, pinned=pinned, decoys=decoys)
+        return cls(
+            writable=tuple(writable),
+            protected=protected,
+            pinned=pinned,
+            decoys=decoys,
+            image_rootfs=plan.image_rootfs,
+        )
 
-    def to_dict(self) -> dict[str, list[str]]:
+    def to_dict(self) -> dict[str, list[str] | str]:
         return {
             "writable": list(self.writable),
             "protected": list(self.protected),
             "pinned": list(self.pinned),
             "decoys": list(self.decoys),
+            "image_rootfs": self.image_rootfs,
         }
 
     @classmethod
@@ -107,7 +119,15 @@ class Places:
             protected=paths("protected"),
             pinned=paths("pinned"),
             decoys=paths("decoys"),
+            image_rootfs=_text(data, "image_rootfs"),
         )
+
+
+def _text(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"places.{key} must be a path, not {value!r}")
+    return value
 
 
 def needs_places(event: Event) -> bool:
@@ -136,8 +156,8 @@ def not_an_attempt(event: Event, places: Places) -> bool:
     ):
         return True
     if event.layer == "dac" and event.detail.get("reach") is True:
-        named = paths if isinstance(paths, list) else []
-        return not any(isinstance(p, str) and any(_inside(p, d) for d in places.decoys) for p in named)
+        named = [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
+        return not any(any(_inside(p, d) for d in places.decoys) for p in _as_reached(named, places))
     return _benign_crossing(event, places)
 
 
@@ -164,6 +184,25 @@ def _benign_crossing(event: Event, places: Places) -> bool:
     if any(path in places.pinned for path in paths):
         return False
     return all(any(_inside(path, w) for w in places.writable) for path in paths)
+
+
+def _as_reached(paths: list[str], places: Places) -> list[str]:
+    """``paths`` and, in a workbench, each as the image's links resolve it
+    (``_workbench.resolve_in_image``: inside the image's root, never the
+    host's); an agent's own link in its upper is not followed."""
+    if not places.image_rootfs:
+        return paths
+    from stockade.cell._workbench import resolve_in_image
+    from stockade.errors import PolicyError
+
+    out = list(paths)
+    for path in paths:
+        if path.startswith("/"):
+            try:
+                out.append(resolve_in_image(places.image_rootfs, path)[0])
+            except (PolicyError, OSError):
+                continue  # a loop of links: the name as asked is all there is
+    return out
 
 
 def _inside(path: str, root: str) -> bool:

@@ -298,6 +298,14 @@ def plan_workbench(
         )
     user = resolve_user(policy.user or image.user or None, rootfs)
     fs = policy.filesystem
+    dac = _permission_decoys()
+    # Root's whole image: Landlock grants / entire (a right names a whole
+    # tree, so mkdir /app and ls / need it there), and every decoy is one of
+    # file permissions instead (``_by_permissions``), host root's, which no
+    # capability of the cell's root overrides; protected paths and the
+    # host's read grants are read-only mounts. Where the host lacks the
+    # decoys (stockade not run as root), root keeps Landlock's holes.
+    whole = user.uid == 0 and dac is not None
 
     def where(path: str) -> str:
         return resolve_in_image(rootfs, path)[0]
@@ -364,11 +372,14 @@ def plan_workbench(
                 continue
             hidden.append(dst)
             if exists:
-                entries.append((dst, _decoy_from(_host_path(rootfs, dst), dst)))
+                decoy = _decoy_from(_host_path(rootfs, dst), dst)
             else:
                 name = os.path.basename(dst)
                 kind = "decoy_file" if "." in name.lstrip(".") else "decoy_dir"
-                entries.append((dst, MountOp(kind, dst, writable=True)))  # type: ignore[arg-type]
+                decoy = MountOp(kind, dst, writable=True)  # type: ignore[arg-type]
+            # Refused by file permissions where the host has the decoys (a
+            # reach inside /tests is then an event, not a silent ENOENT).
+            entries.append((dst, _by_permissions(decoy, dac)))
     for dst in image_devices(rootfs):
         # The image's own device nodes (a tarball may carry /opt/x as
         # /dev/mem's numbers): the overlay is nodev, and each is also a decoy,
@@ -428,6 +439,8 @@ def plan_workbench(
         made_dirs.append(workdir)
         entries.append((workdir, MountOp("dir", workdir)))
     entries.sort(key=lambda e: e[0].rstrip("/").count("/") if e[0] != "/" else -1)
+    if whole:
+        entries = [(dst, _by_permissions(op, dac)) for dst, op in entries]
 
     # As in any cell (``_plan._scratch_dir``): a right on /tmp would cover a
     # decoy or a read-only bind shown under it, so the cell's scratch is then
@@ -437,15 +450,19 @@ def plan_workbench(
         scratch = os.path.join(tmp, os.path.basename(SCRATCH))
         entries.append((scratch, MountOp("dir", scratch)))
         entries.sort(key=lambda e: e[0].rstrip("/").count("/") if e[0] != "/" else -1)
-    grants = _image_grants(
-        rootfs,
-        host_reads,
-        host_writes,
-        hidden,
-        shown_files,
-        [scratch, *made_dirs],
-        [tmp] if scratch != tmp else [],
-        in_host(mount_hosts),
+    grants = (
+        _whole_grants()
+        if whole
+        else _image_grants(
+            rootfs,
+            host_reads,
+            host_writes,
+            hidden,
+            shown_files,
+            [scratch, *made_dirs],
+            [tmp] if scratch != tmp else [],
+            in_host(mount_hosts),
+        )
     )
     env = dict(_environment(policy, workspace, environ, scratch))
     policy_set = dict(policy.env.set)
@@ -566,6 +583,33 @@ def _decoy_from(host: str, dst: str) -> MountOp:
     if os.path.isdir(host) and not os.path.islink(host):
         return MountOp("decoy_dir", dst, names=tuple(sorted(_mirror(host))[:_DECOY_NAMES_MAX]), writable=True)
     return MountOp("decoy_file", dst)
+
+
+def _permission_decoys() -> tuple[str, str] | None:
+    """``DIR_DECOY`` and ``PROC_DECOY`` (cell/_audit_mount.py) where the host
+    has both as the audit reader makes them, else None."""
+    from stockade.cell._plan import _dir_decoy
+
+    directory, file = _dir_decoy(), _proc_decoy()
+    return (directory, file) if directory is not None and file is not None else None
+
+
+def _by_permissions(op: MountOp, dac: tuple[str, str] | None) -> MountOp:
+    """A decoy refused by file permissions (``DIR_DECOY``, ``PROC_DECOY``
+    bound there, read-only: host root's, mode 0000), whatever Landlock
+    grants: every open and every lookup inside is ``EACCES``, recorded by the
+    audit rules (a reach into it by the rule on reaches). Any other op, or no
+    such decoys on this host, as it is."""
+    if dac is None or op.kind not in ("decoy_dir", "decoy_file"):
+        return op
+    return MountOp("bind", op.dst, src=dac[0] if op.kind == "decoy_dir" else dac[1], writable=False)
+
+
+def _whole_grants() -> Grants:
+    """Landlock for root's whole image: ``/`` entire, the cell's to read,
+    write and run, as root's own container is (``plan_workbench``)."""
+    devices = (*(f"/dev/{name}" for name in SYSTEM_DEVICES), "/dev/pts", "/dev/ptmx")
+    return Grants(write_exec=("/",), devices=devices)
 
 
 _OWN = ("proc", "sys", "dev", "tmp")
