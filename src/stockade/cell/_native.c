@@ -661,10 +661,32 @@ static void apply_landlock(int fd, const struct spec *s) {
     for (size_t i = 0; i < s->n_ll_ready; i++)
         if (syscall(SYS_landlock_add_rule, ruleset, CELL_LANDLOCK_RULE_PATH_BENEATH, &s->ll_ready[i], 0u) < 0)
             die(fd, ST_LANDLOCK, errno, "landlock: add_rule for a granted path", NULL);
+    /* Most of these paths are the entries of a few directories (those of
+     * /etc and /sys that hold a hidden path: _plan._grants), in order: each
+     * is opened from its directory's descriptor, kept while the next path
+     * has the same directory, so that the lookup walks one name, not the
+     * whole path (about 280 opens at a default cell's start, issue 18). The
+     * same lookup as open(path): the directory followed as it would be, the
+     * same search permission needed on it. Where the directory cannot be
+     * opened, the path is opened whole, and fails as it would have. */
+    char dir_path[PATH_MAX];
+    int dir_fd = -1;
+    dir_path[0] = '\0';
     for (size_t i = 0; i < s->n_ll_paths; i++) {
         struct stat st;
         struct cell_path_beneath rule;
-        int path_fd = open(s->ll_paths[i], O_PATH | O_CLOEXEC);
+        const char *path = s->ll_paths[i], *slash = strrchr(path, '/');
+        size_t dir_len = slash != NULL ? (size_t)(slash - path) : 0;
+        int entry = slash != NULL && slash[1] != '\0' && dir_len < sizeof dir_path;
+        int path_fd;
+        if (entry && !(strncmp(dir_path, path, dir_len) == 0 && dir_path[dir_len] == '\0')) {
+            if (dir_fd >= 0) must_close(fd, dir_fd, ST_LANDLOCK, dir_path);
+            memcpy(dir_path, path, dir_len);
+            dir_path[dir_len] = '\0';
+            dir_fd = open(dir_len ? dir_path : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        }
+        path_fd = entry && dir_fd >= 0 ? openat(dir_fd, slash + 1, O_PATH | O_CLOEXEC)
+                                       : open(path, O_PATH | O_CLOEXEC);
         if (path_fd < 0) {
             /* EACCES: an entry of a granted directory the cell's uid cannot
              * even look up (a 0700 directory on the way); no rule, and file
@@ -680,6 +702,7 @@ static void apply_landlock(int fd, const struct spec *s) {
             die(fd, ST_LANDLOCK, errno, "landlock: add_rule ", s->ll_paths[i], NULL);
         must_close(fd, path_fd, ST_LANDLOCK, s->ll_paths[i]);
     }
+    if (dir_fd >= 0) must_close(fd, dir_fd, ST_LANDLOCK, dir_path);
     for (size_t i = 0; i < s->n_ll_ports; i++)
         if (syscall(SYS_landlock_add_rule, ruleset, CELL_LANDLOCK_RULE_NET_PORT, &s->ll_ports[i], 0u) < 0)
             die(fd, ST_LANDLOCK, errno, "landlock: add_rule for a port", NULL);
