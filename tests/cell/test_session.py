@@ -108,6 +108,48 @@ def test_output_limit_truncates_and_keeps_memory_bounded(session: Session) -> No
     assert not whole.truncated and len(whole.stdout) == 1000
 
 
+def test_stderr_has_an_output_limit_of_its_own(session: Session) -> None:
+    result = session.exec(["sh", "-c", f"head -c {16 << 20} /dev/zero >&2; echo out"], output_limit=100)
+    assert result.truncated and len(result.stderr) == 100 and result.stdout == b"out\n"
+    assert result.returncode == 0  # the command ran to its end: only what is kept is cut
+
+
+def test_the_policys_limits_are_each_calls_defaults(tmp_path: Path) -> None:
+    """No ``timeout``/``output_limit`` in a call: the policy's ``limits.timeout``
+    and ``limits.output`` apply to it, each call afresh (a session has no
+    cell-wide timeout: calls after one that timed out still run)."""
+    base = default_policy()
+    policy = dataclasses.replace(base, limits=dataclasses.replace(base.limits, timeout=0.5, output=64))
+    with Session(policy, workspace=tmp_path) as s:
+        slow = s.exec(["sh", "-c", "setsid sleep 300 & echo $! > bg.pid; sleep 300"])
+        assert slow.timed_out and slow.returncode == 128 + 9
+        assert s.read_file("bg.pid").strip().isdigit()
+        loud = s.exec(["head", "-c", "1000", "/dev/zero"])
+        assert loud.truncated and len(loud.stdout) == 64 and not loud.timed_out
+        gone = s.exec(["sh", "-c", "kill -0 $(cat bg.pid) 2>/dev/null && echo alive || echo gone"])
+        assert gone.stdout == b"gone\n"
+        # A call's own arguments win over the policy's.
+        longer = s.exec(["sh", "-c", "sleep 1; head -c 100 /dev/zero"], timeout=30, output_limit=1000)
+        assert not longer.timed_out and len(longer.stdout) == 100 and not longer.truncated
+
+
+def test_a_timeout_ends_its_own_call_only(session: Session) -> None:
+    """One call's timeout kills its tree (its cgroup) and nothing of a call in
+    flight beside it, nor of the processes an earlier call left running."""
+    session.exec(["mkfifo", "pipe"])
+    kept = session.exec(["sh", "-c", "sleep 300 > /dev/null 2>&1 & echo $!"]).stdout.decode().strip()
+    got: list[SessionResult] = []
+    reader = threading.Thread(target=lambda: got.append(session.exec(["cat", "pipe"], timeout=30)))
+    reader.start()
+    cut = session.exec(["sh", "-c", "sleep 300 & sleep 300"], timeout=0.3)
+    assert cut.timed_out
+    session.exec(["sh", "-c", "echo after > pipe"], timeout=30)
+    reader.join(40)
+    assert got and got[0].stdout == b"after\n" and not got[0].timed_out
+    alive = session.exec(["sh", "-c", f"kill -0 {kept} && echo alive"])
+    assert alive.stdout == b"alive\n"
+
+
 def test_calls_run_concurrently(session: Session) -> None:
     # The reader returns only if the writer runs while it waits: both in flight at once.
     session.exec(["mkfifo", "pipe"])
@@ -292,6 +334,41 @@ def test_a_session_over_an_image_keeps_its_state_and_changes_users() -> None:
         assert s.read_file("/srv/mine") == b"of 1234"  # control: root reads it
     result = s.close()
     assert result.exit_code == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a workbench maps an id range: needs root (CAP_SETUID)")
+def test_per_call_user_cwd_env_input_and_timeout_in_an_image() -> None:
+    """Each per-call argument in a root workbench's session: a call as the
+    image's user, in a cwd of its own, with its env and 50 MiB of binary
+    stdin; a timeout kills that user's whole tree (a setsid child too)."""
+    from tests.cell._image import PYTHON, make_image
+
+    data = os.urandom(1 << 20) * 50
+    with Session(_root_policy(), image=make_image()) as s:
+        s.exec(["sh", "-c", "mkdir -p /srv/work && chown 1234 /srv/work"])
+        got = s.exec(
+            ["sh", "-c", 'id -u; pwd; echo "$TASK"; cat > in.bin; wc -c < in.bin'],
+            user="builder",
+            cwd="/srv/work",
+            env={"TASK": "t-1"},
+            input=data,
+        )
+        assert got.stdout.decode().split() == ["1234", "/srv/work", "t-1", str(len(data))], got.stderr
+        assert s.read_file("/srv/work/in.bin", limit=len(data)) == data
+        # The image has no sleep or setsid: its Python forks a child into a
+        # session of its own (out of the call's process group), then both wait.
+        escape = (
+            "import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid(); open('bg.pid', 'w').write(str(os.getpid()))\n"
+            "time.sleep(300)\n"
+        )
+        cut = s.exec([PYTHON, "-c", escape], user="builder", cwd="/srv/work", timeout=0.5)
+        assert cut.timed_out and cut.returncode == 128 + 9
+        assert s.read_file("/srv/work/bg.pid").isdigit()  # the child was there to kill
+        gone = s.exec(["sh", "-c", "kill -0 $(cat /srv/work/bg.pid) 2>/dev/null && echo alive || echo gone"])
+        assert gone.stdout == b"gone\n"
+        assert s.exec(["id", "-u"]).stdout == b"0\n"  # the next call: the cell's own user again
 
 
 def test_close_while_a_call_is_in_flight_ends_it(tmp_path: Path) -> None:
