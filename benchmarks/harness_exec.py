@@ -16,8 +16,8 @@ this one warm process (local first, then stockade, every round):
 Three sandboxes: ``local`` contains nothing (a subprocess in a temporary
 directory); ``stockade`` with no daemon (the sample's session in this
 process); ``stockade@daemon``, the same with a daemon running for its state
-directory (a ``DaemonThread`` in this process, so the sample is a run of it
-and each call a round trip of its control socket). The aim is stockade
+directory (``stockade daemon``, a process of its own as deployed, so the
+sample is a run of it and each call a round trip of its control socket). The aim is stockade
 within 2x of ``local`` per call. Nothing here asserts a time.
 """
 
@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -33,8 +36,7 @@ from typing import Any
 
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
 
-from stockade.daemon import _paths
-from stockade.daemon._server import DaemonThread
+from stockade.harness._hosted import daemon_socket
 
 
 def _type(kind: str) -> Any:
@@ -64,12 +66,18 @@ async def _timed(fn: Callable[[], Awaitable[object]]) -> float:
 async def main(rounds: int) -> None:
     state = tempfile.mkdtemp(prefix="stockade-bench-state-")
     hosted = tempfile.mkdtemp(prefix="stockade-bench-daemon-")
-    daemon = DaemonThread(state=hosted, socket_path=_paths.socket_path(state=hosted))
-    daemon.start()
+    stockade_bin = os.path.join(os.path.dirname(sys.executable), "stockade")
+    daemon = subprocess.Popen([stockade_bin, "daemon", "--state", hosted], stdout=subprocess.DEVNULL)
     try:
+        deadline = time.monotonic() + 30
+        while daemon_socket(hosted) is None:
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"stockade daemon --state {hosted} did not come up")
+            time.sleep(0.1)
         await _measure(rounds, state, hosted)
     finally:
-        daemon.stop()
+        daemon.terminate()
+        daemon.wait(timeout=60)
 
 
 async def _measure(rounds: int, state: str, hosted: str) -> None:
