@@ -471,3 +471,34 @@ def test_mock_llm_solve_example_plays_fix_bug_with_three_reaches_refused(
     assert containment["blocked"] == containment["attempted"] and containment["grade"] == "A"
     summaries = " | ".join(r["summary"] for c in refused.values() for r in c.get("reaches", []))
     assert "test_outputs.py" in summaries and "google" in summaries, summaries
+
+
+class _LosesTrack(_Refusing):
+    """A connection that breaks in the proctor's hands once the agent's run has
+    started (as a bug of the proctor's would), and works for everything else."""
+
+    def subscribe(self, method: str, **params: Any) -> Any:
+        raise RuntimeError(f"lost track of {params.get('run')}")
+
+    def call(self, method: str, **params: Any) -> Any:
+        return self._client.call(method, **params)
+
+
+def test_a_crashed_trial_stops_the_runs_it_started(world: World, tmp_path: Path) -> None:
+    """The trial's runs are foreground runs of the proctor's connection: when the
+    proctor fails and lets go of it, the daemon stops them (none sleeps on in a
+    workbench about to be removed)."""
+    agent = "/bin/sh -c 'sleep 300'"
+    config = ProctorConfig(socket_path=world.daemon.socket_path, out=tmp_path / "out", agent=agent)
+    t = Trial(load_task(TASKS / "fix-bug"), 1, config, client=lambda: _LosesTrack(world.daemon.socket_path))
+    summary = t.run()
+    assert summary["status"] == "crashed"
+    record = json.loads((t.bundle / "trial.json").read_text())
+    assert record["error"].startswith("the proctor failed: RuntimeError: lost track of")
+    from stockade.daemon._client import Client
+
+    with Client(world.daemon.socket_path, timeout=30.0) as client:
+        runs = {r["id"]: r for r in client.call("run.list", all=True)["runs"]}
+    # The agent's run was stopped, not left to sleep in a removed workbench.
+    assert runs[record["runs"]["agent"]]["state"] != "running", runs[record["runs"]["agent"]]
+    assert verify_bundle(t.bundle) == []
