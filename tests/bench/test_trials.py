@@ -497,8 +497,12 @@ def test_a_crashed_trial_stops_the_runs_it_started(world: World, tmp_path: Path)
     assert record["error"].startswith("the proctor failed: RuntimeError: lost track of")
     from stockade.daemon._client import Client
 
+    agent_run = record["runs"]["agent"]
     with Client(world.daemon.socket_path, timeout=30.0) as client:
-        runs = {r["id"]: r for r in client.call("run.list", all=True)["runs"]}
-    # The agent's run was stopped, not left to sleep in a removed workbench.
-    assert runs[record["runs"]["agent"]]["state"] != "running", runs[record["runs"]["agent"]]
+        # The agent's run is stopped, not left to sleep its 300 s in a removed workbench.
+        with client.subscribe("run.logs", run=agent_run, follow=True) as logs:
+            if not logs.result.get("ended"):
+                assert any(push.get("kind") == "run.ended" for push in logs)
+        (ended,) = [r for r in client.call("run.list", all=True)["runs"] if r["id"] == agent_run]
+    assert ended["state"] != "running" and ended.get("exit_code") != 0, ended
     assert verify_bundle(t.bundle) == []
