@@ -19,7 +19,6 @@ from stockade.cell._attempts import Places, not_an_attempt
 from stockade.cell._audit_core import unrecorded_event
 from stockade.cell._audit_mount import CELL_LOGINUID
 from stockade.cell._cgroup import CellCgroup
-from stockade.cell._disk import LimitedWorkspace, TmpWatch
 from stockade.cell._launch import LaunchSpec, launch
 from stockade.cell._owners import OwnerLease, lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
@@ -32,6 +31,7 @@ from stockade.record import Event
 
 if TYPE_CHECKING:
     from stockade.cell._audit import AuditReader
+    from stockade.cell._disk import LimitedWorkspace, TmpWatch
     from stockade.cell._terminal import TerminalRelay
     from stockade.cell._workbench import ImageView, Upper
 
@@ -326,6 +326,8 @@ class Cell:
                     "(the kernel limits a filesystem, and this is a directory of yours); leave the "
                     "workspace out to get a fresh one of that size, or remove limits.disk"
                 )
+            from stockade.cell._disk import LimitedWorkspace  # only for a disk limit (shutil)
+
             try:
                 st = os.stat(self.workspace)
                 self._limited = LimitedWorkspace(self.workspace, disk, (st.st_uid, st.st_gid))
@@ -534,6 +536,8 @@ class Cell:
                 def disk_reached(sentence: str) -> None:
                     disk_events[sentence] = event = _limit_event(cell_id, "cell", sentence)
                     live.start(event)
+
+                from stockade.cell._disk import TmpWatch
 
                 tmp_watch = TmpWatch(
                     launched.init_pid, limits.disk, workspace=self._limited, on_reached=disk_reached
@@ -779,9 +783,12 @@ class Cell:
 
                 logging.getLogger(__name__).warning("%s", note)
         if self._fresh and not self.keep_workspace and os.path.isdir(self.workspace):
-            import shutil  # only here: it is not on the path of a run
+            try:
+                os.rmdir(self.workspace)  # left empty, as a command that writes nothing leaves it
+            except OSError:
+                import shutil  # only here: shutil pulls in zlib, bz2 and lzma (issue 18)
 
-            shutil.rmtree(self.workspace, ignore_errors=True)
+                shutil.rmtree(self.workspace, ignore_errors=True)
 
     def __enter__(self) -> Cell:
         return self

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 import time
 from collections.abc import Mapping
@@ -239,6 +238,8 @@ def _quarantine(where: str, root: str, path: str) -> str:
         except OSError as exc:
             if exc.errno != errno.EXDEV:
                 raise
+        import shutil  # only here: it pulls in zlib, bz2 and lzma, off the exec path (issue 18)
+
         if stat.S_ISDIR(st.st_mode):
             # A copy through the descriptor (its links copied as links), then
             # the removal, which shutil does by descriptors too.
