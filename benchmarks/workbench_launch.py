@@ -28,9 +28,10 @@ Start-to-first-command (aim: workbench <= 1.5x bwrap):
 
 exec in a live session (aim: under 10 ms a call): Session(policy,
 image=IMAGE).exec(CMD) against Cell(policy, image=IMAGE).run(CMD), a fresh
-workbench per command (in a block of its own, after the session's calls: an
-ended cell's namespaces are torn down by the kernel in the background, and a
-call right after one pays for it).
+workbench per command, beside subprocess.run of it on the host (the floor,
+interleaved with the session's calls; the fresh workbenches in a block of
+their own after them: an ended cell's namespaces are torn down by the kernel
+in the background, and a call right after one pays for it).
 
 --build: benchmarks/image_build.py's Dockerfile (apt-get, pip, COPY), every
 step again (--no-cache: the base cached) and warm (every step cached); the
@@ -161,14 +162,20 @@ def session_exec(image: object, rounds: int) -> None:
     with Session(policy, image=image) as session, Cell(policy, image=image) as fresh:
         for label, command in COMMANDS.items():
             _check(session.exec(command).returncode)  # warm-up
-            calls = [_timed(lambda c=command: _check(session.exec(c).returncode)) for _ in range(rounds)]  # type: ignore[misc]
+            host: list[float] = []
+            calls: list[float] = []
+            for _ in range(rounds):  # the floor and the session's calls, interleaved
+                host.append(_timed(lambda c=command: subprocess.run(c, check=True)))  # type: ignore[misc]
+                calls.append(_timed(lambda c=command: _check(session.exec(c).returncode)))  # type: ignore[misc]
             _check(fresh.run(command).exit_code)
             cells = [_timed(lambda c=command: _check(fresh.run(c).exit_code)) for _ in range(rounds)]  # type: ignore[misc]
-            (sm, sp), (cm, cp) = _ms(calls), _ms(cells)
+            (hm, hp), (sm, sp), (cm, cp) = _ms(host), _ms(calls), _ms(cells)
             print(f"\nexec {label} in a workbench  ({rounds} rounds each, milliseconds)")
             print(f"  {'':28} {'median':>8} {'p90':>8}")
+            print(f"  {'subprocess.run (host floor)':28} {hm:8.2f} {hp:8.2f}")
             print(f"  {'Session.exec (live session)':28} {sm:8.2f} {sp:8.2f}   (aim < 10 ms)")
             print(f"  {'Cell.run (fresh workbench)':28} {cm:8.2f} {cp:8.2f}")
+            print(f"  a session call's cost over the floor (median): {sm - hm:.2f} ms")
             print(f"  fresh cell / session call (median): {cm / sm:.1f}x")
 
 
