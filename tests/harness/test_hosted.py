@@ -133,6 +133,8 @@ async def test_with_a_daemon_the_connection_is_a_shell_in_the_samples_session(tm
                 argv = shlex.split(connection.command)
                 (session,) = client.sessions(run)
                 assert argv[1:4] == ["session", "shell", "--socket"] and argv[-1] == session["session"]
+                as_user = shlex.split((await env.connection(user="agent")).command)
+                assert as_user[as_user.index("--user") + 1] == "agent" and "--user" not in argv
                 # What a human would do: run the command and type into it.
                 typed = "echo from-the-shell > typed.txt\ncd /tmp\npwd\ncat /etc/shadow\n"
                 shell = await anyio.run_process(argv, input=typed.encode(), check=False)
