@@ -149,11 +149,11 @@ def shell_cmd(
             try:
                 line = input(f"{session_id}:{cwd or '~'}$ ") if interactive else sys.stdin.readline()
             except EOFError:
-                line = ""
-            if not line:
-                break  # end of input
+                break  # ^D at the prompt
+            if not interactive and not line:
+                break  # end of input (a blank line is "\n")
             line = line.rstrip("\n")
-            words = _simple_words(line)
+            words = _simple_words(line) or []
             if words and words[0] == "exit" and len(words) <= 2:
                 return int(words[1]) if len(words) == 2 and words[1].isdigit() else code
             is_cd = bool(words) and words[0] == "cd" and len(words) <= 2
