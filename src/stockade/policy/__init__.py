@@ -7,24 +7,26 @@ from typing import TYPE_CHECKING, Any
 
 from stockade.policy._default import default_policy
 from stockade.policy._model import (
-    DiskLimit,
     EnvPolicy,
     ExecPolicy,
     FilesystemPolicy,
-    HostRule,
     Limits,
-    LlmPolicy,
     Mode,
-    MountRule,
     NetworkPolicy,
     Policy,
-    SecretPolicy,
-    ToolRule,
-    Verdict,
 )
 
 if TYPE_CHECKING:
     from stockade.policy._load import load_policy, loads_policy, policy_json_schema
+    from stockade.policy._rules import (
+        DiskLimit,
+        HostRule,
+        LlmPolicy,
+        MountRule,
+        SecretPolicy,
+        ToolRule,
+        Verdict,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -33,6 +35,11 @@ def __getattr__(name: str) -> Any:
         from stockade.policy import _load
 
         return getattr(_load, name)
+    # The rule classes only a policy file brings: off the exec path (issue 18).
+    if name in ("DiskLimit", "HostRule", "LlmPolicy", "MountRule", "SecretPolicy", "ToolRule", "Verdict"):
+        from stockade.policy import _rules
+
+        return getattr(_rules, name)
     raise AttributeError(f"module 'stockade.policy' has no attribute {name!r}")
 
 
