@@ -424,14 +424,16 @@ with AuditReader() as reader:
     cell.go()
     cell.finish()
     events = reader.collect("fb", timeout=5.0)
-    names = [e.detail["syscall"] for e in events]
+    names = [e.detail.get("syscall") or e.detail["reason"] for e in events]
     print(len(events), *names, reader.stats().barrier_timeouts)
 """
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/bin/setpriv"), reason="host lacks setpriv (util-linux)")
 def test_barrier_falls_back_without_cap_audit_write() -> None:
-    """Without CAP_AUDIT_WRITE the marker cannot be sent: collect waits for quiet instead."""
+    """Without CAP_AUDIT_WRITE the marker cannot be sent: collect waits for
+    quiet instead, and since quiet proves nothing the record says its
+    refusals may be missing (``unsettled``)."""
     root = str(Path(__file__).resolve().parents[2])
     script = _FALLBACK_SCRIPT.format(root=root)
     out = subprocess.run(
@@ -440,4 +442,57 @@ def test_barrier_falls_back_without_cap_audit_write() -> None:
         text=True,
         check=True,
     ).stdout
-    assert out.split() == ["1", "ptrace", "0"]
+    assert out.split() == ["2", "ptrace", "unsettled", "0"]
+
+
+_PTRACES = "import ctypes\nfor _ in range(20):\n    ctypes.CDLL(None).ptrace(0, 0, 0, 0)\nprint('done')"
+
+
+def test_a_collect_that_cannot_prove_the_log_read_says_so(reader: AuditReader) -> None:
+    """A barrier that does not come back in time (here: no time at all) is not
+    a complete record: the cell's events end with ``cell.audit_lost``, reason
+    ``unsettled``, rather than the refusals read so far passing for all of them."""
+    run_cell(reader, "unsettled", CellSpec(script=_PTRACES))
+    try:
+        events = reader.collect("unsettled", timeout=0.0)
+        again = reader.collect("unsettled", timeout=5.0)
+    finally:
+        reader.unwatch("unsettled")
+    lost = [e for e in events if e.kind == "cell.audit_lost"]
+    assert [e.detail["reason"] for e in lost] == ["unsettled"], [e.summary for e in events]
+    assert lost[0].detail["waited"] == 0.0
+    assert "denials of this cell may be missing" in lost[0].summary
+    # With time to prove it, the rest come, and no word of a loss.
+    denied = [e for e in events + again if e.kind == "cell.denied"]
+    assert len(denied) == 20 and all(e.detail["syscall"] == "ptrace" for e in denied)
+    assert not [e for e in again if e.kind == "cell.audit_lost"]
+
+
+def test_settle_waits_for_the_callbacks_to_have_every_event() -> None:
+    """``settle`` is True only once every event before its marker has reached
+    the ``on_event`` callbacks: a relay flushing its spool after it must not
+    miss the batch the reading thread is still handing over (issue 12: a
+    relay that said "complete" while refusals were missing)."""
+    gate, entered = threading.Event(), threading.Event()
+    got: list[Event] = []
+
+    def slow(event: Event) -> None:
+        if event.cell == "slow" and not entered.is_set():
+            entered.set()
+            gate.wait(30.0)  # held until the test has called settle
+        got.append(event)
+
+    with AuditReader() as reader:
+        reader.on_event(slow)
+        run_cell(reader, "slow", CellSpec(script=_PTRACES))
+        try:
+            assert entered.wait(10.0), "no refusal reached the callback"
+            # The reading thread is inside the callback: nothing proves the log read.
+            assert reader.settle(0.5) is False
+            gate.set()
+            assert reader.settle(5.0) is True
+            delivered = [e for e in got if e.cell == "slow" and e.kind == "cell.denied"]
+            assert len(delivered) == 20
+        finally:
+            gate.set()
+            reader.unwatch("slow")

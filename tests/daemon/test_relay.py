@@ -144,9 +144,11 @@ def test_a_daemon_killed_at_a_random_point_loses_no_kernel_refusal(tmp_path: Pat
         assert recorded <= met + 1 and len(mount) <= met_mount + 1
         if detail["relay_lost"]:
             # The kernel itself dropped records (its backlog, on a starved
-            # host): what it never sent cannot be relayed, and the record says
-            # so rather than calling itself complete.
-            assert detail["relay"] == "partial" and "the relay's own reader lost records" in said, said
+            # host), or delivered them so late (under strace) that the relay's
+            # marker did not come back in time: what it never got cannot be
+            # relayed, and the record says so rather than calling itself complete.
+            assert detail["relay"] == "partial" and "may be missing" in said, said
+            assert set(detail["relay_lost"]) <= {"overrun", "kernel", "landlock_count", "unsettled"}
         else:
             assert met <= recorded, f"seed {seed}: the agent met {met}, the record has {recorded}: {said}"
             # The mount layer's too, and only the attempts: each write into

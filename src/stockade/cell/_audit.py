@@ -210,6 +210,10 @@ class AuditReader:
         self._lost_seen = 0
         self._pending: list[Event] = []
         """Events attributed but not yet handed to the callbacks."""
+        self._delivering = threading.RLock()
+        """Held while events taken from ``_pending`` are handed to the
+        callbacks, so that ``settle`` returns only once they all have been.
+        Re-entrant: a callback may ``watch`` a cell."""
         self._congested = False
         self._audit_default = _booted_with_audit()
         self._lease = -1
@@ -512,18 +516,50 @@ class AuditReader:
         """Return, and forget, the cell's events, oldest first.
 
         Before returning, makes sure that every record the kernel emitted before
-        the call has been read: it sends a marker through the audit log and waits
-        (at most ``timeout`` seconds) until the marker comes back, records being
-        delivered in order. When the marker cannot be sent (no CAP_AUDIT_WRITE),
-        it waits until no record has come for 50 ms instead, within ``timeout``.
+        the call has been read (``settle``). When that cannot be proven within
+        ``timeout`` seconds, the events end with a ``cell.audit_lost`` (reason
+        ``unsettled``) that says the cell's refusals may be missing: a reader
+        never calls a record complete on the strength of a quiet socket.
 
         Raises:
             RuntimeError: the reader is closed.
         """
         self._check_open()
-        self._barrier(timeout)
+        if not self.settle(timeout):
+            self.mark_unsettled([cell_id], timeout)
         with self._lock:
             return self._core.take(cell_id)
+
+    def settle(self, timeout: float = 2.0) -> bool:
+        """Read the audit log up to now; True when it is proven that every
+        record the kernel emitted before the call has been read and handed to
+        the ``on_event`` callbacks, and the kernel's ``lost`` counter has been
+        compared since the last time (a rise is a ``cell.audit_lost``, reason
+        ``kernel``, for every watched cell).
+
+        The proof is a marker the reader sends through the audit log itself
+        (``AUDIT_USER_AVC``): the kernel queues it behind every record emitted
+        before it, on the one queue its kauditd thread multicasts in order, so
+        its return means they all came. A dead cell and a socket with nothing
+        to read prove nothing: kauditd delivers late on a loaded host (seconds
+        under strace here). False when ``timeout`` passed first, when the marker
+        could not be sent (no CAP_AUDIT_WRITE: the reader then waited for 50 ms
+        without a record, which is not a proof), or when the kernel's status
+        did not answer in time.
+
+        Raises:
+            RuntimeError: the reader is closed.
+        """
+        self._check_open()
+        return self._barrier(timeout)
+
+    def mark_unsettled(self, cells: list[str], waited: float) -> None:
+        """Say, in each of ``cells``' events (and to the callbacks), that its
+        refusals may be missing: ``settle`` could not prove the log read."""
+        with self._lock:
+            events = self._core.unsettled(cells, waited, time.time())
+            self._events += len(events)
+        self._deliver(events)
 
     def on_event(self, callback: Callable[[Event], None]) -> Callable[[], None]:
         """Call ``callback(event)`` for every event attributed from now on, from
@@ -550,7 +586,8 @@ class AuditReader:
 
     # -- barrier --
 
-    def _barrier(self, timeout: float) -> None:
+    def _barrier(self, timeout: float) -> bool:
+        """``settle``: the marker, the kernel's lost counter, the deliveries."""
         deadline = time.monotonic() + timeout
         barrier = _Waiter()
         markers: list[str] = []
@@ -570,8 +607,9 @@ class AuditReader:
             # have been dropped with the records (see _drained): send another.
             barrier.resend = False
             barrier.done.clear()
+        proven = ok and not barrier.error
         if barrier.error:
-            ok = self._quiesce(deadline)
+            ok = self._quiesce(deadline)  # better than nothing, but no proof
         with self._lock:
             for marker in markers:
                 self._barriers.pop(marker, None)
@@ -579,14 +617,24 @@ class AuditReader:
             if not ok:
                 self._timeouts += 1
         # The kernel's count of dropped records, read after the barrier so that
-        # it includes any drop before this call; best effort, briefly: a reply
-        # lost in an overrun is read at the next collect.
-        grace = max(0.0, min(0.5, deadline - time.monotonic()))
+        # it includes any drop before this call. Its reply comes from a kernel
+        # thread of its own, not through the log: under load it takes a while,
+        # and the rest of ``timeout`` is its bound (it was 0.5 s at most before,
+        # and a late reply left a loss uncounted while the record said complete).
+        # A reply lost in an overrun: that overrun is a loss event already.
+        grace = max(0.0, deadline - time.monotonic())
         status = self._request(AUDIT_GET, b"", grace, reply=True)
-        if not status.error:
+        if status.error:
+            proven = False
+        else:
             with self._lock:
                 self._check_kernel_lost(status.payload)
-        self._deliver_pending()
+        # Every event of a record before the marker goes to the callbacks before
+        # this returns: the reading thread may still be handing the marker's
+        # batch to them (a relay that flushed then would lose the rest).
+        if not self._deliver_pending(max(0.0, deadline - time.monotonic())):
+            proven = False
+        return proven
 
     def _quiesce(self, deadline: float) -> bool:
         """Wait until no record has come for 50 ms: the fallback barrier."""
@@ -799,10 +847,18 @@ class AuditReader:
                 waiter.payload = payload
                 waiter.done.set()
 
-    def _deliver_pending(self) -> None:
-        with self._lock:
-            events, self._pending = self._pending, []
-        self._deliver(events)
+    def _deliver_pending(self, timeout: float = -1) -> bool:
+        """Hand the attributed events to the callbacks, in order; False when
+        another thread was still delivering after ``timeout`` seconds (-1: wait)."""
+        if not self._delivering.acquire(timeout=timeout):
+            return False
+        try:
+            with self._lock:
+                events, self._pending = self._pending, []
+            self._deliver(events)
+        finally:
+            self._delivering.release()
+        return True
 
     def _deliver(self, events: list[Event]) -> None:
         if not events:

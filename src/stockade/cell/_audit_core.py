@@ -26,6 +26,7 @@ PROCTITLE is never parsed: an agent's command line may hold a token.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections import OrderedDict, deque
@@ -92,7 +93,7 @@ KIND_DENIED: Final = "cell.denied"
 KIND_AUDITED: Final = "cell.audited"
 KIND_LOST: Final = "cell.audit_lost"
 
-LossReason = Literal["overrun", "kernel", "landlock_count", "cap", "rules", "off"]
+LossReason = Literal["overrun", "kernel", "landlock_count", "cap", "rules", "off", "unsettled"]
 
 
 class AuditRecord(Frozen):
@@ -311,6 +312,8 @@ def lost_event(cell: str, reason: LossReason, count: int | None, when: float) ->
         "cap": "the cell passed the limit of denials kept per run; they were counted, not kept",
         "rules": "the kernel audit rules that record refusals of read-only mounts could not be added",
         "off": "the cell ran without the kernel audit log, as chosen",
+        "unsettled": "the reader could not prove it had read the audit log to the end in time: "
+        "the kernel delivers records late on a loaded host",
     }[reason]
     return Event(
         kind=KIND_LOST,
@@ -574,6 +577,18 @@ class AuditCorrelator:
         out: list[Event] = []
         for cell in self._watches:
             self._emit(lost_event(cell, reason, count, when), out)
+        return out
+
+    def unsettled(self, cells: Iterable[str], waited: float, when: float) -> list[Event]:
+        """Record that the reader's barrier did not come back within ``waited``
+        seconds (or could not be sent): each of the watched ``cells`` gets an
+        event saying its refusals may be missing."""
+        out: list[Event] = []
+        for cell in cells:
+            if cell in self._watches:
+                event = lost_event(cell, "unsettled", None, when)
+                detail = {**event.detail, "waited": round(waited, 3)}
+                self._emit(dataclasses.replace(event, detail=detail), out)
         return out
 
     def next_deadline(self) -> float | None:

@@ -98,7 +98,12 @@ DRAIN_TIMEOUT: Final = 10.0
 """Seconds the relay waits, after the daemon died, for its cells to die
 (their death signals take milliseconds; the bound is for a cell that
 somehow survives, which the next daemon's cgroup sweep then kills)."""
-_LOSSES: Final = frozenset({"overrun", "kernel", "landlock_count"})
+SETTLE_TIMEOUT: Final = 10.0
+"""Seconds the relay waits, once its cells are dead, for its marker to come
+back through the audit log (and the kernel's status to answer). Nothing
+hurries it then (the next daemon waits for it); 2 s, the bound it had,
+passed on a host slowed by strace while 300 refusals were still queued."""
+_LOSSES: Final = frozenset({"overrun", "kernel", "landlock_count", "unsettled"})
 """The reasons of a ``cell.audit_lost`` of the relay's own reader that make its spool short."""
 BACKLOG_LIMIT: Final = 32_768
 """The kernel audit backlog (records queued for delivery) the relay asks for."""
@@ -236,7 +241,7 @@ def missing(spooled: Iterable[Event], stored: Iterable[Event]) -> list[Event]:
     return out
 
 
-def wait_for_relay(lock_path: str, timeout: float = DRAIN_TIMEOUT + 5.0) -> bool:
+def wait_for_relay(lock_path: str, timeout: float = DRAIN_TIMEOUT + SETTLE_TIMEOUT + 5.0) -> bool:
     """Wait until no relay holds ``lock_path`` (one still draining after its
     daemon died); True when none does. Waits on the relay's pidfd, named in
     the lock file, never longer than ``timeout``."""
@@ -527,11 +532,13 @@ class _Relay:
                 continue
             ready, _, _ = select.select([w.pidfd], [], [], max(0.0, deadline - time.monotonic()))
             died[cell] = bool(ready)
-        barrier = True
-        for cell in cells:
-            before = self.reader.stats().barrier_timeouts
-            self.reader.collect(cell, timeout=2.0)  # the barrier; events went to _on_event
-            barrier = barrier and self.reader.stats().barrier_timeouts == before
+        # One marker for all: every record the kernel emitted before it,
+        # whichever cell's, has been read and spooled (via _on_event) when it
+        # is back. If it is not back in time, the spool says so ("unsettled"),
+        # and the recovery does not call itself complete.
+        barrier = self.reader.settle(SETTLE_TIMEOUT)
+        if not barrier:
+            self.reader.mark_unsettled(list(cells), SETTLE_TIMEOUT)
         self.flush()
         for cell, w in cells.items():
             end = {"end": {"cell": cell, "time": time.time(), "died": died[cell], "barrier": barrier}}

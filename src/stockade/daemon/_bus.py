@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from stockade import __version__
 from stockade.daemon import _paths
@@ -494,6 +494,15 @@ def _utc(t: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
 
+_RELAY_LOSSES: Final = {
+    "overrun": "its socket overflowed",
+    "kernel": "the kernel's backlog dropped records",
+    "landlock_count": "a Landlock domain counted more denials than were logged",
+    "unsettled": "its marker did not come back through the audit log in time, on a loaded host",
+}
+"""Why a relay's spool may be short (``cell._audit_relay``), in the words of ``cell.audit_lost``."""
+
+
 def kernel_gap_event(
     store: EventStore,
     run_id: str,
@@ -548,9 +557,10 @@ def kernel_gap_event(
         if gaps:
             tail += " outside the windows below"
     elif relayed_cells and relay_lost:
+        why = ", ".join(f"{r}: {_RELAY_LOSSES.get(r, r)}" for r in relay_lost)
         tail = (
-            f"; the relay's own reader lost records ({', '.join(relay_lost)}): any the kernel reported "
-            f"{since}until the cells died may be missing (the kernel does not replay them)"
+            f"; the relay's own reader lost records or could not prove it had them all ({why}): any the "
+            f"kernel reported {since}until the cells died may be missing (the kernel does not replay them)"
         )
     elif relayed_cells:
         tail = (
