@@ -8,7 +8,7 @@ Landlock never sees them, so they leave no Landlock record. Nor does a
 refusal by file permissions (``EACCES``, ``EPERM``): the permission check of
 an open runs before Landlock's hook, and chmod or chown have no Landlock right
 at all; an overwrite of a root-owned system file ends there. To record them
-anyway, the audit reader installs eight kernel audit rules on the syscall-exit
+anyway, the audit reader installs nine kernel audit rules on the syscall-exit
 filter (``rule_payloads``), the equivalent of::
 
     -a always,exit -F arch=b64 -S open,openat,… (every call that changes a file) \\
