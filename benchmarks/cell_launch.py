@@ -6,7 +6,10 @@ Every round runs each contender once, in an interleaved order, from this one
 warm Python process, so that the machine's drift (it is shared and noisy)
 touches all of them alike. Printed: the median and 90th percentile of each, the
 ratio of stockade to bwrap (the target is at most 1.5x) and stockade's absolute
-overhead over no sandbox. Nothing here asserts a time.
+overhead over no sandbox; then the CPU time of each launch (user + system, of
+this process and of the children it reaped, ``getrusage``), which a loaded
+machine distorts much less than wall time: what a launch costs, not what it
+waited for. Nothing here asserts a time.
 
 - none:     subprocess.run(CMD) — fork/exec from Python, no sandbox
 - bwrap:    subprocess.run(bwrap --unshare-all <a view like stockade's> CMD)
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -74,14 +78,26 @@ def measure(rounds: int) -> None:
             for run in contenders.values():  # warm-up: caches, page cache, the audit reader
                 run()
             times: dict[str, list[float]] = {name: [] for name in contenders}
+            cpu: dict[str, list[float]] = {name: [] for name in contenders}
             names = list(contenders)
             for i in range(rounds):
                 order = names[i % len(names) :] + names[: i % len(names)]
                 for name in order:
+                    used = _cpu()
                     start = time.perf_counter()
                     contenders[name]()
                     times[name].append((time.perf_counter() - start) * 1000)
+                    cpu[name].append((_cpu() - used) * 1000)
             report(label, times, rounds)
+            med = {name: statistics.median(values) for name, values in cpu.items()}
+            print("  CPU per launch (median): " + ", ".join(f"{name} {med[name]:.2f} ms" for name in cpu))
+            print(f"  stockade / bwrap (CPU, median): {med['stockade'] / med['bwrap']:.2f}x")
+
+
+def _cpu() -> float:
+    """Seconds of CPU this process and its reaped children have used (every thread)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _check(code: int) -> None:
