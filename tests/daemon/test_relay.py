@@ -323,6 +323,45 @@ def test_read_spool_keeps_each_relays_window_and_losses(tmp_path: Path) -> None:
     assert not spool.ended
 
 
+def test_a_relay_whose_barrier_did_not_come_back_never_calls_its_record_complete(tmp_path: Path) -> None:
+    """The relay saw its cell die but its marker did not come back through
+    the audit log within its bound (a host slowed by strace: kauditd still had
+    hundreds of the cell's records queued). Its spool says ``unsettled``; the
+    recovery is partial and the record says what may be missing and why
+    (issue 12: it said "no refusal is missing" while 101 were)."""
+    from stockade.daemon._bus import kernel_gap_event
+    from stockade.daemon._paths import kernel_spool_path
+    from stockade.daemon._relay import recover
+    from stockade.record import open_store
+
+    run_id, state = "r-0123456789ab", tmp_path / "state"
+    spool = Path(kernel_spool_path(str(state), run_id))
+    spool.parent.mkdir(parents=True)
+    lines: list[dict[str, Any]] = [
+        {"watch": {"run": run_id, "cell": "c1", "session": 5, "pid": 9, "time": 10.0}},
+        {"event": _event(0).to_dict()},
+        {"lost": {"cell": "c1", "reason": "unsettled", "count": None, "time": 21.0}},
+        {"end": {"cell": "c1", "time": 21.0, "died": True, "barrier": False}},
+    ]
+    spool.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    found = recover(str(state), run_id, [])
+    assert (found.complete, found.lost, len(found.events)) == (False, ["unsettled"], 1)
+    with open_store(str(tmp_path / "events.db")) as store:
+        gap = kernel_gap_event(
+            store,
+            run_id,
+            "c1",
+            30.0,
+            recovered=len(found.events),
+            relayed_cells=found.cells,
+            complete=found.complete,
+            relay_lost=found.lost,
+        )
+    assert gap.detail["relay"] == "partial" and gap.detail["count"] is None
+    assert "its marker did not come back through the audit log in time" in gap.summary, gap.summary
+    assert "may be missing" in gap.summary and "no Landlock" not in gap.summary
+
+
 def test_a_cell_launched_while_no_relay_runs_is_told_to_the_next(tmp_path: Path) -> None:
     """A cell the daemon watches while it has no relay (none started yet, or
     the last one died) is kept and told to the next relay, whose spool says

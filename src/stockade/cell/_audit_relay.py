@@ -37,8 +37,11 @@ What it does:
   one ``dropped`` line says how many when the cell is let go.
 * The pipe's end without a ``stop`` is the daemon's death. The relay then
   waits, on each watched cell's pidfd, for the cell to die (bounded by
-  ``DRAIN_TIMEOUT``), sends a barrier through the audit log (everything the
-  kernel emitted before it has been read), writes an ``end`` line per cell
+  ``DRAIN_TIMEOUT``), sends a barrier through the audit log and waits for
+  it (``AuditReader.settle``, at most ``SETTLE_TIMEOUT``: everything the
+  kernel emitted before it has been read and spooled, and the kernel's lost
+  counter compared; past the bound, a ``lost`` line, reason ``unsettled``),
+  writes an ``end`` line per cell
   saying whether it saw the cell die, flushes, and exits. It holds an
   ``flock`` on its lock file while it lives, so the next daemon waits for it
   (``wait_for_relay``) before it reads the spools.
@@ -50,7 +53,8 @@ the cell), ``{"event": <Event.to_dict()>}``, ``{"dropped": N, "cell"}``,
 ``{"unjudged": N, "cell"}`` (EXDEV refusals not kept: no places),
 ``{"lost": {cell, reason, count, time}}`` (the relay's own reader lost
 records: its socket overflowed, the kernel dropped some, a Landlock domain
-counted more than were logged) and ``{"end": {cell, time, died, barrier}}``. ``read_spool`` parses it, and
+counted more than were logged, its barrier did not come back in time) and
+``{"end": {cell, time, died, barrier}}``. ``read_spool`` parses it, and
 tolerates a last line cut short by a crash of the relay itself.
 """
 
@@ -147,7 +151,7 @@ class CellSpool:
     """EXDEV refusals not kept: the cell's places were past ``MAX_PLACES_BYTES``."""
     lost: list[str] = field(default_factory=list)
     """Why the relay's own reader lost records while it watched the cell
-    (``overrun``, ``kernel``, ``landlock_count``): its spool may be short."""
+    (``overrun``, ``kernel``, ``landlock_count``, ``unsettled``): its spool may be short."""
 
 
 def read_spool(path: str) -> dict[str, CellSpool]:
