@@ -9,10 +9,10 @@ ratio of stockade to bwrap (the target is at most 1.5x) and stockade's absolute
 overhead over no sandbox; then the CPU time of each launch (user + system, of
 this process and of the children it reaped, ``getrusage``), which a loaded
 machine distorts much less than wall time: what a launch costs, not what it
-waited for. bwrap's figure is its outer process's alone: bwrap learns its
-command's exit status from its pid 1 over a descriptor and does not reap it,
-so the kernel never adds the sandbox's own CPU to it (for python3 it comes
-out below no sandbox); no CPU ratio to bwrap is printed for that reason.
+waited for. bwrap's figure lacks its sandbox's own processes: they are not
+reaped through the process this script waits for, so the kernel never adds
+their time to it (python3 in bwrap comes out below python3 with no sandbox);
+no CPU ratio to bwrap is printed for that reason.
 Nothing here asserts a time.
 
 - none:     subprocess.run(CMD) — fork/exec from Python, no sandbox
