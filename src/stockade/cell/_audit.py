@@ -553,6 +553,12 @@ class AuditReader:
         self._check_open()
         return self._barrier(timeout)
 
+    def open_domains(self, cells: list[str]) -> int:
+        """How many Landlock domains of ``cells`` the kernel has not logged as
+        deallocated yet (``AuditCorrelator.open_domains``)."""
+        with self._lock:
+            return self._core.open_domains(cells)
+
     def mark_unsettled(self, cells: list[str], waited: float) -> None:
         """Say, in each of ``cells``' events (and to the callbacks), that its
         refusals may be missing: ``settle`` could not prove the log read."""

@@ -579,6 +579,13 @@ class AuditCorrelator:
             self._emit(lost_event(cell, reason, count, when), out)
         return out
 
+    def open_domains(self, cells: Iterable[str]) -> int:
+        """How many Landlock domains of ``cells`` have not been logged as
+        deallocated yet: until they are, the kernel's own count of their
+        denials (``status=deallocated denials=N``) has not been compared."""
+        wanted = set(cells)
+        return sum(1 for info in self._domains.values() if info.cell in wanted)
+
     def unsettled(self, cells: Iterable[str], waited: float, when: float) -> list[Event]:
         """Record that the reader's barrier did not come back within ``waited``
         seconds (or could not be sent): each of the watched ``cells`` gets an
