@@ -14,8 +14,9 @@ does; ``not_an_attempt`` is the one judgement both use.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
+
+from stockade._slots import Frozen
 
 if TYPE_CHECKING:
     from stockade.cell._plan import CellPlan
@@ -35,25 +36,40 @@ relay then keeps none of that cell's ``EXDEV`` refusals, the only ones that
 need it (the recovery says so)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Places:
+class Places(Frozen):
     """The places of one cell that decide whether an ``EXDEV`` or a refused
     reach was an attempt."""
 
+    _fields = ("writable", "protected", "pinned", "decoys", "image_rootfs")
+    __slots__ = _fields
     writable: tuple[str, ...]
     """Where the cell may write (its write grants)."""
     protected: tuple[str, ...]
     """Read-only bind mounts inside those places (``.git/hooks``, ``.bashrc``…)."""
     pinned: tuple[str, ...]
     """Writable bind mounts (not the workspace) that hold a protected path (``.git``)."""
-    decoys: tuple[str, ...] = ()
+    decoys: tuple[str, ...]
     """The cell's decoys: a refused reach (``reach`` in the event: a lookup
     that changes nothing) is an attempt only inside one of them."""
-    image_rootfs: str = ""
+    image_rootfs: str
     """A workbench's image (its read-only lower layer, on the host): a reach
     through one of the image's links names the link, not the decoy it leads
     to (a failed walk logs only the name asked for), so the name is also
     resolved inside the image, as the image's links lead."""
+
+    def __init__(
+        self,
+        writable: tuple[str, ...],
+        protected: tuple[str, ...],
+        pinned: tuple[str, ...],
+        decoys: tuple[str, ...] = (),
+        image_rootfs: str = "",
+    ) -> None:
+        object.__setattr__(self, "writable", writable)
+        object.__setattr__(self, "protected", protected)
+        object.__setattr__(self, "pinned", pinned)
+        object.__setattr__(self, "decoys", decoys)
+        object.__setattr__(self, "image_rootfs", image_rootfs)
 
     @classmethod
     def of(cls, plan: CellPlan) -> Places:

@@ -70,9 +70,9 @@ from __future__ import annotations
 
 import os.path
 import struct
-from dataclasses import dataclass, field
 from typing import Any, Final
 
+from stockade._slots import Mutable
 from stockade.cell._syscall_table import AUDIT_ARCH_X86_64, SYSCALL_NAMES
 
 AUDIT_PATH: Final = 1302
@@ -295,19 +295,36 @@ def refusal_layer(refusal: MountRefusal) -> str:
     return "dac" if refusal.syscall.get("exit") in ("-1", "-13") else "mount"
 
 
-@dataclass
-class MountRefusal:
+class MountRefusal(Mutable):
     """The records of one refused system call, gathered under its serial."""
 
+    _fields = ("arrived", "time", "syscall", "cwd", "paths", "serial")
+    __slots__ = _fields
     arrived: float
     time: float
     syscall: dict[str, str]
-    cwd: str | None = None
-    paths: list[tuple[str, str]] = field(default_factory=list)
+    cwd: str | None
+    paths: list[tuple[str, str]]
     """(name, nametype) of each PATH record, in the kernel's order."""
-    serial: int | None = None
+    serial: int | None
     """The kernel's serial of the event (``audit(…:SERIAL)``): two readers'
     copies of one refusal share it (the daemon's audit relay matches by it)."""
+
+    def __init__(
+        self,
+        arrived: float,
+        time: float,
+        syscall: dict[str, str],
+        cwd: str | None = None,
+        paths: list[tuple[str, str]] | None = None,
+        serial: int | None = None,
+    ) -> None:
+        self.arrived = arrived
+        self.time = time
+        self.syscall = syscall
+        self.cwd = cwd
+        self.paths = [] if paths is None else paths
+        self.serial = serial
 
     @property
     def session(self) -> int | None:
