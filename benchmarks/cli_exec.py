@@ -4,7 +4,7 @@ Run as root from the repository, after `bash benchmarks/install_peers.sh`
 (which puts the peers in a scratch directory outside the repository,
 $STOCKADE_PEERS, default /var/tmp/stockade-peers):
 
-    .venv/bin/python benchmarks/cli_exec.py [--rounds N] [--command true|python|both]
+    .venv/bin/python benchmarks/cli_exec.py [--rounds N] [--command true|python|both] [--baseline SRC]
 
 Each round runs every contender once, in a rotating order, so that the shared
 machine's drift touches them alike; printed are medians, 90th percentiles, and
@@ -18,6 +18,9 @@ Nothing here asserts a time.
 - srt:            srt --settings F -- CMD  (Anthropic's sandbox-runtime)
 - bwrap:          bwrap --unshare-all --ro-bind / / CMD  (less isolation; a floor)
 - none:           CMD
+- stockade (baseline): with --baseline SRC, the same `stockade exec` run from
+                  another checkout's src/ directory (say `git archive OLD src`
+                  with its built cell/_native*.so copied in), side by side
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ COMMANDS = {"true": ["/bin/true"], "python": ["/usr/bin/python3", "-c", "pass"]}
 Runs = dict[str, tuple[list[str], dict[str, str]]]
 
 
-def contenders(workdir: Path, command: list[str]) -> tuple[Runs, list[str]]:
+def contenders(workdir: Path, command: list[str], baseline: Path | None = None) -> tuple[Runs, list[str]]:
     """What runs here, and a sentence for each peer that is missing."""
     env = dict(os.environ)
     missing: list[str] = []
@@ -58,6 +61,11 @@ def contenders(workdir: Path, command: list[str]) -> tuple[Runs, list[str]]:
     )
     bins = PEERS / "node_modules" / ".bin"
     found: Runs = {"stockade": ([str(ROOT / ".venv" / "bin" / "stockade"), "exec", "--", *command], env)}
+    if baseline is not None:
+        found["stockade (baseline)"] = (
+            [*found["stockade"][0]],
+            {**env, "PYTHONPATH": str(baseline)},
+        )
     sandbox = ["sandbox", "-c", 'sandbox_mode="workspace-write"', "--", *command]
     native = PEERS / "bin" / "codex-native"
     if native.exists():
@@ -80,8 +88,8 @@ def contenders(workdir: Path, command: list[str]) -> tuple[Runs, list[str]]:
     return found, missing
 
 
-def measure(label: str, command: list[str], rounds: int, workdir: Path) -> None:
-    runs, missing = contenders(workdir, command)
+def measure(label: str, command: list[str], rounds: int, workdir: Path, baseline: Path | None = None) -> None:
+    runs, missing = contenders(workdir, command, baseline)
     for name, (argv, env) in list(runs.items()):  # warm-up, and a check that each works here
         done = subprocess.run(argv, env=env, cwd=workdir, capture_output=True, check=False)
         if done.returncode != 0:
@@ -100,34 +108,50 @@ def measure(label: str, command: list[str], rounds: int, workdir: Path) -> None:
             times[name].append((time.perf_counter() - start) * 1000)
     base = statistics.median(times["stockade"])
     print(f"\n{label} from the shell ({rounds} interleaved rounds, milliseconds)")
-    print(f"  {'':16} {'median':>8} {'p90':>8} {'x stockade':>11}")
+    print(f"  {'':20} {'median':>8} {'p90':>8} {'x stockade':>11}")
     for name, values in times.items():
         med = statistics.median(values)
         p90 = statistics.quantiles(values, n=10)[-1]
-        print(f"  {name:16} {med:8.1f} {p90:8.1f} {med / base:10.2f}x")
+        print(f"  {name:20} {med:8.1f} {p90:8.1f} {med / base:10.2f}x")
     for line in missing:
         print(f"  MISSING {line}; run `bash benchmarks/install_peers.sh`")
     if "codex (native)" in times:
         ratio = base / statistics.median(times["codex (native)"])
         verdict = "met" if ratio < 1.0 else "NOT met"
         print(f"  stockade / codex (native): {ratio:.2f}  (target < 1.0: {verdict})")
+    if "stockade (baseline)" in times:
+        ratio = base / statistics.median(times["stockade (baseline)"])
+        print(f"  stockade / stockade (baseline): {ratio:.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--command", choices=("true", "python", "both"), default="both")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="SRC",
+        help="another checkout's src/ directory, run as 'stockade (baseline)' beside this one",
+    )
     args = parser.parse_args()
+    if args.baseline is not None and not (args.baseline / "stockade" / "cli" / "main.py").is_file():
+        sys.exit(
+            f"--baseline {args.baseline}: no stockade/cli/main.py there; name a checkout's src/ directory"
+        )
     if os.geteuid() != 0:
         sys.exit("run as root: stockade exec reads the kernel audit log")
     # What an installed stockade has (scripts/setup.sh byte-compiles it): a
     # source file edited since would otherwise be compiled at every start.
     compileall.compile_dir(str(ROOT / "src" / "stockade"), quiet=2)
+    if args.baseline is not None:
+        compileall.compile_dir(str(args.baseline / "stockade"), quiet=2)
     workdir = PEERS / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}")
     for key in ("true", "python") if args.command == "both" else (args.command,):
-        measure(" ".join(COMMANDS[key]), COMMANDS[key], args.rounds, workdir)
+        measure(" ".join(COMMANDS[key]), COMMANDS[key], args.rounds, workdir, args.baseline)
 
 
 if __name__ == "__main__":
