@@ -10,6 +10,7 @@ import os
 import random
 import select
 import signal
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -360,6 +361,47 @@ def test_a_relay_whose_barrier_did_not_come_back_never_calls_its_record_complete
     assert gap.detail["relay"] == "partial" and gap.detail["count"] is None
     assert "its marker did not come back through the audit log in time" in gap.summary, gap.summary
     assert "may be missing" in gap.summary and "no Landlock" not in gap.summary
+
+
+class _Unfreed:
+    """A reader whose marker always comes back but whose cell's Landlock
+    domain the kernel never logs as freed: its own count never compared."""
+
+    def __init__(self) -> None:
+        self.unsettled: list[tuple[list[str], float]] = []
+
+    def settle(self, timeout: float) -> bool:
+        return True
+
+    def open_domains(self, cells: list[str]) -> int:
+        return len(cells)
+
+    def mark_unsettled(self, cells: list[str], waited: float) -> None:
+        self.unsettled.append((cells, waited))
+
+
+def test_a_relay_whose_marker_came_back_is_not_complete_until_landlock_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker back proves only what reached the socket before it: under
+    strace the record lacked 39 refusals after it (issue 12). The relay's end
+    says its barrier held only once Landlock's own count of every domain of
+    its cells has been read; here it never comes, within the bound."""
+    from stockade.cell import _audit_relay
+
+    monkeypatch.setattr(_audit_relay, "SETTLE_TIMEOUT", 0.1)
+    relay = object.__new__(_audit_relay._Relay)
+    reader = _Unfreed()
+    relay.reader = reader  # type: ignore[assignment]
+    relay.lock = threading.Lock()
+    relay.pending = []
+    path = tmp_path / "kernel.spool"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    relay.cells = {"c1": _audit_relay._Watched("r-0123456789ab", "c1", fd, -1, None)}
+    relay.drain()
+    assert reader.unsettled == [(["c1"], 0.1)]
+    end = [json.loads(line)["end"] for line in path.read_text().splitlines()]
+    assert end == [{"cell": "c1", "time": end[0]["time"], "died": True, "barrier": False}]
 
 
 def test_a_cell_launched_while_no_relay_runs_is_told_to_the_next(tmp_path: Path) -> None:
