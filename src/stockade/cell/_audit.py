@@ -45,10 +45,10 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from stockade._netns import initial, inside_path
+from stockade._slots import Frozen
 from stockade.cell._audit_core import AUDIT_SYSCALL, AUDIT_USER_AVC, AuditCorrelator
 from stockade.cell._audit_mount import (
     AUDIT_ADD_RULE,
@@ -123,10 +123,11 @@ _FIX = (
 )
 
 
-@dataclass(frozen=True)
-class AuditStats:
+class AuditStats(Frozen):
     """Counters since the reader opened."""
 
+    _fields = ("records", "events", "overruns", "kernel_lost", "barrier_timeouts")
+    __slots__ = _fields
     records: int
     """Netlink messages read."""
     events: int
@@ -137,6 +138,20 @@ class AuditStats:
     """Records the kernel says it dropped since the reader opened (all of the host's)."""
     barrier_timeouts: int
     """``collect`` calls whose barrier did not come back in time."""
+
+    def __init__(
+        self,
+        records: int,
+        events: int,
+        overruns: int,
+        kernel_lost: int,
+        barrier_timeouts: int,
+    ) -> None:
+        object.__setattr__(self, "records", records)
+        object.__setattr__(self, "events", events)
+        object.__setattr__(self, "overruns", overruns)
+        object.__setattr__(self, "kernel_lost", kernel_lost)
+        object.__setattr__(self, "barrier_timeouts", barrier_timeouts)
 
 
 class _Waiter:
