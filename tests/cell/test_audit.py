@@ -448,24 +448,31 @@ def test_barrier_falls_back_without_cap_audit_write() -> None:
 _PTRACES = "import ctypes\nfor _ in range(20):\n    ctypes.CDLL(None).ptrace(0, 0, 0, 0)\nprint('done')"
 
 
-def test_a_collect_that_cannot_prove_the_log_read_says_so(reader: AuditReader) -> None:
+def test_a_collect_that_cannot_prove_the_log_read_says_so() -> None:
     """A barrier that does not come back in time (here: no time at all) is not
     a complete record: the cell's events end with ``cell.audit_lost``, reason
-    ``unsettled``, rather than the refusals read so far passing for all of them."""
-    run_cell(reader, "unsettled", CellSpec(script=_PTRACES))
+    ``unsettled``, rather than the refusals read so far passing for all of them.
+    The reader's thread is not started, so nothing can read the marker before
+    the bound passes (with the thread, a marker can be back within zero seconds)."""
+    reader = AuditReader()
     try:
+        run_cell(reader, "unsettled", CellSpec(script=_PTRACES))
         events = reader.collect("unsettled", timeout=0.0)
         again = reader.collect("unsettled", timeout=5.0)
-    finally:
         reader.unwatch("unsettled")
-    lost = [e for e in events if e.kind == "cell.audit_lost"]
-    assert [e.detail["reason"] for e in lost] == ["unsettled"], [e.summary for e in events]
+    finally:
+        reader.close()
+    # (Other readers of this host may make the kernel drop records meanwhile:
+    # those are "kernel" or "overrun" losses, said as well; not this test's.)
+    lost = [e for e in events if e.kind == "cell.audit_lost" and e.detail["reason"] == "unsettled"]
+    assert len(lost) == 1, [e.summary for e in events]
     assert lost[0].detail["waited"] == 0.0
     assert "denials of this cell may be missing" in lost[0].summary
-    # With time to prove it, the rest come, and no word of a loss.
+    # With time to prove it, the rest come, and no word of an unsettled read.
     denied = [e for e in events + again if e.kind == "cell.denied"]
     assert len(denied) == 20 and all(e.detail["syscall"] == "ptrace" for e in denied)
-    assert not [e for e in again if e.kind == "cell.audit_lost"]
+    unsettled = [e for e in again if e.kind == "cell.audit_lost" and e.detail["reason"] == "unsettled"]
+    assert unsettled == []
 
 
 def test_settle_waits_for_the_callbacks_to_have_every_event() -> None:
