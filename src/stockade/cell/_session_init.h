@@ -14,7 +14,8 @@
  *
  * with descriptors attached (SCM_RIGHTS): for "X" the call's stdin, stdout,
  * stderr and its control socket; for "O" the control socket alone. For each
- * request the init forks a child that takes the call's ids, enters a process
+ * request the init starts a child (clone(CLONE_VM | CLONE_VFORK) on a stack
+ * of the init's own, see session_request) that takes the call's ids, enters a process
  * group of its own and says "S" on the control socket; the host, which set
  * SO_PASSCRED there, reads the child's host pid from the credentials the
  * kernel attaches (translated out of the cell's pid namespace), moves it into
@@ -29,6 +30,21 @@
  * The init ends (and the kernel with it every process of the cell) when the
  * host closes its end of the session socket. Like the rest of the children it
  * makes only syscalls: no malloc, no stdio, buffers on the stack or mmap'd.
+ *
+ * Why no fork per call: the init is a clone of the process that launched the
+ * cell and never execs, so it holds that process's whole memory (an eval's
+ * interpreter: 90-300 MiB), and a fork copies the page tables of all of it: a
+ * 4 KiB read_file took 10-12 ms and an exec of /bin/true 33-37 ms from an
+ * 86 MiB launcher, against 2 and 5 ms from 20 MiB
+ * (benchmarks/session_fork_size.py, docs/PERFORMANCE.md). A child that
+ * shares the init's memory until its execve or _exit copies none, as
+ * CPython's vfork spawn does. The price: the init sleeps while a child gets
+ * ready, handshake included, so calls start one at a time (they still run
+ * at once); a host that never answers "G" would stall the session, so the
+ * child waits for it at most SESSION_GO_TIMEOUT_MS. Such a child makes only
+ * syscalls that touch no memory the init relies on: its own stack, reads of
+ * the request, its own descriptor table and credentials (no CLONE_FILES, no
+ * CLONE_THREAD: setresuid is the child's alone).
  */
 #include <poll.h>
 #include <sys/signalfd.h>
@@ -36,6 +52,7 @@
 #define SESSION_MAX_REQUEST (1u << 20) /* _session.MAX_REQUEST: argv, env and cwd of one call */
 #define SESSION_MAX_CALLS 1024         /* calls in flight at once; more is refused (EAGAIN) */
 #define SESSION_MAX_STRINGS (SESSION_MAX_REQUEST / 2)
+#define SESSION_GO_TIMEOUT_MS 30000    /* _session.START_TIMEOUT: the host's "G" after "S" */
 
 struct session_call {
     pid_t pid;
@@ -89,6 +106,14 @@ static void session_enter(int ctl, long uid, long gid) {
     if ((uid_t)uid != getuid() && syscall(SYS_setresuid, uid, uid, uid) < 0)
         die(ctl, ST_USER, errno, "setresuid", NULL);
     if (write_all(ctl, "S", 1) < 0) _exit(127);
+    /* Bounded: the init sleeps until this child execs or exits (CLONE_VFORK). */
+    for (;;) {
+        struct pollfd wait_go = {.fd = ctl, .events = POLLIN};
+        int ready = poll(&wait_go, 1, SESSION_GO_TIMEOUT_MS);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) _exit(127); /* no answer: the call is given up */
+        break;
+    }
     do got = read(ctl, &go, 1);
     while (got < 0 && errno == EINTR);
     if (got != 1 || go != 'G') _exit(127); /* the host gave up on the call */
@@ -166,11 +191,31 @@ static void session_refuse(int ctl, int err, const char *what) {
     (void)write_all(ctl, l.buf, l.len);
 }
 
-/* One request: parse it, fork its child. The descriptors are the init's to close. */
-static void session_request(const struct spec *s, char *buf, size_t len, const int *fds, int n_fds,
-                            struct session_call *calls, char **strings, const sigset_t *mask) {
-    const char *at = buf, *end = buf + len, *kind, *cwd;
+/* What a call's child needs, on the init's stack: it shares the init's memory
+ * and the init sleeps until it execs or exits, so pointers into the request
+ * stay good. */
+struct session_child {
+    const struct spec *spec;
+    const int *fds;
+    const char *cwd;
+    char **strings;
+    const sigset_t *mask;
     long uid, gid, argc, flags, mode;
+    char kind;
+};
+
+static int session_child_main(void *arg) {
+    const struct session_child *c = arg;
+    if (c->kind == 'O') session_open_child(c->fds[0], c->uid, c->gid, c->cwd, c->flags, c->mode);
+    session_exec_child(c->spec, c->fds, c->uid, c->gid, c->cwd, c->strings, c->strings + c->argc + 1, c->mask);
+}
+
+/* One request: parse it, start its child. The descriptors are the init's to close. */
+static void session_request(const struct spec *s, char *buf, size_t len, const int *fds, int n_fds,
+                            struct session_call *calls, char **strings, const sigset_t *mask, char *stack_top) {
+    const char *at = buf, *end = buf + len, *kind, *cwd;
+    long uid, gid, argc = 0, flags = 0, mode = -1;
+    struct session_child child;
     size_t n = 0;
     int ctl = n_fds > 0 ? fds[n_fds - 1] : -1;
     pid_t pid;
@@ -216,14 +261,14 @@ static void session_request(const struct spec *s, char *buf, size_t len, const i
         session_refuse(ctl, EAGAIN, "too many calls in flight");
         return;
     }
-    /* A plain fork (the init is not shared with anything it could corrupt:
-     * its memory is C1's, which only waits); raw, so that no atfork handler
-     * of the parent's C library runs. */
-    pid = (pid_t)syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
-    if (pid == 0) {
-        if (kind[0] == 'O') session_open_child(ctl, uid, gid, cwd, flags, mode);
-        session_exec_child(s, fds, uid, gid, cwd, strings, strings + argc + 1, mask);
-    }
+    /* Not a fork, which would copy the page tables of all the launcher's
+     * memory the init holds (the header comment): the child shares it until
+     * its execve or _exit, on a stack of its own, as cell_command does.
+     * glibc's clone() runs no atfork handler. */
+    child = (struct session_child){.spec = s, .fds = fds, .cwd = cwd, .strings = strings, .mask = mask,
+                                   .uid = uid, .gid = gid, .argc = argc, .flags = flags, .mode = mode,
+                                   .kind = kind[0]};
+    pid = clone(session_child_main, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
     if (pid < 0) {
         session_refuse(ctl, errno, "fork of the call");
         return;
@@ -266,8 +311,11 @@ __attribute__((noreturn)) static void session_loop(const struct spec *s, int soc
     struct session_call *calls = mmap(NULL, SESSION_MAX_CALLS * sizeof *calls, PROT_READ | PROT_WRITE,
                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     char **strings;
+    /* The calls' children's stack, one at a time (CLONE_VFORK), with a guard page. */
+    char *stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     int sig = signalfd(-1, all, SFD_CLOEXEC);
-    if (buf == MAP_FAILED || calls == MAP_FAILED || sig < 0) _exit(127);
+    if (buf == MAP_FAILED || calls == MAP_FAILED || stack == MAP_FAILED || sig < 0) _exit(127);
+    if (mprotect(stack, (size_t)getpagesize(), PROT_NONE) < 0) _exit(127);
     strings = (char **)(void *)(buf + SESSION_MAX_REQUEST + 1 + (8 - (SESSION_MAX_REQUEST + 1) % 8) % 8);
     strings_size = 0;
     for (size_t i = 0; i < SESSION_MAX_CALLS; i++) calls[i].ctl = -1;
@@ -320,7 +368,7 @@ __attribute__((noreturn)) static void session_loop(const struct spec *s, int soc
                 if (n_fds > 0) session_refuse(fds[n_fds - 1], E2BIG, "a request too large");
             } else {
                 buf[got] = '\0';
-                session_request(s, buf, (size_t)got, fds, n_fds, calls, strings, mask);
+                session_request(s, buf, (size_t)got, fds, n_fds, calls, strings, mask, stack + INIT_STACK);
             }
             for (int i = 0; i < n_fds; i++) (void)close(fds[i]);
         }
