@@ -268,7 +268,15 @@ static void session_request(const struct spec *s, char *buf, size_t len, const i
     child = (struct session_child){.spec = s, .fds = fds, .cwd = cwd, .strings = strings, .mask = mask,
                                    .uid = uid, .gid = gid, .argc = argc, .flags = flags, .mode = mode,
                                    .kind = kind[0]};
-    pid = clone(session_child_main, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
+    if (kind[0] == 'X') {
+        pid = clone(session_child_main, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
+    } else {
+        /* An open can block for good (a FIFO with no writer), and the init
+         * must stay free to end the cell when the host closes the session:
+         * a plain, raw fork (no atfork handler), at the old cost. */
+        pid = (pid_t)syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+        if (pid == 0) session_child_main(&child);
+    }
     if (pid < 0) {
         session_refuse(ctl, errno, "fork of the call");
         return;
