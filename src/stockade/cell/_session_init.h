@@ -14,8 +14,8 @@
  *
  * with descriptors attached (SCM_RIGHTS): for "X" the call's stdin, stdout,
  * stderr and its control socket; for "O" the control socket alone. For each
- * request the init starts a child (clone(CLONE_VM | CLONE_VFORK) on a stack
- * of the init's own, see session_request) that takes the call's ids, enters a process
+ * request the init starts a child (an exec's: clone(CLONE_VM | CLONE_VFORK)
+ * on a stack of the init's own; an open's: a fork, see session_request) that takes the call's ids, enters a process
  * group of its own and says "S" on the control socket; the host, which set
  * SO_PASSCRED there, reads the child's host pid from the credentials the
  * kernel attaches (translated out of the cell's pid namespace), moves it into
@@ -38,7 +38,8 @@
  * 86 MiB launcher, against 2 and 5 ms from 20 MiB
  * (benchmarks/session_fork_size.py, docs/PERFORMANCE.md). A child that
  * shares the init's memory until its execve or _exit copies none, as
- * CPython's vfork spawn does. The price: the init sleeps while a child gets
+ * CPython's vfork spawn does (exec calls only: an open may block for good,
+ * and the init must stay free to end the cell). The price: the init sleeps while a child gets
  * ready, handshake included, so calls start one at a time (they still run
  * at once); a host that never answers "G" would stall the session, so the
  * child waits for it at most SESSION_GO_TIMEOUT_MS. Such a child makes only
