@@ -49,9 +49,24 @@ def fork_up_to(n):
     return made, w
 """
 
+HOLD = """
+def hold(fifo):
+    # A reader of the fifo before saying so: the test's release (never
+    # blocking) would fail if it came before this open.
+    import select
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    print("blocking", flush=True)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll()
+    os.close(fd)
+"""
+"""The root's wait on the fifo, until the test releases it (after ``blocking``)."""
+
 ROOT = (
     "import json, os, socket, struct, sys\n"
     + FORKS
+    + HOLD
     + """
 held, w = fork_up_to(int(sys.argv[1]))
 print("held", held, flush=True)
@@ -63,7 +78,7 @@ body = json.dumps({"v": 1, "id": 1, "method": "intent", "params": {
 s.sendall(struct.pack(">I", len(body)) + body)
 n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
 print(json.dumps({"op": "intent", "out": json.loads(s.recv(n, socket.MSG_WAITALL))}), flush=True)
-open(sys.argv[3]).read()  # the fifo: until the test has the helper's count
+hold(sys.argv[3])  # until the test has the helper's count
 """
 )
 
@@ -120,6 +135,7 @@ def test_a_helpers_processes_stop_at_what_the_root_left_of_its_limit(tmp_path: P
         assert pids_dirs and Path(f"{pids_dirs[0]}/pids.max").read_text().strip() == str(ROOT_PIDS)
         events.until(kind_is("run.end", helper_id))  # the helper ends on its own, first
         assert runs.runs[info["id"]].family_cgroup is not None, "the family outlives a helper"
+        wait_output(dt.socket_path, info["id"], "blocking")
         release(fifo)
         events.until(kind_is("run.end", info["id"]))
         # The family's last run ended: its cgroup is gone, and the root's
@@ -144,8 +160,8 @@ def _helper_id(seen: str) -> str:
 
 
 # The root of a family spawns its helper and waits on a fifo; what it does
-# meanwhile (``HOLD``) is the test's: hold memory, or keep a core busy.
-SPAWNER = """
+# meanwhile is the test's: hold memory, or keep a core busy.
+SPAWNER = HOLD + """
 import json, os, socket, struct, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect(os.environ["STOCKADE_BROKER"])
@@ -155,7 +171,7 @@ body = json.dumps({"v": 1, "id": 1, "method": "intent", "params": {
 s.sendall(struct.pack(">I", len(body)) + body)
 n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
 print(json.dumps({"op": "intent", "out": json.loads(s.recv(n, socket.MSG_WAITALL))}), flush=True)
-open(sys.argv[2]).read()  # the fifo: until the test has seen the helper end
+hold(sys.argv[2])  # until the test has seen the helper end
 """
 
 MIB = 1 << 20
@@ -238,6 +254,7 @@ def test_a_helpers_memory_stops_at_what_the_root_left_of_the_familys(tmp_path: P
         assert end["detail"]["exit_code"] != 0, end
         limits = [e["event"] for e in stored_events(wire, helper_id) if e["event"]["kind"] == "cell.limit"]
         assert any("memory limit" in e["summary"] for e in limits), limits
+        wait_output(dt.socket_path, info["id"], "blocking")
         release(fifo)
         root_end = _last(events.until(kind_is("run.end", info["id"])))
         root_out = wire.call("run.logs", {"run": info["id"]})["data"]
@@ -322,5 +339,6 @@ def test_a_familys_cpu_share_holds_across_its_cells(tmp_path: Path) -> None:
             assert int(Path(f"{cpu_dirs[0]}/cpu.cfs_quota_us").read_text()) == int(
                 CPU_SHARE * period_ns / 1000
             )
+        wait_output(dt.socket_path, info["id"], "blocking")
         release(fifo)
         events.until(kind_is("run.end", info["id"]))
