@@ -469,6 +469,9 @@ def test_a_fifo_does_not_hold_a_file_call_that_does_not_block(session: Session) 
 
     threading.Thread(target=calls, daemon=True).start()
     assert done.wait(20), "a file call waited on the fifo"
-    assert seen == [b"", errno.ENXIO]
+    # ENXIO: no reader at the open. EPIPE: the read call's child, which
+    # answered already, still held its end at the open and let go before the
+    # write (under load). Either way the write failed at once.
+    assert seen[0] == b"" and seen[1:] in ([errno.ENXIO], [errno.EPIPE]), seen
     session.write_file("plain.txt", b"fine")
     assert session.read_file("plain.txt") == b"fine"
