@@ -255,8 +255,6 @@ def ensure_dir_decoy(path: str = DIR_DECOY) -> os.stat_result | None:
     """Make ``path`` (an empty directory, root's, mode 0000) if it is missing;
     its stat, or None when it cannot be had as that (not root, or something
     else stands there: decoys are then what they were, Landlock's)."""
-    import stat as stat_module
-
     try:
         os.makedirs(os.path.dirname(path), mode=0o711, exist_ok=True)
         try:
@@ -266,9 +264,15 @@ def ensure_dir_decoy(path: str = DIR_DECOY) -> os.stat_result | None:
         st = os.lstat(path)
     except OSError:
         return None
-    if not stat_module.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o7777:
-        return None
-    return st
+    return st if is_dir_decoy(st) else None
+
+
+def is_dir_decoy(st: os.stat_result) -> bool:
+    """Whether ``st`` is what a directory decoy must be: a directory of host
+    root's with mode 0000, which nobody in a cell can look inside."""
+    import stat as stat_module
+
+    return stat_module.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o7777
 
 
 def rule_payloads() -> tuple[bytes, ...]:

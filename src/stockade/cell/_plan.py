@@ -660,15 +660,13 @@ def _absent_decoy(path: str) -> MountOp:
 def _dir_decoy() -> str | None:
     """``DIR_DECOY`` when it is there as the audit reader made it (an empty
     directory, root's, mode 0000), else None."""
-    from stockade.cell._audit_mount import DIR_DECOY
+    from stockade.cell._audit_mount import DIR_DECOY, is_dir_decoy
 
     try:
         st = os.lstat(DIR_DECOY)
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o7777:
-        return None
-    return DIR_DECOY
+    return DIR_DECOY if is_dir_decoy(st) else None
 
 
 _SYS_HIDDEN = (
