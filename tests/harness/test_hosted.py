@@ -4,9 +4,11 @@ this process's when none runs; and the policy document a daemon session gets."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,49 +56,56 @@ def test_a_policy_document_reads_back_as_the_same_policy(tmp_path: Path, flavour
         assert dataclasses.replace(back, source=None) == dataclasses.replace(policy, source=None)
 
 
-async def test_with_a_daemon_the_sample_is_its_run_and_recorded_live(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _daemon_for_samples(tmp_path: Path) -> Iterator[tuple[Any, Any, Client, Path]]:
+    """The sandbox type, its config for a state directory, a daemon there
+    (the harness finds it by the state directory's own socket) and a client
+    of it; the daemon stops at the end."""
     state = tmp_path / "state"
     sandbox_type: Any = registry_find_sandboxenv("stockade")
     config = sandbox_type.config_deserialize({"state": str(state)})
-    # The harness finds a daemon by the state directory's own socket.
     dt = DaemonThread(state=str(state), socket_path=_paths.socket_path(state=str(state)))
     dt.start()
     try:
         with Client(dt.socket_path, timeout=60) as client:
-            envs = await sandbox_type.sample_init("hosted", config, {})
-            env = envs["default"]
-            try:
-                run = env.record.run_id
-                # Live: `stockade ps` lists the sample's run, its session is the daemon's.
-                (listed,) = [r for r in client.call("run.list")["runs"] if r["id"] == run]
-                assert listed["name"] == "inspect/hosted" and listed["state"] == "running"
-                assert [s["run"] for s in client.sessions(run)] == [run]
-                refused = await env.exec(["cat", "/etc/shadow"])
-                assert refused.returncode != 0
-                done = await env.exec(["sh", "-c", "echo ok > done.txt && cat done.txt"])  # the control
-                assert done.stdout == "ok\n"
-                await env.write_file("sub/f.bin", b"\x00\xff" * 300_000)  # over one frame: blobs
-                assert await env.read_file("sub/f.bin", text=False) == b"\x00\xff" * 300_000
-                # In the store while the sample still runs, with the run's id.
-                stored = _stored(client, run)
-                assert any(
-                    e["kind"] == "session.exec" and e["detail"]["argv"] == ["cat", "/etc/shadow"]
-                    for e in stored
-                )
-            finally:
-                await sandbox_type.sample_cleanup("hosted", config, envs, False)
-            report = env.report
-            assert report["record"]["via"] == "daemon"
-            assert report["record"]["store"] == _paths.store_path(str(state))
-            assert any("/etc/shadow" in a["summary"] for a in report["attempts"])
-            (ended,) = [r for r in client.call("run.list", all=True)["runs"] if r["id"] == run]
-            assert ended["state"] != "running"
-            assert client.sessions(run) == []
-            kinds = [e["kind"] for e in _stored(client, run)]
-            assert "session.close" in kinds and kinds[-1] == "run.end"
-            assert len(kinds) + 2 == report["events"]  # and the harness's own two
+            yield sandbox_type, config, client, state
     finally:
         dt.stop()
+
+
+async def test_with_a_daemon_the_sample_is_its_run_and_recorded_live(tmp_path: Path) -> None:
+    with _daemon_for_samples(tmp_path) as (sandbox_type, config, client, state):
+        envs = await sandbox_type.sample_init("hosted", config, {})
+        env = envs["default"]
+        try:
+            run = env.record.run_id
+            # Live: `stockade ps` lists the sample's run, its session is the daemon's.
+            (listed,) = [r for r in client.call("run.list")["runs"] if r["id"] == run]
+            assert listed["name"] == "inspect/hosted" and listed["state"] == "running"
+            assert [s["run"] for s in client.sessions(run)] == [run]
+            refused = await env.exec(["cat", "/etc/shadow"])
+            assert refused.returncode != 0
+            done = await env.exec(["sh", "-c", "echo ok > done.txt && cat done.txt"])  # the control
+            assert done.stdout == "ok\n"
+            await env.write_file("sub/f.bin", b"\x00\xff" * 300_000)  # over one frame: blobs
+            assert await env.read_file("sub/f.bin", text=False) == b"\x00\xff" * 300_000
+            # In the store while the sample still runs, with the run's id.
+            stored = _stored(client, run)
+            assert any(
+                e["kind"] == "session.exec" and e["detail"]["argv"] == ["cat", "/etc/shadow"] for e in stored
+            )
+        finally:
+            await sandbox_type.sample_cleanup("hosted", config, envs, False)
+        report = env.report
+        assert report["record"]["via"] == "daemon"
+        assert report["record"]["store"] == _paths.store_path(str(state))
+        assert any("/etc/shadow" in a["summary"] for a in report["attempts"])
+        (ended,) = [r for r in client.call("run.list", all=True)["runs"] if r["id"] == run]
+        assert ended["state"] != "running"
+        assert client.sessions(run) == []
+        kinds = [e["kind"] for e in _stored(client, run)]
+        assert "session.close" in kinds and kinds[-1] == "run.end"
+        assert len(kinds) + 2 == report["events"]  # and the harness's own two
 
 
 async def test_without_a_daemon_the_sample_lives_in_this_process(tmp_path: Path) -> None:
@@ -117,39 +126,31 @@ async def test_without_a_daemon_the_sample_lives_in_this_process(tmp_path: Path)
 
 
 async def test_with_a_daemon_the_connection_is_a_shell_in_the_samples_session(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    sandbox_type: Any = registry_find_sandboxenv("stockade")
-    config = sandbox_type.config_deserialize({"state": str(state)})
-    dt = DaemonThread(state=str(state), socket_path=_paths.socket_path(state=str(state)))
-    dt.start()
-    try:
-        with Client(dt.socket_path, timeout=60) as client:
-            envs = await sandbox_type.sample_init("connect", config, {})
-            env = envs["default"]
-            try:
-                run = env.record.run_id
-                connection = await env.connection()
-                assert connection.type == "stockade"
-                argv = shlex.split(connection.command)
-                (session,) = client.sessions(run)
-                assert argv[1:4] == ["session", "shell", "--socket"] and argv[-1] == session["session"]
-                as_user = shlex.split((await env.connection(user="agent")).command)
-                assert as_user[as_user.index("--user") + 1] == "agent" and "--user" not in argv
-                # What a human would do: run the command and type into it.
-                typed = "echo from-the-shell > typed.txt\ncd /tmp\npwd\ncat /etc/shadow\n"
-                shell = await anyio.run_process(argv, input=typed.encode(), check=False)
-                assert shell.stdout.decode() == "/tmp\n", shell.stderr
-                assert shell.returncode != 0 and b"/etc/shadow" in shell.stderr  # the cell's refusal
-                # The lines ran in the sample's own cell, where the sandbox sees them.
-                assert await env.read_file("typed.txt") == "from-the-shell\n"
-                stored = _stored(client, run)
-                lines = [e["detail"]["argv"] for e in stored if e["kind"] == "session.exec"]
-                assert ["/bin/sh", "-c", "echo from-the-shell > typed.txt"] in lines
-                assert ["/bin/sh", "-c", "cat /etc/shadow"] in lines
-                assert any(
-                    e["outcome"] == "denied" and "/etc/shadow" in e["summary"] for e in stored
-                )  # the kernel's refusal is in the sample's record
-            finally:
-                await sandbox_type.sample_cleanup("connect", config, envs, False)
-    finally:
-        dt.stop()
+    with _daemon_for_samples(tmp_path) as (sandbox_type, config, client, _state):
+        envs = await sandbox_type.sample_init("connect", config, {})
+        env = envs["default"]
+        try:
+            run = env.record.run_id
+            connection = await env.connection()
+            assert connection.type == "stockade"
+            argv = shlex.split(connection.command)
+            (session,) = client.sessions(run)
+            assert argv[1:4] == ["session", "shell", "--socket"] and argv[-1] == session["session"]
+            as_user = shlex.split((await env.connection(user="agent")).command)
+            assert as_user[as_user.index("--user") + 1] == "agent" and "--user" not in argv
+            # What a human would do: run the command and type into it.
+            typed = "echo from-the-shell > typed.txt\ncd /tmp\npwd\ncat /etc/shadow\n"
+            shell = await anyio.run_process(argv, input=typed.encode(), check=False)
+            assert shell.stdout.decode() == "/tmp\n", shell.stderr
+            assert shell.returncode != 0 and b"/etc/shadow" in shell.stderr  # the cell's refusal
+            # The lines ran in the sample's own cell, where the sandbox sees them.
+            assert await env.read_file("typed.txt") == "from-the-shell\n"
+            stored = _stored(client, run)
+            lines = [e["detail"]["argv"] for e in stored if e["kind"] == "session.exec"]
+            assert ["/bin/sh", "-c", "echo from-the-shell > typed.txt"] in lines
+            assert ["/bin/sh", "-c", "cat /etc/shadow"] in lines
+            assert any(
+                e["outcome"] == "denied" and "/etc/shadow" in e["summary"] for e in stored
+            )  # the kernel's refusal is in the sample's record
+        finally:
+            await sandbox_type.sample_cleanup("connect", config, envs, False)
