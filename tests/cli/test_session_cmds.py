@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -35,7 +37,10 @@ def _cli(sock: str, *args: str, stdin: bytes | None = None) -> tuple[int, str, s
     return result.exit_code, result.stdout, result.stderr
 
 
-def test_open_exec_ls_close(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _opened_session(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
+    """A daemon and a session opened on it by `stockade session open` (checked
+    to succeed): the daemon's socket, the session's id and its workspace."""
     ws = workspace(tmp_path)
     policy = tmp_path / "bench.json"
     policy.write_text(json.dumps({"name": "bench", "workspace": str(ws)}))
@@ -43,7 +48,11 @@ def test_open_exec_ls_close(tmp_path: Path) -> None:
         sock = dt.socket_path
         code, out, err = _cli(sock, "open", str(policy))
         assert code == 0, err
-        sid = out.strip()
+        yield sock, out.strip(), ws
+
+
+def test_open_exec_ls_close(tmp_path: Path) -> None:
+    with _opened_session(tmp_path) as (sock, sid, _ws):
         assert sid.startswith("s-")
         script = "cat; echo e >&2; exit 4"
         code, out, err = _cli(
@@ -63,14 +72,7 @@ def test_open_exec_ls_close(tmp_path: Path) -> None:
 
 
 def test_shell_runs_each_line_as_a_recorded_exec_and_keeps_cd(tmp_path: Path) -> None:
-    ws = workspace(tmp_path)
-    policy = tmp_path / "bench.json"
-    policy.write_text(json.dumps({"name": "bench", "workspace": str(ws)}))
-    with daemon_at(tmp_path) as dt:
-        sock = dt.socket_path
-        code, out, err = _cli(sock, "open", str(policy))
-        assert code == 0, err
-        sid = out.strip()
+    with _opened_session(tmp_path) as (sock, sid, ws):
         lines = b"echo hi > made.txt && cat made.txt\ncd /tmp\npwd\ncd /no/such/dir\n\npwd; false\nexit\n"
         code, out, err = _cli(sock, "shell", sid, stdin=lines)
         # Each line ran in the cell; `cd` was kept, a failed one left it as it was.
