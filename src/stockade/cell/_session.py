@@ -807,6 +807,8 @@ class Session:
                         call.pid = pid
                         ctl.sendall(b"G")
                         fd, report = _receive_fd(ctl, rest)
+                        if fd >= 0:
+                            _await_exit(ctl)
                 finally:
                     ctl.close()
             finally:
@@ -925,6 +927,16 @@ def _input(data: object, what: str = "input") -> bytes | None:
     if isinstance(data, bytearray | memoryview):
         return bytes(data)
     raise UsageError(f"{what} is a {type(data).__name__}, not bytes; pass bytes (text.encode() for text)")
+
+
+def _await_exit(ctl: socket.socket, timeout: float = 2.0) -> None:
+    """Wait (bounded) for the file call's child to exit, which closes its end
+    of ``ctl``: until then it still holds the file it opened, and a caller
+    that runs what it just wrote would meet ETXTBSY, or a fifo's other end."""
+    ctl.settimeout(timeout)
+    with contextlib.suppress(OSError):
+        while ctl.recv(4096):
+            pass
 
 
 def _receive_fd(ctl: socket.socket, rest: bytes) -> tuple[int, bytes]:
