@@ -98,3 +98,39 @@ def test_a_server_starts_once() -> None:
             await server.close()
 
     asyncio.run(main())
+
+
+def test_a_close_with_no_connection_open_does_not_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    # uvicorn's own shutdown sleeps 0.1 s for open connections even when
+    # there are none; every gateway's close paid it (docs/PERFORMANCE.md).
+    import uvicorn.server
+
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float, *args: object) -> object:
+        slept.append(delay)
+        return await real_sleep(delay, *args)
+
+    monkeypatch.setattr(uvicorn.server.asyncio, "sleep", sleep)
+
+    async def main() -> None:
+        idle = AppServer(_app("idle"), listening())
+        await idle.start()
+        port = idle.address[1]
+        await idle.close()  # no connection was ever opened: nothing to wait for
+        assert slept == []
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        # With a connection still open, uvicorn's own shutdown (and its grace) runs.
+        busy = AppServer(_app("busy"), listening())
+        await busy.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", busy.address[1])
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        assert b"busy" in await reader.read(4096)
+        await busy.close()
+        assert 0.1 in slept
+        writer.close()
+
+    asyncio.run(main())
