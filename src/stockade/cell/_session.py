@@ -74,6 +74,8 @@ _READ = 65536
 _WAIT_STATUS = re.compile(rb"(?:^|\n)W-?\d+\n")
 """The init's report of a call's end, on a line of its own (an error line
 before it may hold any text)."""
+_ERROR_LINE = re.compile(rb"(?:^|\n)E[^\n]*\n")
+"""A child's report of the step that failed (``die()``), whole."""
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid (unix(7))
 
 
@@ -807,8 +809,6 @@ class Session:
                         call.pid = pid
                         ctl.sendall(b"G")
                         fd, report = _receive_fd(ctl, rest)
-                        if fd >= 0:
-                            _await_exit(ctl)
                 finally:
                     ctl.close()
             finally:
@@ -929,34 +929,39 @@ def _input(data: object, what: str = "input") -> bytes | None:
     raise UsageError(f"{what} is a {type(data).__name__}, not bytes; pass bytes (text.encode() for text)")
 
 
-def _await_exit(ctl: socket.socket, timeout: float = 2.0) -> None:
-    """Wait (bounded) for the file call's child to exit, which closes its end
-    of ``ctl``: until then it still holds the file it opened, and a caller
-    that runs what it just wrote would meet ETXTBSY, or a fifo's other end."""
-    ctl.settimeout(timeout)
-    with contextlib.suppress(OSError):
-        while ctl.recv(4096):
-            pass
-
-
-def _receive_fd(ctl: socket.socket, rest: bytes) -> tuple[int, bytes]:
-    """The descriptor an open call's child sent, or (-1, its report)."""
+def _receive_fd(ctl: socket.socket, rest: bytes, release_timeout: float = 2.0) -> tuple[int, bytes]:
+    """The descriptor an open call's child sent, once the child let go of its
+    own copy of it ("D": until then a caller that runs what it just wrote
+    would meet ETXTBSY, or a fifo's other end); or (-1, its report) as soon
+    as its error line is in. The wait for "D" is bounded (a child killed
+    between the two ends it at its EOF anyway)."""
     got = bytearray(rest)
     room = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(4 * 4)  # SO_PASSCRED adds credentials
-    while True:
-        data, ancdata, _flags, _addr = ctl.recvmsg(4096, room)
-        fds: list[int] = []
-        for level, kind, blob in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.extend(array.array("i", blob[: len(blob) - len(blob) % 4]))
-        if fds:
-            for extra in fds[1:]:
-                os.close(extra)
-            os.set_inheritable(fds[0], False)
-            return fds[0], bytes(got)
-        if not data:
-            return -1, bytes(got)
-        got.extend(data)
+    fd = -1
+    try:
+        while True:
+            if fd < 0 and _ERROR_LINE.search(got):
+                return -1, bytes(got)
+            data, ancdata, _flags, _addr = ctl.recvmsg(4096, room)
+            fds: list[int] = []
+            for level, kind, blob in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.extend(array.array("i", blob[: len(blob) - len(blob) % 4]))
+            for extra in fds[0 if fd >= 0 else 1 :]:
+                os.close(extra)  # only ever one: another is nobody's
+            if fds and fd < 0:
+                fd = fds[0]
+                os.set_inheritable(fd, False)
+                ctl.settimeout(release_timeout)
+                data = data[1:]  # the "F" it came with
+            if fd >= 0 and (not data or b"D" in data):
+                return fd, bytes(got)
+            if not data:
+                return -1, bytes(got)
+            if fd < 0:
+                got.extend(data)
+    except TimeoutError:
+        return fd, bytes(got)  # a descriptor, its child slow to let go: the call has it all the same
 
 
 def _parse_report(report: bytes) -> tuple[int | None, tuple[str, int, str] | None]:

@@ -14,16 +14,18 @@
  *
  * with descriptors attached (SCM_RIGHTS): for "X" the call's stdin, stdout,
  * stderr and its control socket; for "O" the control socket alone. For each
- * request the init starts a child (an exec's: clone(CLONE_VM | CLONE_VFORK)
- * on a stack of the init's own; an open's: a fork, see session_request) that takes the call's ids, enters a process
+ * request the init starts a child (clone(CLONE_VM | CLONE_VFORK) on a stack
+ * of the init's own) that takes the call's ids, enters a process
  * group of its own and says "S" on the control socket; the host, which set
  * SO_PASSCRED there, reads the child's host pid from the credentials the
  * kernel attaches (translated out of the cell's pid namespace), moves it into
  * a cgroup of the call's own (so that a timeout kills the call's whole tree,
  * double-forked daemons included) and answers "G"; only then does the child
  * chdir and exec. An "O" child opens the path as the call's user, inside the
- * cell's view, and sends the descriptor back, so permissions, symlinks and
- * mounts mean what they mean inside. When a child ends, the init reports
+ * cell's view, and sends the descriptor back ("F", then "D" once it let go
+ * of it), so permissions, symlinks and mounts mean what they mean inside;
+ * what may wait at its open (a fifo, a device) it opens in a fork of its own
+ * (session_open_child). When a child ends, the init reports
  * "W<wait status>\n" on its control socket and closes it; a step that failed
  * is "E<stage>\t<errno>\t<message>\n" from the child first (die()).
  *
@@ -38,8 +40,10 @@
  * 86 MiB launcher, against 2 and 5 ms from 20 MiB
  * (benchmarks/session_fork_size.py, docs/PERFORMANCE.md). A child that
  * shares the init's memory until its execve or _exit copies none, as
- * CPython's vfork spawn does (exec calls only: an open may block for good,
- * and the init must stay free to end the cell). The price: the init sleeps while a child gets
+ * CPython's vfork spawn does; an open that may block for good (a fifo with
+ * no writer) is the one thing such a child must not do, since the init must
+ * stay free to end the cell: that open alone is forked, at the old cost.
+ * The price: the init sleeps while a child gets
  * ready, handshake included, so calls start one at a time (they still run
  * at once); a host that never answers "G" would stall the session, so the
  * child waits for it at most SESSION_GO_TIMEOUT_MS. Such a child makes only
@@ -143,8 +147,11 @@ __attribute__((noreturn)) static void session_exec_child(const struct spec *s, c
     exec_command(ctl, &call);
 }
 
-__attribute__((noreturn)) static void session_open_child(int ctl, long uid, long gid, const char *path, long flags,
-                                                         long mode) {
+/* Send the opened file on the control socket ("F" with SCM_RIGHTS), let go of
+ * it and say so ("D"): the host returns once nothing in the cell holds the
+ * file any more (no ETXTBSY for a program it just wrote, no fifo end left
+ * open), without waiting for the init to reap this child. */
+__attribute__((noreturn)) static void session_send_file(int ctl, int file) {
     struct msghdr msg;
     struct iovec iov;
     char byte = 'F';
@@ -153,15 +160,6 @@ __attribute__((noreturn)) static void session_open_child(int ctl, long uid, long
         struct cmsghdr align;
     } control;
     struct cmsghdr *cmsg;
-    int file;
-    (void)syscall(SYS_close_range, 3u, (unsigned int)ctl - 1, 0u);
-    (void)syscall(SYS_close_range, (unsigned int)ctl + 1, ~0u, 0u);
-    session_enter(ctl, uid, gid);
-    /* The session's umask is 022, like a command's; an explicit mode is set
-     * exactly (fchmod), as os.chmod after the write would. */
-    file = open(path, (int)flags | O_CLOEXEC | O_NOCTTY, (mode_t)(mode < 0 ? 0666 : mode));
-    if (file < 0) die(ctl, ST_OPEN, errno, path, NULL);
-    if (mode >= 0 && fchmod(file, (mode_t)mode) < 0) die(ctl, ST_OPEN, errno, path, NULL);
     memset(&msg, 0, sizeof msg);
     memset(&control, 0, sizeof control);
     iov.iov_base = &byte;
@@ -177,7 +175,93 @@ __attribute__((noreturn)) static void session_open_child(int ctl, long uid, long
     memcpy(CMSG_DATA(cmsg), &file, sizeof(int));
     while (sendmsg(ctl, &msg, MSG_NOSIGNAL) < 0)
         if (errno != EINTR) die(ctl, ST_OPEN, errno, "sending the descriptor", NULL);
+    (void)close(file); /* the message holds its own reference (unix(7) SCM_RIGHTS) */
+    (void)write_all(ctl, "D", 1);
     _exit(0);
+}
+
+/* The open that may wait (a fifo's other end, a device), in a fork of its
+ * own: the init must stay free. */
+__attribute__((noreturn)) static void session_open_blocking(int ctl, const char *path, long flags, long mode) {
+    int file = open(path, (int)flags | O_CLOEXEC | O_NOCTTY, (mode_t)(mode < 0 ? 0666 : mode));
+    if (file < 0) die(ctl, ST_OPEN, errno, path, NULL);
+    if (mode >= 0 && fchmod(file, (mode_t)mode) < 0) die(ctl, ST_OPEN, errno, path, NULL);
+    session_send_file(ctl, file);
+}
+
+/* Whether an open of a file of this type may wait for something else: a
+ * fifo's other end (unless O_NONBLOCK), a device's driver (always: a driver
+ * may ignore O_NONBLOCK at open). A regular file, a directory, a socket
+ * (ENXIO at once) or a symlink (O_NOFOLLOW: ELOOP at once) never does. */
+static int session_may_wait(mode_t type, long flags) {
+    if (S_ISCHR(type) || S_ISBLK(type)) return 1;
+    return S_ISFIFO(type) && !(flags & O_NONBLOCK);
+}
+
+/* A file call's child: it shares the init's memory (CLONE_VM | CLONE_VFORK,
+ * no copy of the launcher's page tables) and the init sleeps until it exits,
+ * so it makes no call that can wait on anything in the cell. It first looks
+ * the path up with O_PATH, which opens nothing (no driver, no fifo end, no
+ * Landlock right: O_PATH skips security_file_open), and learns what the path
+ * is; then a regular file or a directory, or a new file, is opened for real
+ * here with O_NONBLOCK added, which cannot wait even if the path changed in
+ * between (a lease: EWOULDBLOCK instead of lease-break-time; a fifo swapped
+ * in: at once either way), and the result's type is checked again. What may
+ * wait is opened by a fork of this child (the old cost, in proportion to
+ * the launcher's memory): the init goes on serving, and the fork ends with
+ * the cell if nothing answers. Permissions are the call's user's (ids set
+ * by session_enter), inside the cell's view and Landlock domain. */
+__attribute__((noreturn)) static void session_open_child(int ctl, long uid, long gid, const char *path, long flags,
+                                                         long mode) {
+    struct stat st;
+    int probe, file, status_flags;
+    memset(&st, 0, sizeof st);
+    (void)syscall(SYS_close_range, 3u, (unsigned int)ctl - 1, 0u);
+    (void)syscall(SYS_close_range, (unsigned int)ctl + 1, ~0u, 0u);
+    session_enter(ctl, uid, gid);
+    probe = open(path, O_PATH | O_CLOEXEC | (int)(flags & (O_NOFOLLOW | O_DIRECTORY)));
+    if (probe >= 0) {
+        if (fstat(probe, &st) < 0) die(ctl, ST_OPEN, errno, path, NULL);
+        (void)close(probe);
+        if (session_may_wait(st.st_mode, flags)) goto blocking;
+    } else if (errno != ENOENT || !(flags & O_CREAT)) {
+        /* The walk failed: the open would have, with the same error (and
+         * the same audit record, a refused lookup being one). */
+        die(ctl, ST_OPEN, errno, path, NULL);
+    }
+    /* The session's umask is 022, like a command's; an explicit mode is set
+     * exactly (fchmod), as os.chmod after the write would. */
+    file = open(path, (int)flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, (mode_t)(mode < 0 ? 0666 : mode));
+    if (file < 0) {
+        /* A lease (EWOULDBLOCK) or a fifo swapped in (ENXIO; a socket's
+         * ENXIO is final): wait for it in a fork, as the call asked. */
+        int err = errno;
+        if (!(flags & O_NONBLOCK) &&
+            (err == EWOULDBLOCK || err == EAGAIN || (err == ENXIO && !(probe >= 0 && S_ISSOCK(st.st_mode)))))
+            goto blocking;
+        die(ctl, ST_OPEN, err, path, NULL);
+    }
+    if (fstat(file, &st) < 0) die(ctl, ST_OPEN, errno, path, NULL);
+    if (session_may_wait(st.st_mode, flags)) { /* swapped in since the lookup */
+        (void)close(file);
+        goto blocking;
+    }
+    if (mode >= 0 && fchmod(file, (mode_t)mode) < 0) die(ctl, ST_OPEN, errno, path, NULL);
+    if (!(flags & O_NONBLOCK) && ((status_flags = fcntl(file, F_GETFL)) < 0 ||
+                                  fcntl(file, F_SETFL, status_flags & ~O_NONBLOCK) < 0))
+        die(ctl, ST_OPEN, errno, path, NULL);
+    session_send_file(ctl, file);
+blocking:
+    /* A plain, raw fork (no atfork handler: this child shares the init's
+     * glibc); it inherits the call's ids, process group and descriptors. */
+    switch ((pid_t)syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL)) {
+    case -1:
+        die(ctl, ST_OPEN, errno, "fork of the opener", NULL);
+    case 0:
+        session_open_blocking(ctl, path, flags, mode);
+    default:
+        _exit(0); /* the fork holds ctl: the host reads on until it lets go */
+    }
 }
 
 static void session_refuse(int ctl, int err, const char *what) {
@@ -269,15 +353,9 @@ static void session_request(const struct spec *s, char *buf, size_t len, const i
     child = (struct session_child){.spec = s, .fds = fds, .cwd = cwd, .strings = strings, .mask = mask,
                                    .uid = uid, .gid = gid, .argc = argc, .flags = flags, .mode = mode,
                                    .kind = kind[0]};
-    if (kind[0] == 'X') {
-        pid = clone(session_child_main, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
-    } else {
-        /* An open can block for good (a FIFO with no writer), and the init
-         * must stay free to end the cell when the host closes the session:
-         * a plain, raw fork (no atfork handler), at the old cost. */
-        pid = (pid_t)syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
-        if (pid == 0) session_child_main(&child);
-    }
+    /* An open child forks an opener of its own for what may wait (a fifo,
+     * a device: session_open_child), so neither kind can keep the init asleep. */
+    pid = clone(session_child_main, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
     if (pid < 0) {
         session_refuse(ctl, errno, "fork of the call");
         return;
