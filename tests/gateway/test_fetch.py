@@ -12,6 +12,7 @@ import asyncio
 import base64
 import gzip
 import ipaddress
+import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -495,6 +496,27 @@ def test_upstream_ca_file_must_load(tmp_path: Path) -> None:
         upstream_tls_context(str(tmp_path / "junk.pem"))
     with pytest.raises(ValueError, match="could not be loaded"):
         upstream_tls_context(str(tmp_path / "missing.pem"))
+
+
+def test_upstream_context_is_made_once_per_set_of_roots(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = TestPki(tmp_path / "a", name="stockade test CA one")
+    second = TestPki(tmp_path / "b", name="stockade test CA two")
+
+    def names(context: ssl.SSLContext) -> set[str]:
+        return {str(dict(part[0] for part in c["subject"]).get("commonName")) for c in context.get_ca_certs()}
+
+    shared = upstream_tls_context(first.ca_file)
+    assert upstream_tls_context(first.ca_file) is shared
+    assert upstream_tls_context(None) is not shared
+    assert "stockade test CA one" in names(shared)
+    # The same path holding another CA (a rotated file): a context that trusts it, not the old one.
+    Path(first.ca_file).write_bytes(second.ca_pem + b"\n")
+    rotated = upstream_tls_context(first.ca_file)
+    assert rotated is not shared
+    assert "stockade test CA two" in names(rotated)
+    assert "stockade test CA one" not in names(rotated)
 
 
 def test_upstream_sends_the_requested_name_as_sni(ns: TestNetns, pki: TestPki) -> None:

@@ -10,8 +10,10 @@ check), so a server that cannot prove it is that name is refused.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
+import threading
 
 from stockade.gateway._egress import Destination
 
@@ -94,9 +96,20 @@ def upstream_tls_context(extra_ca: str | None = None) -> ssl.SSLContext:
     ``extra_ca`` is the daemon's ``--upstream-ca`` (``STOCKADE_UPSTREAM_CA``):
     a private CA of the operator's, or a test's throwaway one.
 
+    One context per set of roots serves every gateway of this process: making
+    one reads the system's bundle (~20 ms here), which every run's and every
+    daemon session's gateway paid. A bundle or ``extra_ca`` changed on disk
+    (its size, mtime or inode) makes a new one. Nothing configures a context
+    after this returns it.
+
     Raises:
         ValueError: ``extra_ca`` cannot be read or holds no certificate.
     """
+    key = (_stamp(ssl.get_default_verify_paths().cafile), _stamp(extra_ca), extra_ca)
+    with _CONTEXTS_LOCK:
+        found = _CONTEXTS.get(key)
+    if found is not None:
+        return found
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     # The gateway speaks HTTP/1.1 upstream (httpcore over h11); say so, so that
@@ -110,7 +123,25 @@ def upstream_tls_context(extra_ca: str | None = None) -> ssl.SSLContext:
                 f"the upstream CA file {extra_ca!r} could not be loaded ({exc}); "
                 "give a readable PEM file of CA certificates"
             ) from exc
-    return context
+    with _CONTEXTS_LOCK:
+        if len(_CONTEXTS) >= 16:  # a test suite's throwaway CAs: keep the newest only
+            _CONTEXTS.clear()
+        return _CONTEXTS.setdefault(key, context)
+
+
+_CONTEXTS: dict[tuple[object, ...], ssl.SSLContext] = {}
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def _stamp(path: str | None) -> tuple[int, int, int] | None:
+    """What says a file changed: its inode, size and mtime; None when absent."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 __all__ = ["UpstreamError", "open_upstream", "upstream_tls_context"]

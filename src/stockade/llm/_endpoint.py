@@ -15,6 +15,8 @@ import json
 import logging
 import math
 import socket
+import ssl
+import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,6 +110,29 @@ class LlmUsage:
     tokens: int = 0
 
 
+def _upstream_tls() -> ssl.SSLContext:
+    """The context httpx would make for ``verify=True, trust_env=False`` (certifi's
+    roots), made once per process: making it reads the bundle (~20 ms here),
+    which every gateway, so every run and daemon session, paid at its start.
+    A bundle changed on disk makes a new one."""
+    import certifi
+
+    from stockade.gateway._upstream import _stamp
+
+    where = certifi.where()
+    key = (where, _stamp(where))
+    with _TLS_LOCK:
+        found = _TLS.get(key)
+        if found is None:
+            _TLS.clear()
+            found = _TLS[key] = httpx.create_ssl_context(trust_env=False)
+        return found
+
+
+_TLS: dict[tuple[object, ...], ssl.SSLContext] = {}
+_TLS_LOCK = threading.Lock()
+
+
 class LlmEndpoint:
     """The LLM endpoint of one run, served on one socket per cell.
 
@@ -149,7 +174,9 @@ class LlmEndpoint:
         self._run_secrets = secrets or Secrets()
         self._image_url_refused = image_url_refused
         self._hooks = hooks
-        self._client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, follow_redirects=False, trust_env=False)
+        self._client = httpx.AsyncClient(
+            timeout=UPSTREAM_TIMEOUT, follow_redirects=False, trust_env=False, verify=_upstream_tls()
+        )
         upstream_class = AnthropicUpstream if llm.provider == "anthropic" else OpenAIUpstream
         self._upstream: Upstream = upstream_class(llm.base_url, key, self._client)
         self._upstream.scrub = self.scrub
