@@ -55,3 +55,32 @@ def test_mutable_is_equal_by_its_fields_and_unhashable() -> None:
     with pytest.raises(TypeError):
         hash(box)
     assert pickle.loads(pickle.dumps(box)) == box
+
+
+def test_dataclasses_serve_them_as_dataclasses_of_the_same_fields() -> None:
+    import dataclasses
+
+    from stockade.policy import Limits, default_policy
+    from stockade.record import Event
+
+    point = _Point(1, (2,))
+    assert dataclasses.is_dataclass(point) and dataclasses.is_dataclass(_Point)
+    assert [f.name for f in dataclasses.fields(_Point)] == ["x", "y"]
+    assert dataclasses.fields(_Point)[1].default == ()
+    assert dataclasses.fields(_Point)[0].default is dataclasses.MISSING
+    assert dataclasses.replace(point, y=(3,)) == _Point(1, (3,))
+    assert dataclasses.asdict(point) == {"x": 1, "y": (2,)}
+    with pytest.raises(TypeError):
+        dataclasses.replace(point, z=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        point.x = 2
+    policy = default_policy()
+    tighter = dataclasses.replace(policy, limits=dataclasses.replace(policy.limits, pids=7))
+    assert tighter.limits == Limits(**{**dataclasses.asdict(policy.limits), "pids": 7})
+    assert tighter.filesystem is policy.filesystem and policy.limits.pids != 7
+    assert dataclasses.asdict(policy)["filesystem"]["read"] == policy.filesystem.read
+    event = Event("cell.start", "c-1", "cell", "info")
+    assert event.detail == {} and event.detail is not Event("cell.start", "c-1", "cell", "info").detail
+    moved = Event("cell.start", "c-1", "cell", "info", {}, event.time, "", "r-1")
+    assert dataclasses.replace(event, run="r-1") == moved
+    assert dataclasses.asdict(event)["kind"] == "cell.start"

@@ -26,7 +26,6 @@ PROCTITLE is never parsed: an agent's command line may hold a token.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
 from collections import OrderedDict, deque
@@ -595,7 +594,7 @@ class AuditCorrelator:
             if cell in self._watches:
                 event = lost_event(cell, "unsettled", None, when)
                 detail = {**event.detail, "waited": round(waited, 3)}
-                self._emit(dataclasses.replace(event, detail=detail), out)
+                self._emit(event._replace(detail=detail), out)
         return out
 
     def next_deadline(self) -> float | None:

@@ -3,7 +3,6 @@ output and events. Used by the CLI, the tests and the benchmarks."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import select
 import signal
@@ -11,9 +10,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from stockade._slots import Frozen
 from stockade.cell import _host
 from stockade.cell._attempts import Places, not_an_attempt
 from stockade.cell._audit_core import unrecorded_event
@@ -68,9 +67,22 @@ class CellNetwork(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class CellResult:
+class CellResult(Frozen):
     """How a cell ended."""
+
+    _fields = (
+        "cell_id",
+        "exit_code",
+        "stdout",
+        "stderr",
+        "events",
+        "duration",
+        "timed_out",
+        "limits_hit",
+        "workspace",
+        "live",
+    )
+    __slots__ = _fields
 
     cell_id: str
     exit_code: int
@@ -79,14 +91,38 @@ class CellResult:
     stderr: bytes
     events: tuple[Event, ...]
     duration: float
-    timed_out: bool = False
-    limits_hit: tuple[str, ...] = ()
+    timed_out: bool
+    limits_hit: tuple[str, ...]
     """Which limits ended or cut the run: ``timeout``, ``memory``, ``pids``,
     ``output``, ``disk`` (the cell's /tmp was full when it ended)."""
-    workspace: str = ""
-    live: tuple[Event, ...] = ()
+    workspace: str
+    live: tuple[Event, ...]
     """The events already handed to ``run``'s ``on_event`` (also in ``events``,
     the same objects): what a caller that recorded them live leaves out."""
+
+    def __init__(
+        self,
+        cell_id: str,
+        exit_code: int,
+        stdout: bytes,
+        stderr: bytes,
+        events: tuple[Event, ...],
+        duration: float,
+        timed_out: bool = False,
+        limits_hit: tuple[str, ...] = (),
+        workspace: str = "",
+        live: tuple[Event, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "cell_id", cell_id)
+        object.__setattr__(self, "exit_code", exit_code)
+        object.__setattr__(self, "stdout", stdout)
+        object.__setattr__(self, "stderr", stderr)
+        object.__setattr__(self, "events", events)
+        object.__setattr__(self, "duration", duration)
+        object.__setattr__(self, "timed_out", timed_out)
+        object.__setattr__(self, "limits_hit", limits_hit)
+        object.__setattr__(self, "workspace", workspace)
+        object.__setattr__(self, "live", live)
 
     @property
     def denials(self) -> tuple[Event, ...]:
@@ -134,7 +170,7 @@ class _LiveEvents:
         with self._lock:
             done = self._settled.get(id(event))
             if done is None:
-                done = dataclasses.replace(event, run=self._run) if self._run else event
+                done = event._replace(run=self._run) if self._run else event
                 self._settled[id(event)] = self._settled[id(done)] = done
                 self._raw.append(event)
             return done
@@ -840,7 +876,7 @@ class Cell:
                 extra_hidden=self._records_hidden(),
             )
         if self._extra_env:
-            plan = dataclasses.replace(plan, env=tuple(sorted({**dict(plan.env), **self._extra_env}.items())))
+            plan = plan._replace(env=tuple(sorted({**dict(plan.env), **self._extra_env}.items())))
         landlock, seccomp = prepare_layers(self.policy, plan)
         self._prepared = (now, plan, landlock, seccomp)
         return plan, landlock, seccomp
@@ -917,7 +953,7 @@ def _with_range(plan: CellPlan, owner: OwnerLease | None) -> tuple[CellPlan, int
     from stockade.cell._workbench import range_userns
 
     base = owner.uid + 1
-    plan = dataclasses.replace(plan, host_uid=base + plan.uid, host_gid=base + plan.gid)
+    plan = plan._replace(host_uid=base + plan.uid, host_gid=base + plan.gid)
     return plan, range_userns(base) if plan.image_rootfs else -1
 
 

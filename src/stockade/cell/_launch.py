@@ -41,9 +41,9 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from stockade._slots import Frozen
 from stockade.cell import _native
 from stockade.cell._plan import CELL_UID, SYSTEM_DEVICES, CellPlan, MountOp
 from stockade.errors import CellError
@@ -53,9 +53,31 @@ ID_COUNT = 65535
 launch imports no more than it needs)."""
 
 
-@dataclass(frozen=True)
-class LaunchSpec:
+class LaunchSpec(Frozen):
     """What the child needs beyond the plan: the command and the prepared layers."""
+
+    _fields = (
+        "argv",
+        "plan",
+        "cgroup_procs",
+        "landlock",
+        "seccomp",
+        "audit_loginuid",
+        "stdin",
+        "stdout",
+        "stderr",
+        "cap_last",
+        "keep_fds",
+        "idmap_userns",
+        "notify",
+        "on_namespaces",
+        "userns_owner",
+        "session",
+        "id_base",
+        "range_userns",
+        "upper",
+    )
+    __slots__ = _fields
 
     argv: tuple[str, ...]
     plan: CellPlan
@@ -69,40 +91,84 @@ class LaunchSpec:
     stdout: int
     stderr: int
     cap_last: int
-    keep_fds: tuple[int, ...] = ()
-    idmap_userns: tuple[tuple[int, int, int], ...] = ()
+    keep_fds: tuple[int, ...]
+    idmap_userns: tuple[tuple[int, int, int], ...]
     """(owner uid, owner gid, user namespace fd) for each idmapped grant."""
-    notify: tuple[bytes, int] | None = None
+    notify: tuple[bytes, int] | None
     """The connect supervisor's seccomp filter and the socket on which the
     cell's init sends its listener (``_unotify``), or None for none."""
-    on_namespaces: Callable[[int], None] | None = None
+    on_namespaces: Callable[[int], None] | None
     """Called with C1's pid once the cell's namespaces exist and before the
     command runs (the gateway opens its sockets in the cell's network
     namespace then); an exception aborts the launch."""
-    userns_owner: tuple[int, int] | None = None
+    userns_owner: tuple[int, int] | None
     """The host (uid, gid) that creates the cell's user namespace (``_owners``:
     its per-user kernel counters are then that uid's, not the caller's), or
     None to create it as the caller. C1 takes these ids after everything that
     needs the caller's privileges and just before ``unshare``; the caller,
     still privileged, writes the maps."""
-    session: int | None = None
+    session: int | None
     """A descriptor (also in ``keep_fds``) on which the cell's init serves
     session calls instead of running ``argv`` (``_session``), or None."""
-    id_base: int | None = None
+    id_base: int | None
     """For a plan with ``id_range``: the host id of the cell's id 0 (the
     leased slot's second id, ``_workbench.ID_COUNT`` ids from it)."""
-    range_userns: int = -1
+    range_userns: int
     """A user namespace fd with that range (``_workbench.range_userns``), for
     the idmapped layers of a workbench's overlay."""
-    upper: tuple[str, str, str] | None = None
+    upper: tuple[str, str, str] | None
     """A workbench's upper layer: (the directory holding both, the upper's
     name in it, overlay's work directory's name, or "" where the upper is a
     copy of the whole image shown as the root: no overlayfs here)."""
 
+    def __init__(
+        self,
+        argv: tuple[str, ...],
+        plan: CellPlan,
+        cgroup_procs: tuple[str, ...],
+        landlock: Any,
+        seccomp: tuple[tuple[bytes, bool], ...],
+        audit_loginuid: int | None,
+        stdin: int,
+        stdout: int,
+        stderr: int,
+        cap_last: int,
+        keep_fds: tuple[int, ...] = (),
+        idmap_userns: tuple[tuple[int, int, int], ...] = (),
+        notify: tuple[bytes, int] | None = None,
+        on_namespaces: Callable[[int], None] | None = None,
+        userns_owner: tuple[int, int] | None = None,
+        session: int | None = None,
+        id_base: int | None = None,
+        range_userns: int = -1,
+        upper: tuple[str, str, str] | None = None,
+    ) -> None:
+        object.__setattr__(self, "argv", argv)
+        object.__setattr__(self, "plan", plan)
+        object.__setattr__(self, "cgroup_procs", cgroup_procs)
+        object.__setattr__(self, "landlock", landlock)
+        object.__setattr__(self, "seccomp", seccomp)
+        object.__setattr__(self, "audit_loginuid", audit_loginuid)
+        object.__setattr__(self, "stdin", stdin)
+        object.__setattr__(self, "stdout", stdout)
+        object.__setattr__(self, "stderr", stderr)
+        object.__setattr__(self, "cap_last", cap_last)
+        object.__setattr__(self, "keep_fds", keep_fds)
+        object.__setattr__(self, "idmap_userns", idmap_userns)
+        object.__setattr__(self, "notify", notify)
+        object.__setattr__(self, "on_namespaces", on_namespaces)
+        object.__setattr__(self, "userns_owner", userns_owner)
+        object.__setattr__(self, "session", session)
+        object.__setattr__(self, "id_base", id_base)
+        object.__setattr__(self, "range_userns", range_userns)
+        object.__setattr__(self, "upper", upper)
 
-@dataclass(frozen=True)
-class Launched:
+
+class Launched(Frozen):
     """A running cell, as its parent sees it."""
+
+    _fields = ("pid", "init_pid", "session", "exec_error")
+    __slots__ = _fields
 
     pid: int
     """Host pid of C1, whose exit status is the cell's."""
@@ -114,6 +180,18 @@ class Launched:
     """The cell's audit session id (``ses=`` in audit records)."""
     exec_error: tuple[str, int, str] | None
     """Set when the command itself could not be executed (stage, errno, message)."""
+
+    def __init__(
+        self,
+        pid: int,
+        init_pid: int,
+        session: int | None,
+        exec_error: tuple[str, int, str] | None,
+    ) -> None:
+        object.__setattr__(self, "pid", pid)
+        object.__setattr__(self, "init_pid", init_pid)
+        object.__setattr__(self, "session", session)
+        object.__setattr__(self, "exec_error", exec_error)
 
 
 _USERNS_FDS: dict[tuple[int, int, int, int], int] = {}

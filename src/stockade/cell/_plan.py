@@ -18,9 +18,9 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from stockade._slots import Frozen
 from stockade.errors import CellError, PolicyError
 from stockade.policy._default import SECRETS_DENY, SYSTEM_READ
 from stockade.policy._model import Policy
@@ -38,8 +38,7 @@ MountKind = Literal[
 ]
 
 
-@dataclass(frozen=True)
-class MountOp:
+class MountOp(Frozen):
     """One step of building the cell's filesystem view (replayed in the child).
 
     ``dst`` is the path inside the cell; ``src`` a host path (for ``bind``), a
@@ -49,43 +48,106 @@ class MountOp:
     read-only lower layer; the run's own upper is filled in at launch.
     """
 
+    _fields = ("kind", "dst", "src", "writable", "data", "names", "idmap_owner", "from_view")
+    __slots__ = _fields
+
     kind: MountKind
     dst: str
-    src: str = ""
-    writable: bool = False
+    src: str
+    writable: bool
     """For a bind: whether the mount is read-write. Read grants are read-only
     mounts, except root's system directories, which Landlock makes read-only
     (see ``_read_only_mount``)."""
-    data: bytes = b""
-    names: tuple[str, ...] = ()
-    idmap_owner: int | None = None
+    data: bytes
+    names: tuple[str, ...]
+    idmap_owner: int | None
     """For a writable bind whose owner is not the cell's host uid: show it
     through an idmapped mount, on which that owner's files are the cell's own
     and files the cell creates belong to that owner on disk."""
-    from_view: bool = False
+    from_view: bool
     """Bind ``src`` as the cell already sees it (inside an earlier mount, such
     as the idmapped workspace) rather than from the host."""
 
+    def __init__(
+        self,
+        kind: MountKind,
+        dst: str,
+        src: str = "",
+        writable: bool = False,
+        data: bytes = b"",
+        names: tuple[str, ...] = (),
+        idmap_owner: int | None = None,
+        from_view: bool = False,
+    ) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "dst", dst)
+        object.__setattr__(self, "src", src)
+        object.__setattr__(self, "writable", writable)
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "idmap_owner", idmap_owner)
+        object.__setattr__(self, "from_view", from_view)
 
-@dataclass(frozen=True)
-class Grants:
+
+class Grants(Frozen):
     """What Landlock allows, as paths seen inside the cell."""
 
-    read: tuple[str, ...] = ()
-    read_exec: tuple[str, ...] = ()
-    write: tuple[str, ...] = ()
-    write_exec: tuple[str, ...] = ()
-    exec_files: tuple[str, ...] = ()
-    list_dirs: tuple[str, ...] = ()
+    _fields = ("read", "read_exec", "write", "write_exec", "exec_files", "list_dirs", "devices")
+    __slots__ = _fields
+
+    read: tuple[str, ...]
+    read_exec: tuple[str, ...]
+    write: tuple[str, ...]
+    write_exec: tuple[str, ...]
+    exec_files: tuple[str, ...]
+    list_dirs: tuple[str, ...]
     """Directories that may be listed but whose files are not granted (the
     parents of hidden paths, and ``/``)."""
-    devices: tuple[str, ...] = ()
+    devices: tuple[str, ...]
     """Device files that may be read, written and ioctl'd (/dev/null, /dev/tty…)."""
 
+    def __init__(
+        self,
+        read: tuple[str, ...] = (),
+        read_exec: tuple[str, ...] = (),
+        write: tuple[str, ...] = (),
+        write_exec: tuple[str, ...] = (),
+        exec_files: tuple[str, ...] = (),
+        list_dirs: tuple[str, ...] = (),
+        devices: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "read", read)
+        object.__setattr__(self, "read_exec", read_exec)
+        object.__setattr__(self, "write", write)
+        object.__setattr__(self, "write_exec", write_exec)
+        object.__setattr__(self, "exec_files", exec_files)
+        object.__setattr__(self, "list_dirs", list_dirs)
+        object.__setattr__(self, "devices", devices)
 
-@dataclass(frozen=True)
-class CellPlan:
+
+class CellPlan(Frozen):
     """Everything the launcher needs, computed before the fork."""
+
+    _fields = (
+        "mounts",
+        "grants",
+        "workspace",
+        "workdir",
+        "host_uid",
+        "host_gid",
+        "env",
+        "writable_roots",
+        "protected",
+        "hidden",
+        "uid",
+        "gid",
+        "id_range",
+        "keep_caps",
+        "image_rootfs",
+        "image_digest",
+        "setid",
+    )
+    __slots__ = _fields
 
     mounts: tuple[MountOp, ...]
     grants: Grants
@@ -94,34 +156,72 @@ class CellPlan:
     host_uid: int
     host_gid: int
     env: tuple[tuple[str, str], ...]
-    writable_roots: tuple[str, ...] = ()
+    writable_roots: tuple[str, ...]
     """The writable places as mounted (the workspace and the outermost write
     grants that are directories): what the persistence report walks."""
-    protected: tuple[str, ...] = ()
+    protected: tuple[str, ...]
     """Every protected path inside them, existing or not: the persistence
     report watches each, whatever its name."""
-    hidden: tuple[str, ...] = field(default=())
+    hidden: tuple[str, ...]
     """The paths shown as decoys (for docs and the demo)."""
-    uid: int = CELL_UID
+    uid: int
     """The command's uid inside the cell (and ``gid`` its gid): the agent's
     1000, or a workbench's user (0 for ``user: root``)."""
-    gid: int = CELL_UID
-    id_range: bool = False
+    gid: int
+    id_range: bool
     """Whether the cell maps a whole range of ids (0-65534 inside, to the
     leased slot's range on the host: ``_owners``, cell/_workbench.py) rather
     than its one uid. ``host_uid``/``host_gid`` are then filled in at launch."""
-    keep_caps: int = 0
+    keep_caps: int
     """Capabilities the command keeps, inside its user namespace only (a
     bit mask; ``user: root`` keeps ``_workbench.ROOT_CAPS``), else none."""
-    image_rootfs: str = ""
+    image_rootfs: str
     """The host directory of a workbench's image (its ``/``), or "" for none."""
-    image_digest: str = ""
+    image_digest: str
     """That image's digest (``sha256:…``), for the record."""
-    setid: bool = False
+    setid: bool
     """Whether seccomp lets the cell set a set-uid or set-gid bit: only a
     workbench whose every writable host place no other host user can reach
     (``_workbench.private_places``); everywhere else such a file, owned by
     its host owner through the idmapped bind, is refused."""
+
+    def __init__(
+        self,
+        mounts: tuple[MountOp, ...],
+        grants: Grants,
+        workspace: str,
+        workdir: str,
+        host_uid: int,
+        host_gid: int,
+        env: tuple[tuple[str, str], ...],
+        writable_roots: tuple[str, ...] = (),
+        protected: tuple[str, ...] = (),
+        hidden: tuple[str, ...] = (),
+        uid: int = CELL_UID,
+        gid: int = CELL_UID,
+        id_range: bool = False,
+        keep_caps: int = 0,
+        image_rootfs: str = "",
+        image_digest: str = "",
+        setid: bool = False,
+    ) -> None:
+        object.__setattr__(self, "mounts", mounts)
+        object.__setattr__(self, "grants", grants)
+        object.__setattr__(self, "workspace", workspace)
+        object.__setattr__(self, "workdir", workdir)
+        object.__setattr__(self, "host_uid", host_uid)
+        object.__setattr__(self, "host_gid", host_gid)
+        object.__setattr__(self, "env", env)
+        object.__setattr__(self, "writable_roots", writable_roots)
+        object.__setattr__(self, "protected", protected)
+        object.__setattr__(self, "hidden", hidden)
+        object.__setattr__(self, "uid", uid)
+        object.__setattr__(self, "gid", gid)
+        object.__setattr__(self, "id_range", id_range)
+        object.__setattr__(self, "keep_caps", keep_caps)
+        object.__setattr__(self, "image_rootfs", image_rootfs)
+        object.__setattr__(self, "image_digest", image_digest)
+        object.__setattr__(self, "setid", setid)
 
 
 SYSTEM_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -305,7 +405,7 @@ def plan_cell(
     mount_hosts = {op.dst: op.src for op in mount_ops}
     for path, host in denied_in_mounts(policy, mount_hosts):
         hidden.append(path)
-        entries.append((path, replace(_decoy(host, inside_grant=True), dst=path)))
+        entries.append((path, _decoy(host, inside_grant=True)._replace(dst=path)))
     for path in absent_decoys(policy, [*granted, *mounted_read, *mounted_write]):
         # Decoys anywhere: a deny entry that names nothing here (/tests,
         # /var/run/docker.sock) is a stand-in in the cell's own root, so that
@@ -528,7 +628,7 @@ def protect_mounts(
         protected.extend(inside)
         for op in found:
             dst = target if op.dst == source else os.path.join(target, os.path.relpath(op.dst, source))
-            ops.append(replace(op, dst=dst, src=dst))
+            ops.append(op._replace(dst=dst, src=dst))
     return tuple(dict.fromkeys(protected)), ops
 
 

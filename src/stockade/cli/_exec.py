@@ -9,7 +9,6 @@ unless asked for: no pydantic or YAML without ``--policy``, no JSON without
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -205,8 +204,7 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
         policy = default_policy()
     if opts["image"] is not None or opts["user"] is not None:
         # A workbench: the policy's own image and user give way to the flags'.
-        policy = dataclasses.replace(
-            policy,
+        policy = policy._replace(
             image=str(opts["image"]) if opts["image"] is not None else policy.image,
             user=str(opts["user"]) if opts["user"] is not None else policy.user,
         )
@@ -262,7 +260,7 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
         if network is not None:
             # The gateway's events join the kernel's, in the order they happened.
             events = sorted((*result.events, *(_in_cell(e, result.cell_id) for e in hooks.events)), key=_when)
-            result = dataclasses.replace(result, events=tuple(events))
+            result = result._replace(events=tuple(events))
         if opts["keep"] and not as_json:
             sys.stderr.write(f"stockade: workspace kept at {cell.workspace}\n")
     if opts["events"] is not None:
@@ -348,7 +346,7 @@ def _when(event: Event) -> float:
 
 
 def _in_cell(event: Event, cell_id: str) -> Event:
-    return event if event.cell else dataclasses.replace(event, cell=cell_id)
+    return event if event.cell else event._replace(cell=cell_id)
 
 
 def _persistence(events: tuple[Event, ...]) -> None:

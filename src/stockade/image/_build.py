@@ -111,7 +111,7 @@ def build_policy(*, user: str = "root", extra_hosts: Sequence[str] = ()) -> Poli
     }
     if "user" in fields:
         changes["user"] = user
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(base, **changes)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 System directories read-only, the workspace read-write, a private /tmp, nothing
 of the host's home, secrets or sockets, no network, and default limits. It is
-built from the dataclasses directly, so using it costs no YAML or pydantic import.
+built from the model classes directly, so using it costs no YAML or pydantic import.
 docs/POLICY.md shows it as YAML.
 """
 

@@ -6,9 +6,10 @@ stream serve them all. Version 1 of the model; docs/EVENTS.md documents it.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from time import time as _now
 from typing import Any, Literal
+
+from stockade._slots import Frozen
 
 EVENT_VERSION = 1
 
@@ -25,22 +26,48 @@ Outcome = Literal["allowed", "denied", "audited", "info"]
 because the policy's mode is ``audit``; ``allowed``; ``info``: lifecycle."""
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(Frozen):
     """One record. ``detail`` holds what was tried, in the layer's own terms
-    (``path``, ``port``, ``syscall``, ``blockers``…), never a secret."""
+    (``path``, ``port``, ``syscall``, ``blockers``…), never a secret.
+
+    A frozen value class (``stockade._slots``; ``dataclasses.replace`` and
+    ``asdict`` work on it): ``detail`` defaults to a new empty dict, ``time``
+    to now."""
+
+    _fields = ("kind", "cell", "layer", "outcome", "detail", "time", "summary", "run")
+    __slots__ = _fields
 
     kind: str
     """Dotted name: ``cell.start``, ``cell.end``, ``cell.denied``, ``cell.limit``…"""
     cell: str
     layer: Layer
     outcome: Outcome
-    detail: dict[str, Any] = field(default_factory=dict)
-    time: float = field(default_factory=time.time)
-    summary: str = ""
+    detail: dict[str, Any]
+    time: float
+    summary: str
     """One human sentence, e.g. ``write to /etc/passwd refused by landlock``."""
-    run: str = ""
+    run: str
     """The run (under the daemon) this event belongs to; empty outside one."""
+
+    def __init__(
+        self,
+        kind: str,
+        cell: str,
+        layer: Layer,
+        outcome: Outcome,
+        detail: dict[str, Any] | None = None,
+        time: float | None = None,
+        summary: str = "",
+        run: str = "",
+    ) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "cell", cell)
+        object.__setattr__(self, "layer", layer)
+        object.__setattr__(self, "outcome", outcome)
+        object.__setattr__(self, "detail", {} if detail is None else detail)
+        object.__setattr__(self, "time", _now() if time is None else time)
+        object.__setattr__(self, "summary", summary)
+        object.__setattr__(self, "run", run)
 
     def to_dict(self) -> dict[str, Any]:
         return {
