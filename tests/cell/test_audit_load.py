@@ -17,10 +17,12 @@ import fcntl
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from stockade.cell._audit import AUDIT_ADD_RULE, RULE_ATTEMPTS, RULES_LEASE, AuditReader, _Waiter
+from stockade.cell._audit_lease import remover_pid
 from stockade.cell._audit_mount import rule_payloads
 
 _LACKS = (
@@ -129,33 +131,40 @@ def _rules_present() -> bool:
 
 def test_the_rules_stay_while_a_reader_needs_them_and_go_with_the_last() -> None:
     """Two readers: the first to close leaves the rules to the other; the
-    last one of the host removes them (every process pays for them while
-    they are loaded), and the next reader adds them again."""
+    last one of the host hands them to a remover, which removes them once no
+    reader needs them (every process pays for them while they are loaded),
+    and the next reader adds them again."""
     first, second = AuditReader(timeout=1.0), AuditReader(timeout=1.0)
     try:
         assert first.mount_rules_error is None and second.mount_rules_error is None
         first.close()
-        assert not first.rules_removed
+        assert first.rules_handed_over and not first.rules_removed
         assert _rules_present()  # the control: the other reader still needs them
     finally:
         first.close()
         second.close()
+    assert second.rules_handed_over and not second.rules_removed
     # Another stockade process of this host may hold the lease too; while this
-    # test holds the lock exclusively, no reader can add or need the rules.
-    fd = os.open(RULES_LEASE, os.O_RDWR | os.O_CLOEXEC)
-    try:
+    # test holds the lock exclusively and no remover lingers, no reader can
+    # add or need the rules.
+    deadline = time.monotonic() + 60.0
+    while True:
+        fd = os.open(RULES_LEASE, os.O_RDWR | os.O_CLOEXEC)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            alone = True
-        except BlockingIOError:
-            alone = False
-        if alone and second.rules_removed:
-            # No reader can have added them since: the lock is this test's.
-            assert not _rules_present()
-        elif not alone:
-            assert _rules_present()  # the other reader's, still held
-    finally:
-        os.close(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                alone = remover_pid() is None
+            except BlockingIOError:
+                alone = False
+            if alone:
+                assert not _rules_present(), "the last reader's remover left them"
+                break
+            if time.monotonic() > deadline:
+                assert _rules_present()  # another process's reader, all along
+                break
+        finally:
+            os.close(fd)
+        time.sleep(0.05)
     again = AuditReader(timeout=1.0)
     try:
         assert again.mount_rules_error is None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -42,6 +43,9 @@ NET_ALL = (1 << 2) - 1  # BIND_TCP | CONNECT_TCP (ABI 4)
 NET_CONNECT_TCP = 1 << 1
 SCOPE_ALL = (1 << 2) - 1  # ABSTRACT_UNIX_SOCKET | SIGNAL (ABI 6)
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
+CELL_LOGINUID = 0x53544B44
+"""``stockade.cell._audit_mount.CELL_LOGINUID`` (this file runs with ``-I -S``)."""
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_LOG = 1 << 1
 SECCOMP_RET_KILL_PROCESS = 0x80000000
@@ -175,7 +179,21 @@ def _child(spec: CellSpec) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     with open("/proc/self/loginuid", "w") as f:
-        f.write("0")  # host root: a fresh audit session id, immutable without CAP_AUDIT_CONTROL
+        # A cell's login uid: a fresh audit session id, immutable without
+        # CAP_AUDIT_CONTROL, which stockade's audit rules match.
+        f.write(str(CELL_LOGINUID))
+    # The kernel's task filter decides at fork whether a task is audited at
+    # all (``_audit_mount.task_rule`` spares every task whose login uid is
+    # not a cell's): like a real cell's processes, the mini-cell is forked
+    # after its login uid is written, or its refusals would leave no record.
+    child = os.fork()
+    if child:
+        os.close(0)
+        _, status = os.waitpid(child, 0)
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() == 1:
+        os._exit(3)  # killed with the mini-cell (Cell.kill), or its parent already gone
     with open("/proc/self/sessionid") as f:
         session = f.read().strip()
     print(os.getpid(), session, flush=True)

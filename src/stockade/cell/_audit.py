@@ -22,9 +22,12 @@ The refusals of the mount layer and of file permissions (a write to a
 protected file, a rename of a mount point, a connect to a decoy socket, an
 overwrite of a root-owned file) happen before Landlock looks, so it logs
 nothing for them; the reader installs the kernel audit rules of
-``_audit_mount`` that do. Unlike auditing, they do not stay: the last reader
-of the host to close removes them (``RULES_LEASE``), since while they are
-loaded every system call of every process pays for them.
+``_audit_mount`` that do. Unlike auditing, they do not stay: they go a few
+seconds after the last reader of the host closes (``RULES_LEASE``; a detached
+remover of ``_audit_lease`` takes them away, so that no closing process waits
+for it), since while they are loaded the host pays for them. While the host
+has no audit rule but stockade's, one more rule (``_audit_mount.task_rule``)
+spares every task outside a cell that cost.
 
 Nothing is lost silently: a socket overrun, a rise of the kernel's ``lost``
 counter, or a Landlock domain that counted more denials than were logged each
@@ -57,7 +60,9 @@ from stockade.cell._audit_mount import (
     decoy_rule,
     ensure_dir_decoy,
     ensure_proc_decoy,
+    foreign_rules,
     rule_payloads,
+    task_rule,
 )
 from stockade.errors import HostError
 from stockade.record._event import Event
@@ -84,6 +89,8 @@ AUDIT_NLGRP_READLOG: Final = 1
 """<linux/audit.h>: the multicast group of read-only log listeners (Linux 3.16+)."""
 AUDIT_GET: Final = 1000
 AUDIT_SET: Final = 1001
+AUDIT_LIST_RULES: Final = 1013
+NLMSG_DONE: Final = 3
 AUDIT_STATUS_ENABLED: Final = 0x0001
 AUDIT_STATUS_BACKLOG_LIMIT: Final = 0x0010
 NLMSG_ERROR: Final = 2
@@ -234,8 +241,19 @@ class AuditReader:
         self._lease = -1
         """A shared lock on ``RULES_LEASE`` while this reader needs the rules."""
         self._rule_payloads: list[bytes] = []
+        self._control: socket.socket | None = None
+        """A plain NETLINK_AUDIT socket (no multicast) for the rules' listing,
+        handed to the remover at close."""
         self.rules_removed = False
-        """Whether this reader, the last of the host, removed the rules at close."""
+        """Whether this reader, the last of the host, removed the rules itself
+        at close (only when no remover could take them: ``_audit_lease``)."""
+        self.rules_handed_over = False
+        """Whether this reader's close left the rules to a detached remover,
+        which removes them once no reader of the host needs them."""
+        self.task_rule: bool | None = None
+        """Whether the rule that spares tasks outside cells is loaded
+        (``_audit_mount.task_rule``): False when the host has audit rules of
+        its own, None when they could not be listed."""
         self.netns = "own"
         """Whose network namespace the socket is in: ``own`` (this process's,
         or the one it imported stockade in) or ``pid1`` (pid 1's, entered
@@ -281,6 +299,8 @@ class AuditReader:
             self.path_tested = works is True
         except BaseException:
             self._sock.close()
+            if self._control is not None:
+                self._control.close()
             self._close_pipe()
             if self._lease >= 0:
                 os.close(self._lease)
@@ -382,9 +402,20 @@ class AuditReader:
         if decoy is not None:  # the host files of a cell's /proc (PROC_DECOY)
             payloads.append(decoy_rule(decoy.st_ino, decoy.st_dev))
         ensure_dir_decoy()  # what a decoy directory binds (DIR_DECOY); its reaches: rule_payloads
-        self._rule_payloads = payloads
         if self._lease < 0:
             self._lease = _take_lease()
+        # Listed after the lease: a remover that held it exclusively is done.
+        foreign = self._foreign_rules(timeout)
+        spare = task_rule()
+        self.task_rule = None if foreign is None else foreign == 0
+        if foreign == 0:
+            payloads.append(spare)
+        elif foreign:
+            # The operator's own rules need every task's audit context: an
+            # earlier reader's rule that spares tasks outside cells goes.
+            self._add_rules([spare], timeout, kind=AUDIT_DEL_RULE)
+        # Removed with the others whether added or not (ENOENT is no error).
+        self._rule_payloads = [*payloads, spare] if foreign != 0 else payloads
         self.mount_rules_error = self._add_rules(payloads, timeout)
         if self.mount_rules_error is not None:
             # Not fatal: Landlock and seccomp are still recorded; every cell's
@@ -396,6 +427,19 @@ class AuditReader:
                 "writes to protected files will be refused but not recorded",
                 why,
             )
+
+    def _foreign_rules(self, timeout: float) -> int | None:
+        """How many loaded audit rules are not stockade's (``AUDIT_LIST_RULES``
+        on a control socket of its own, so that no record is in the way);
+        None when they cannot be listed."""
+        try:
+            if self._control is None:
+                with initial():
+                    self._control = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
+                self._control.bind((0, 0))
+            return foreign_rules(_list_rules(self._control, timeout))
+        except OSError:
+            return None
 
     def _add_rules(self, payloads: list[bytes], timeout: float, *, kind: int = AUDIT_ADD_RULE) -> str | None:
         """Add the kernel audit rules, all at once, and wait for their acks;
@@ -465,15 +509,28 @@ class AuditReader:
             self._close_pipe()
 
     def _remove_rules_if_last(self) -> None:
-        """Remove the kernel audit rules when no other reader of this host
-        holds ``RULES_LEASE``: with any rule loaded, every system call of
-        every process on the host pays for it (docs/PERFORMANCE.md), so they
-        are there only while stockade runs. A reader that starts meanwhile
-        waits for the lock, then adds them again."""
+        """Let the kernel audit rules go: with any rule loaded, every system
+        call of every process on the host pays for it (docs/PERFORMANCE.md),
+        so they are there only while stockade runs. The lease goes to a
+        detached remover (``_audit_lease``), which removes them once no
+        reader of the host holds ``RULES_LEASE`` any more, so that this
+        process does not wait for the kernel's 7-15 ms per rule. Only where
+        none can be had does this reader remove them itself, when no other
+        holds the lease; a reader that starts meanwhile waits for the lock,
+        then adds them again."""
         lease, self._lease = self._lease, -1
+        control, self._control = self._control, None
         if lease < 0:
+            if control is not None:
+                control.close()
             return
         try:
+            if control is not None:
+                from stockade.cell._audit_lease import hand_over
+
+                if hand_over(lease, self._rule_payloads, control.fileno()):
+                    self.rules_handed_over = True
+                    return
             try:
                 # Converting the shared lock may drop it first (flock(2)):
                 # harmless, this reader is done with the rules either way.
@@ -483,6 +540,8 @@ class AuditReader:
             self.rules_removed = self._add_rules(self._rule_payloads, 0.5, kind=AUDIT_DEL_RULE) is None
         finally:
             os.close(lease)
+            if control is not None:
+                control.close()
 
     def __enter__(self) -> AuditReader:
         self.start()
@@ -960,6 +1019,41 @@ def _take_lease() -> int:
             break
     os.close(fd)
     return -1
+
+
+def _list_rules(sock: socket.socket, timeout: float) -> list[bytes]:
+    """The kernel's audit rules (``AUDIT_LIST_RULES``: one message a rule,
+    then ``NLMSG_DONE``), on a socket that receives nothing else.
+
+    Raises:
+        OSError: the kernel refused (EPERM) or did not answer in time.
+    """
+    sock.settimeout(timeout)
+    try:
+        seq = int.from_bytes(os.urandom(4), "little") >> 1
+        sock.send(_NLMSGHDR.pack(_NLMSGHDR.size, AUDIT_LIST_RULES, NLM_F_REQUEST | NLM_F_ACK, seq, 0))
+        rules: list[bytes] = []
+        while True:
+            data = sock.recv(1 << 16)
+            offset = 0
+            while offset + _NLMSGHDR.size <= len(data):
+                length, msg_type, _flags, got, _pid = _NLMSGHDR.unpack_from(data, offset)
+                if length < _NLMSGHDR.size:
+                    break
+                body = data[offset + _NLMSGHDR.size : offset + length]
+                offset += (length + 3) & ~3
+                if got != seq:
+                    continue
+                if msg_type == NLMSG_DONE:
+                    return rules
+                if msg_type == NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", body)[0]
+                    if code:
+                        raise OSError(code, os.strerror(code))
+                elif msg_type == AUDIT_LIST_RULES:
+                    rules.append(body)
+    finally:
+        sock.settimeout(None)
 
 
 def _booted_with_audit() -> bool:

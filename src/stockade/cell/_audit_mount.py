@@ -294,6 +294,73 @@ def rule_payloads() -> tuple[bytes, ...]:
     )
 
 
+_AUDIT_FILTER_TASK: Final = 0x01
+_AUDIT_NEVER: Final = 0
+_AUDIT_NOT_EQUAL: Final = 0x30000000
+_RULE_FIXED: Final = 4 * (3 + _AUDIT_BITMASK_SIZE + 3 * _AUDIT_MAX_FIELDS + 1)
+"""The bytes of a ``struct audit_rule_data`` before its strings (``buf``)."""
+
+
+def task_rule() -> bytes:
+    """The ``AUDIT_ADD_RULE`` payload that spares every task outside a cell
+    the cost of the rules above, the equivalent of::
+
+        -a never,task -F auid!=1398033220 -k stockade-vfs
+
+    The task filter is evaluated once per task, when it is forked
+    (``audit_alloc``, kernel/auditsc.c): a task it matches gets no audit
+    context and its system calls skip auditing entirely, where with any
+    syscall rule loaded every task of the host would collect the names it
+    looks up and walk the exit filter at each call. A task is forked with
+    its parent's login uid, and every process of a cell is forked by the
+    cell's init, after the launcher wrote ``CELL_LOGINUID`` (``_native.c``,
+    C1 before the clone of C2): cells keep their context and every record
+    above; the launcher's C1 itself, forked before the write, runs no code
+    of the cell. Landlock's and seccomp's records need no syscall context.
+
+    Loaded only while the host has no audit rule but stockade's
+    (``foreign_rules``): an operator's own syscall rules need every task's
+    context, and a task forked while it is loaded has none for its life.
+    """
+    mask = [0xFFFFFFFF] * _AUDIT_BITMASK_SIZE  # as auditctl sets it: the task filter reads no mask
+    key = RULE_KEY.encode()
+    pairs = [(_AUDIT_LOGINUID, CELL_LOGINUID), (_AUDIT_FILTERKEY, len(key))]
+    ops = [_AUDIT_NOT_EQUAL, _AUDIT_EQUAL]
+    pad = [0] * (_AUDIT_MAX_FIELDS - len(pairs))
+    return (
+        struct.pack(
+            f"=III{_AUDIT_BITMASK_SIZE}I{_AUDIT_MAX_FIELDS}I{_AUDIT_MAX_FIELDS}I{_AUDIT_MAX_FIELDS}II",
+            _AUDIT_FILTER_TASK,
+            _AUDIT_NEVER,
+            len(pairs),
+            *mask,
+            *[f for f, _ in pairs],
+            *pad,
+            *[v for _, v in pairs],
+            *pad,
+            *ops,
+            *pad,
+            len(key),
+        )
+        + key
+    )
+
+
+def is_stockade_rule(rule: bytes) -> bool:
+    """Whether one ``struct audit_rule_data`` of an ``AUDIT_LIST_RULES``
+    answer is one of stockade's: its only string is the key ``RULE_KEY``
+    (a watch or a path of another rule is a string too)."""
+    if len(rule) < _RULE_FIXED:
+        return False
+    (buflen,) = struct.unpack_from("=I", rule, _RULE_FIXED - 4)
+    return buflen == len(RULE_KEY) and rule[_RULE_FIXED : _RULE_FIXED + buflen] == RULE_KEY.encode()
+
+
+def foreign_rules(listed: list[bytes]) -> int:
+    """How many of the loaded rules ``listed`` are not stockade's."""
+    return sum(1 for rule in listed if not is_stockade_rule(rule))
+
+
 def refusal_layer(refusal: MountRefusal) -> str:
     """``dac`` for a refusal by file permissions, else ``mount`` (the view)."""
     return "dac" if refusal.syscall.get("exit") in ("-1", "-13") else "mount"
@@ -441,8 +508,11 @@ __all__ = [
     "decoy_rule",
     "ensure_dir_decoy",
     "ensure_proc_decoy",
+    "foreign_rules",
     "int_field",
+    "is_stockade_rule",
     "mount_event_detail",
     "refusal_layer",
     "rule_payloads",
+    "task_rule",
 ]
