@@ -1,25 +1,32 @@
 """The host-wide cost of stockade's kernel audit rules, for a process that is not a cell.
 
-Run as root from the repository, on a host where nothing else needs the rules
-for the few seconds this takes (it removes them while it measures "without"
-and puts them back before it ends, even on an error or ^C):
+Run as root from the repository. It holds the rules' lease like a reader
+(``/run/stockade/audit-rules.lock``), and takes it exclusively to measure
+"without": it waits (at most a minute each time) until no other stockade
+process of the host needs the rules, and a reader that starts meanwhile waits
+for it (up to ``LEASE_WAIT``, 10 s: keep rounds short). At the end it removes
+the rules when nobody else needs them, as the last reader's remover would:
 
     .venv/bin/python benchmarks/audit_rules.py [--rounds N] [--calls N]
 
 stockade's audit reader installs the rules of ``cell/_audit_mount`` (the
 refusals of read-only mounts and file permissions) on the syscall-exit filter
-and leaves them, with auditing on, when it ends (another reader may need
-them). They match cells' processes only (``auid``), but the kernel pays for
+while a stockade process needs them (they go a few seconds after the last one
+ends). They match cells' processes only (``auid``), but the kernel pays for
 them in every process: with any audit rule loaded, a task's audit context is
 no longer a "dummy" (``audit_n_rules``), so every system call of every task
 collects the names and inodes it looks up, and at exit the kernel walks the
-exit filter's rules for it (kernel/auditsc.c).
+exit filter's rules for it (kernel/auditsc.c). While the host has no rule of
+its own, stockade adds one on the task filter (``_audit_mount.task_rule``)
+that gives every task forked outside a cell no audit context at all.
 
 Each round starts a fresh unrelated process (``/usr/bin/python3 -I -S``, not
 in any cell) that times, per call, a system call without a path
 (``getppid``), one that looks up a path (``stat``), and an open and close of
-a file (``openat`` is in the rules' masks), with the rules in place and
-without them, in alternating order. The process's auid is the operator's
+a file (``openat`` is in the rules' masks), in three states, in alternating
+order: without any rule, with the exit-filter rules alone (as before the task
+rule), and with what stockade loads now (the task rule too, when the host has
+no rule of its own: without it the third state is the second). The process's auid is the operator's
 (or unset), never a cell's, so the rules never match it: what is measured is
 their cost to everything else on the host. Printed: medians per call and the
 ratio. Nothing here asserts a time.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import fcntl
 import os
 import socket
 import statistics
@@ -39,7 +47,9 @@ import sys
 import time
 from collections.abc import Iterator
 
-from stockade.cell._audit_mount import decoy_rule, ensure_proc_decoy, rule_payloads
+from stockade.cell._audit import RULES_LEASE, _list_rules
+from stockade.cell._audit_lease import remover_pid
+from stockade.cell._audit_mount import decoy_rule, ensure_proc_decoy, foreign_rules, rule_payloads, task_rule
 
 NETLINK_AUDIT = 9
 AUDIT_ADD_RULE = 1011
@@ -91,6 +101,26 @@ def _rules(sock: socket.socket, msg_type: int, payloads: list[bytes]) -> list[in
 
 
 @contextlib.contextmanager
+def exclusive(lease: int) -> Iterator[None]:
+    """The lease taken exclusively (no other reader needs the rules), then
+    shared again."""
+    deadline = time.monotonic() + 60.0
+    while True:
+        try:
+            fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            fcntl.flock(lease, fcntl.LOCK_SH)  # the conversion may have dropped it
+            if time.monotonic() > deadline:
+                sys.exit("other stockade processes needed the rules for a minute: run this when idle")
+            time.sleep(0.05)
+    try:
+        yield
+    finally:
+        fcntl.flock(lease, fcntl.LOCK_SH)
+
+
+@contextlib.contextmanager
 def rules_removed(sock: socket.socket, payloads: list[bytes]) -> Iterator[None]:
     answers = _rules(sock, AUDIT_DEL_RULE, payloads)
     try:
@@ -123,28 +153,49 @@ def main() -> None:
     payloads = _payloads()
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
     sock.bind((0, 0))
+    os.makedirs(os.path.dirname(RULES_LEASE), exist_ok=True)
+    lease = os.open(RULES_LEASE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(lease, fcntl.LOCK_SH)  # a reader: no remover takes the rules meanwhile
+    foreign = foreign_rules(_list_rules(sock, 5.0))
+    spare = [task_rule()] if foreign == 0 else []
     # Make sure they are in place (as after any stockade command), then measure.
-    _rules(sock, AUDIT_ADD_RULE, payloads)
-    times: dict[str, dict[str, list[float]]] = {"with the rules": {}, "without": {}}
+    _rules(sock, AUDIT_ADD_RULE, payloads + spare)
+    states = ("without", "exit rules alone", "stockade's now")
+    times: dict[str, dict[str, list[float]]] = {state: {} for state in states}
     for i in range(args.rounds):
-        for state in ("with the rules", "without") if i % 2 == 0 else ("without", "with the rules"):
+        for state in states if i % 2 == 0 else states[::-1]:
             if state == "without":
-                with rules_removed(sock, payloads):
+                with exclusive(lease), rules_removed(sock, payloads + spare):
+                    got = _run(args.calls)
+            elif state == "exit rules alone" and spare:
+                with rules_removed(sock, spare):
                     got = _run(args.calls)
             else:
                 got = _run(args.calls)
             for name, ns in got.items():
                 times[state].setdefault(name, []).append(ns)
+    try:
+        fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if remover_pid() is None:  # nobody else needs them, and no remover will take them
+            _rules(sock, AUDIT_DEL_RULE, payloads + spare)
+    except BlockingIOError:
+        pass  # another reader's: its close hands them to a remover
+    os.close(lease)
     print(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}; "
-        f"{len(payloads)} rules; an unrelated process, {args.rounds} rounds of {args.calls} calls"
+        f"{len(payloads)} exit-filter rules, "
+        f"the task rule {'too' if spare else f'not ({foreign} other rules)'}; "
+        f"an unrelated process, {args.rounds} rounds of {args.calls} calls"
     )
-    print(f"  {'per call (ns, median)':24} {'without':>9} {'with':>9} {'with/without':>13}")
+    head = f"{'without':>9} {'exit rules':>11} {'ratio':>6} {'now':>9} {'ratio':>6}"
+    print(f"  {'per call (ns, median)':16} {head}")
     for name in times["without"]:
         without = statistics.median(times["without"][name])
-        with_ = statistics.median(times["with the rules"][name])
-        print(f"  {name:24} {without:9.0f} {with_:9.0f} {with_ / without:12.2f}x")
-    print("  (per call: the Python loop's own cost is in both columns)")
+        alone = statistics.median(times["exit rules alone"][name])
+        now = statistics.median(times["stockade's now"][name])
+        row = f"{without:9.0f} {alone:11.0f} {alone / without:5.2f}x {now:9.0f} {now / without:5.2f}x"
+        print(f"  {name:16} {row}")
+    print("  (per call: the Python loop's own cost is in every column; ratio: to without)")
 
 
 if __name__ == "__main__":

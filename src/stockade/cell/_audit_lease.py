@@ -66,18 +66,22 @@ _PIPE_ROOM: Final = 60_000
 """The payloads must fit in a pipe's buffer (64 KiB): nobody reads them until
 the remover has started."""
 
-_REMOVER: Final = r"""# stockade: removes the audit rules once no reader needs them (cell/_audit_lease.py)
+_STARTER: Final = (
+    "import os;d=b''.join(iter(lambda:os.read(6,65536),b''));n=int(d[:8]);exec(d[8:8+n])"
+    " # stockade: the audit rules' remover (cell/_audit_lease.py)"
+)
+"""The remover's command line: it reads its code, then the payloads, from
+descriptor 6 (a short line in ``ps``)."""
+_REMOVER: Final = r"""
 import fcntl, os, signal, socket, struct, sys, time
 LEASE, MARK, CONTROL, PAYLOADS = 3, 4, 5, 6
+os.close(PAYLOADS)
 os.chdir("/")
 os.closerange(PAYLOADS + 1, 1 << 20)
 grace = float(sys.argv[1])
 os.ftruncate(MARK, 0)
 os.pwrite(MARK, b"%d\n" % os.getpid(), 0)
-data = b""
-while chunk := os.read(PAYLOADS, 65536):
-    data += chunk
-os.close(PAYLOADS)
+data = d[8 + n :]
 payloads, i = [], 0
 while i + 4 <= len(data):
     (n,) = struct.unpack_from("=I", data, i)
@@ -140,7 +144,7 @@ for attempt in range(1, 5):
 os.close(MARK)
 os.close(LEASE)
 """
-"""The remover, for ``python -I -S -c``; descriptors 3-6 are handed to it."""
+"""The remover's code, run by ``_STARTER`` with descriptors 3-6 handed to it."""
 
 
 def hand_over(
@@ -158,7 +162,8 @@ def hand_over(
     ``NETLINK_AUDIT`` socket the remover may use; the caller keeps its own."""
     setsid = next((path for path in SETSID if os.access(path, os.X_OK)), None)
     python = os.path.realpath(sys.executable) if sys.executable else ""
-    data = b"".join(struct.pack("=I", len(p)) + p for p in payloads)
+    code = _REMOVER.encode()
+    data = b"%08d" % len(code) + code + b"".join(struct.pack("=I", len(p)) + p for p in payloads)
     if setsid is None or not python or len(data) > _PIPE_ROOM:
         return False
     try:
@@ -191,7 +196,7 @@ def hand_over(
         try:
             pid = os.posix_spawn(
                 setsid,
-                [setsid, "--fork", python, "-I", "-S", "-c", _REMOVER, repr(grace)],
+                [setsid, "--fork", python, "-I", "-S", "-c", _STARTER, repr(grace)],
                 {"PATH": os.defpath},
                 file_actions=actions,
                 setsigmask=(),
