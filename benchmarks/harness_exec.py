@@ -11,7 +11,17 @@ this one warm process (local first, then stockade, every round):
 - per sample: what a whole sample costs its harness around its agent:
   ``sample_init``, 5 execs, a file written and read, ``sample_cleanup``
   (for stockade: the session's cell started and ended, its persistence
-  walk, the record appended to the store under a temporary state directory).
+  walk, the record appended to the store under a temporary state directory,
+  the containment report complete in the sample's environment). Three ways:
+  "alone", a sample with no ``task_init`` before it (it starts its own
+  session); "first", ``task_init`` and the task's first sample, timed
+  together (the first spare session is started by ``task_init``, and the
+  sample waits for it); "steady", the task's next samples, back to back with
+  no agent time between them (each takes the spare started behind the one
+  before, while it runs: the worst case for the spares, which an eval's model
+  time would otherwise hide); "warm", the same with the machine left to
+  finish that background work between samples (as an agent's model time
+  would), not timed.
 
 Three sandboxes: ``local`` contains nothing (a subprocess in a temporary
 directory); ``stockade`` with no daemon (the sample's session in this
@@ -43,12 +53,33 @@ def _type(kind: str) -> Any:
     return registry_find_sandboxenv(kind.split("@", 1)[0])
 
 
-async def _sample(kind: str, config: Any) -> dict[str, Any]:
-    return dict(await _type(kind).sample_init("bench", config, {}))
+async def _sample(kind: str, config: Any, task: str = "bench") -> dict[str, Any]:
+    return dict(await _type(kind).sample_init(task, config, {}))
 
 
-async def _cleanup(kind: str, config: Any, envs: dict[str, Any]) -> None:
-    await _type(kind).sample_cleanup("bench", config, envs, False)
+async def _cleanup(kind: str, config: Any, envs: dict[str, Any], task: str = "bench") -> None:
+    await _type(kind).sample_cleanup(task, config, envs, False)
+    env = envs["default"]
+    if kind != "local":
+        # The report is complete when sample_cleanup returns: the session's
+        # cell is gone and its events (its start and end among them) are in it.
+        report = env.report
+        assert report is not None and report["events"] > 0, report
+        kinds = {e.kind for e in env.record.events()}
+        assert {"harness.sample.start", "harness.sample.end", "cell.start", "cell.end"} <= kinds, kinds
+        assert report["record"].get("first_seq") is not None or report["record"].get("events_file"), report
+
+
+async def _settled(task: str) -> None:
+    """Until the task's spares are ready and every sample's hand-on has run:
+    what an eval's model time between samples gives the machine."""
+    from stockade.harness import _inspect
+
+    while True:
+        pools = [pool.stats() for key, pool in _inspect._POOLS.items() if key[0] == task]
+        if all(p["starting"] == 0 for p in pools) and _inspect._LATER.wait(0):
+            return
+        await asyncio.sleep(0.01)
 
 
 def _stats(samples: list[float]) -> str:
@@ -113,20 +144,39 @@ async def _measure(rounds: int, state: str, hosted: str) -> None:
     for kind, envs in live.items():
         await _cleanup(kind, configs[kind], envs)
 
-    whole: dict[str, list[float]] = {}
-    for _ in range(max(5, rounds // 10)):
+    whole: dict[tuple[str, str], list[float]] = {}
+    ahead: dict[str, int] = {}
+    block = 6
+    for round_ in range(max(3, rounds // 20)):
         for kind, cfg in configs.items():
+            kind_type = _type(kind)
 
-            async def one_sample(kind: str = kind, cfg: Any = cfg) -> None:
-                envs = await _sample(kind, cfg)
+            async def one_sample(kind: str = kind, cfg: Any = cfg, task: str = "bench") -> None:
+                envs = await _sample(kind, cfg, task)
                 env = envs["default"]
                 for _ in range(5):
                     await env.exec(["sh", "-c", "echo hi"])
                 await env.write_file("answer.txt", "42\n")
                 await env.read_file("answer.txt")
-                await _cleanup(kind, cfg, envs)
+                await _cleanup(kind, cfg, envs, task)
+                if kind != "local":
+                    start = next(e for e in env.record.events() if e.kind == "harness.sample.start")
+                    ahead[kind] = ahead.get(kind, 0) + bool(start.detail.get("ahead"))
 
-            whole.setdefault(kind, []).append(await _timed(one_sample))
+            await _settled("bench")
+            whole.setdefault(("alone", kind), []).append(await _timed(one_sample))
+            task = f"bench-{round_}"
+            await _settled("bench")
+            begun = time.perf_counter()
+            await kind_type.task_init(task, cfg)
+            await one_sample(task=task)
+            whole.setdefault(("first", kind), []).append(time.perf_counter() - begun)
+            for _ in range(block - 1):
+                whole.setdefault(("steady", kind), []).append(await _timed(lambda t=task: one_sample(task=t)))
+            for _ in range(block - 1):
+                await _settled(task)
+                whole.setdefault(("warm", kind), []).append(await _timed(lambda t=task: one_sample(task=t)))
+            await kind_type.task_cleanup(task, cfg, True)
 
     print(f"per call ({rounds} rounds)")
     for (name, kind), samples in calls.items():
@@ -135,12 +185,17 @@ async def _measure(rounds: int, state: str, hosted: str) -> None:
         for kind in ("stockade", "stockade@daemon"):
             ratio = statistics.median(calls[(name, kind)]) / statistics.median(calls[(name, "local")])
             print(f"  {name:18s} {kind}/local {ratio:5.2f}x")
-    print(f"per sample ({len(whole['local'])} rounds: init, 5 execs, a file written and read, cleanup)")
-    for kind, samples in whole.items():
-        print(f"  {kind:15s} {_stats(samples)}")
-    for kind in ("stockade", "stockade@daemon"):
-        ratio = statistics.median(whole[kind]) / statistics.median(whole["local"])
-        print(f"  {kind}/local {ratio:5.2f}x")
+    print(
+        "per sample (init, 5 execs, a file written and read, cleanup; "
+        f"alone and first: {len(whole[('alone', 'local')])} each, steady: {len(whole[('steady', 'local')])})"
+    )
+    for (way, kind), samples in whole.items():
+        print(f"  {way:6s} {kind:15s} {_stats(samples)}")
+    for way in ("alone", "first", "steady", "warm"):
+        for kind in ("stockade", "stockade@daemon"):
+            ratio = statistics.median(whole[(way, kind)]) / statistics.median(whole[(way, "local")])
+            print(f"  {way:6s} {kind}/local {ratio:5.2f}x")
+    print(f"  samples that took a session started ahead: {ahead}")
 
 
 if __name__ == "__main__":

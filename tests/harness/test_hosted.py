@@ -100,12 +100,27 @@ async def test_with_a_daemon_the_sample_is_its_run_and_recorded_live(tmp_path: P
         assert report["record"]["via"] == "daemon"
         assert report["record"]["store"] == _paths.store_path(str(state))
         assert any("/etc/shadow" in a["summary"] for a in report["attempts"])
+        # When sample_cleanup returns, the sample's session is gone and every
+        # event of it is in the store and in the report; the run's placeholder
+        # may still be ending (the sample's end hands it on).
+        assert client.sessions(run) == []
+        reported = _stored(client, run)
+        session_kinds = {e["kind"] for e in reported}
+        assert {"session.open", "session.exec", "session.close", "cell.denied"} <= session_kinds
+        assert "stored after this report" in report["record"]["run_end"]
+        assert report["events"] == len([e for e in env.record.events()])
+        # task_cleanup waits for what was handed on: the run has ended, its
+        # end stored after everything the report counted.
+        await sandbox_type.task_cleanup("hosted", config, True)
         (ended,) = [r for r in client.call("run.list", all=True)["runs"] if r["id"] == run]
         assert ended["state"] != "running"
-        assert client.sessions(run) == []
-        kinds = [e["kind"] for e in _stored(client, run)]
-        assert "session.close" in kinds and kinds[-1] == "run.end"
-        assert len(kinds) + 2 == report["events"]  # and the harness's own two
+        page = client.call("events.export", run=run, format="jsonl")
+        stored = [json.loads(line) for line in page["data"].splitlines() if line.strip()]
+        seqs = {s["event"]["kind"]: s["seq"] for s in stored}
+        assert stored[-1]["event"]["kind"] == "run.end" and seqs["run.end"] > report["record"]["last_seq"]
+        assert seqs["session.close"] <= report["record"]["last_seq"]
+        kinds_in_report = [e.kind for e in env.record.events() if not e.kind.startswith("harness.")]
+        assert "run.end" not in kinds_in_report and "session.close" in kinds_in_report
 
 
 async def test_without_a_daemon_the_sample_lives_in_this_process(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ import dataclasses
 import json
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from stockade.daemon import _paths
@@ -74,8 +74,13 @@ class SampleHost(Protocol):
         """End ``workbench`` (every process in it dies); its events join the record."""
         ...
 
-    def finish(self) -> dict[str, Any]:
-        """End the sample: its record into the store. Returns where it is, for the report."""
+    def finish(self, *, later: Callable[[Callable[[], None]], None] | None = None) -> dict[str, Any]:
+        """End the sample: its record into the store. Returns where it is, for the report.
+
+        ``later``: what may end after the report (a daemon run's placeholder,
+        which holds nothing of the sample's) is handed to it instead of being
+        waited for; the record the report gives is complete without it.
+        """
         ...
 
 
@@ -128,7 +133,7 @@ class ProcessHost:
     def close(self, workbench: Workbench) -> None:
         self.record.extend(workbench.close().events)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, *, later: Callable[[Callable[[], None]], None] | None = None) -> dict[str, Any]:
         landed = land(self.record, state=self._state)
         return {"via": "process", **landed}
 
@@ -187,20 +192,34 @@ class DaemonHost:
         if workbench in self._open:
             self._open.remove(workbench)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, *, later: Callable[[Callable[[], None]], None] | None = None) -> dict[str, Any]:
         if self._finished:
             raise UsageError(f"the sample of run {self.run_id} has finished already; start another one")
         self._finished = True
+        stopped = False
         try:
             for workbench in list(self._open):
                 with contextlib.suppress(DaemonError, RemoteError):
                     self.close(workbench)
-            # The placeholder ends now; run.stop answers once the run's end is
-            # stored, so the export below holds every event of the sample.
-            self._client.call("run.stop", run=self.run_id, grace=0)
+            if later is None:
+                # The placeholder ends now; run.stop answers once the run's end
+                # is stored, so the export below holds every event of the run.
+                self._client.call("run.stop", run=self.run_id, grace=0)
+                stopped = True
+            # Without it: every session of the sample is closed, and a
+            # session.close answers once its events are stored (its cell's end,
+            # kernel refusals, persistence report, gateway requests), so the
+            # export holds every event of the sample; the run's own end (its
+            # placeholder's) is stored once ``later`` has run.
             events = _export(self._client, self.run_id)
-        finally:
+        except BaseException:
+            self._stop_run()
+            raise
+        if stopped:
             self._client.close()
+        else:
+            assert later is not None
+            later(self._stop_run)
         local = [e for e in self.record.events() if e.kind.startswith("harness.")]
         self.record.replace([event for _, event in events] + local)
         store = _paths.store_path(self._state) if self._state else None
@@ -211,10 +230,19 @@ class DaemonHost:
             "store": store,
             "first_seq": min(seqs) if seqs else None,
             "last_seq": max(seqs) if seqs else None,
+            "run_end": "stored" if stopped else "stored after this report (the run's placeholder ends then)",
             "verify": f"stockade verify --db {store}" if store else "stockade verify",
             "export": f"stockade export --run {self.run_id}",
             "not_in_store": [e.kind for e in local],
         }
+
+    def _stop_run(self) -> None:
+        """End the run's placeholder and let the connection go (idempotent)."""
+        try:
+            with contextlib.suppress(DaemonError, RemoteError):
+                self._client.call("run.stop", run=self.run_id, grace=0)
+        finally:
+            self._client.close()
 
 
 def _export(client: Any, run_id: str) -> list[tuple[int, Event]]:

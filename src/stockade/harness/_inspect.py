@@ -24,8 +24,10 @@ import errno
 import os
 import shlex
 import sys
+import threading
+import time
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, Union, overload
+from typing import Any, Literal, TypeVar, Union, cast, overload
 
 import anyio
 import anyio.to_thread
@@ -46,6 +48,7 @@ from pydantic import BaseModel
 from stockade.errors import UsageError
 from stockade.harness import _compose
 from stockade.harness._hosted import SampleHost, start_sample
+from stockade.harness._pool import Later, Spare, SparePool
 from stockade.harness._record import containment_report
 from stockade.harness._workbench import ExecFiles, Workbench
 from stockade.policy import Policy, default_policy, load_policy
@@ -131,6 +134,8 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         self._closed = False
         self.report: dict[str, Any] | None = None
         """The containment report, once the sample has been cleaned up."""
+        self._pool: SparePool | None = None
+        """The task's spares, which this sample's end starts the next of."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -158,8 +163,21 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         # a layer the policy needs, rather than in every sample.
         from stockade.cell import _host
 
-        policy, _ = resolve_policy(config)
+        policy, state = resolve_policy(config)
         _host.check(policy)
+        # Then start the task's first spare session (_pool): the first sample
+        # takes it instead of waiting for its own cell (and run) to start.
+        key = _pool_key(task_name, config)
+        pool = SparePool(
+            lambda: _start_session(task_name, policy, state, sample_id=None),
+            most=cls.default_concurrency() or 1,
+        )
+        with _POOLS_LOCK:
+            previous = _POOLS.pop(key, None)
+            _POOLS[key] = pool
+        if previous is not None:
+            await _in_thread(previous.close)
+        pool.fill()
 
     @classmethod
     async def sample_init(
@@ -170,31 +188,18 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
 
         current = sample_state()  # set before the sandbox is (Inspect's task runner)
         sample_id = f"{current.sample_id}/{current.epoch}" if current is not None else ""
-        # A daemon's run when one runs (`stockade ps` lists the sample, its
-        # events are stored live), else a session in this process (_hosted).
-        host = await _in_thread(
-            lambda: start_sample(harness="inspect", task=task_name, sample=sample_id, state=state)
-        )
-        host.record.harness_event(
-            "harness.sample.start",
-            f"inspect task {task_name}: a sample starts in a stockade session ({host.via})",
-            policy=policy.name,
-            image=policy.image,
-            via=host.via,
-        )
-        try:
-            workbench = await _in_thread(lambda: host.open(policy))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await _in_thread(host.finish)
-            raise
-        env = cls(workbench, host, "/")
-        try:
-            pwd = await _in_thread(lambda: workbench.exec(["/bin/pwd"], timeout=30))
-            env._cwd = pwd.stdout.decode("utf-8", "replace").strip() or "/"
-        except BaseException:
-            await env._close(interrupted=True)
-            raise
+        with _POOLS_LOCK:
+            pool = _POOLS.get(_pool_key(task_name, config))
+        spare = await _in_thread(lambda: pool.take(policy)) if pool is not None else None
+        if spare is None:
+            # A daemon's run when one runs (`stockade ps` lists the sample, its
+            # events are stored live), else a session in this process (_hosted).
+            spare = await _in_thread(lambda: _start_session(task_name, policy, state, sample_id=sample_id))
+        else:
+            spare.host.record.sample = sample_id
+            _sample_started(spare, ahead=True)
+        env = cls(spare.workbench, spare.host, spare.cwd)
+        env._pool = pool
         return {"default": env}
 
     @classmethod
@@ -213,9 +218,16 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
     async def task_cleanup(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
-        # Nothing outlives a sample: each session's cell is gone at its
-        # sample_cleanup, and the record is in the store by then.
-        return None
+        # Each sample's session ended at its sample_cleanup, its record in the
+        # store by then; left: the spares no sample took, and the daemon runs'
+        # placeholders that samples' ends handed on (_pool.Later).
+        with _POOLS_LOCK:
+            pools = [p for k, p in _POOLS.items() if k[0] == task_name]
+            for k in [k for k in _POOLS if k[0] == task_name]:
+                del _POOLS[k]
+        for pool in pools:
+            await _in_thread(pool.close)
+        await _in_thread(_LATER.wait)
 
     @classmethod
     async def cli_cleanup(cls, id: str | None) -> None:
@@ -237,9 +249,11 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
             + (" (interrupted)" if interrupted else ""),
             interrupted=interrupted,
         )
-        landed = await _in_thread(self.host.finish)
+        landed = await _in_thread(lambda: self.host.finish(later=_LATER))
         self.report = containment_report(self.record, landed=landed)
         _attach_to_sample(self.report)
+        if self._pool is not None:
+            self._pool.fill()  # the next sample's spare, now that this one's cell is gone
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         """``stockade session shell`` for the sample's session, when the daemon
@@ -385,6 +399,69 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
                 f"the stockade session of run {self.record.run_id} has ended; a sandbox is usable "
                 "only between its sample's init and cleanup"
             )
+
+
+_POOLS: dict[tuple[str, str], SparePool] = {}
+"""The spares of each (task, sandbox config) between its task_init and task_cleanup."""
+_POOLS_LOCK = threading.Lock()
+_LATER = Later()
+"""What samples' ends handed on (a daemon run's placeholder to stop)."""
+
+
+def _pool_key(task_name: str, config: SandboxEnvironmentConfigType | None) -> tuple[str, str]:
+    if config is None:
+        return task_name, ""
+    if isinstance(config, str):
+        return task_name, "file:" + os.path.abspath(config)
+    if isinstance(config, BaseModel):
+        return task_name, f"{type(config).__name__}:{config.model_dump_json()}"
+    return task_name, repr(config)
+
+
+def _start_session(task_name: str, policy: Policy, state: str | None, *, sample_id: str | None) -> Spare:
+    """A sample's session, started now: for ``sample_id``, or a spare (None),
+    whose sample is named when one takes it.
+
+    Raises:
+        StockadeError: the session cannot start (the host's, the policy's or
+            the daemon's reason).
+    """
+    started, started_at = time.monotonic(), time.time()
+    host = start_sample(harness="inspect", task=task_name, sample=sample_id or "", state=state)
+    spare = Spare(host, cast(Workbench, None), "/", policy, started, started_at)
+    if sample_id is not None:
+        _sample_started(spare, ahead=False)
+    try:
+        workbench = host.open(policy)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            host.finish()
+        raise
+    try:
+        pwd = workbench.exec(["/bin/pwd"], timeout=30)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            host.close(workbench)
+        with contextlib.suppress(Exception):
+            host.finish()
+        raise
+    spare.workbench = workbench
+    spare.cwd = pwd.stdout.decode("utf-8", "replace").strip() or "/"
+    return spare
+
+
+def _sample_started(spare: Spare, *, ahead: bool) -> None:
+    record, policy = spare.host.record, spare.policy
+    record.harness_event(
+        "harness.sample.start",
+        f"inspect task {record.task}: a sample starts in a stockade session ({spare.host.via})"
+        + (", started ahead" if ahead else ""),
+        policy=policy.name,
+        image=policy.image,
+        via=spare.host.via,
+        ahead=ahead,
+        session_started=round(spare.started_at, 6),
+    )
 
 
 def _uid_of(workbench: Workbench, user: str) -> int | str | None:
