@@ -55,6 +55,9 @@ cells' processes and nothing else of the host (an ``mv`` across filesystems
 by a logged-in user makes no record); the correlator then attributes each
 record to its cell by ``ses``.
 
+While the host has no audit rule of its own, one more (``task_rule``) on the
+task filter spares every task outside a cell what these rules cost it.
+
 For each matching system call the kernel sends, under one serial, a
 ``1300 SYSCALL`` record (``success=no exit=-30 … ses= comm= exe= key="stockade-vfs"``),
 ``1307 CWD``, one ``1302 PATH`` record per name the call looked up
