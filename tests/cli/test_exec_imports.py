@@ -44,6 +44,7 @@ NEVER = frozenset(
         *("click", "pydantic", "yaml", "json", "logging", "asyncio", "subprocess", "hashlib"),
         *("termios", "sqlite3", "http", "ssl", "email", "urllib", "tempfile", "uuid", "argparse"),
         *("shutil", "bz2", "lzma", "stockade.cell._disk", "stockade.policy._rules"),
+        *("dataclasses", "inspect", "ast", "dis", "tokenize", "glob"),
         *("stockade.cell._workbench", "stockade.cell._terminal", "stockade.cell._session"),
         *(
             "stockade.image",
@@ -55,17 +56,23 @@ NEVER = frozenset(
     }
 )
 """Imported only when asked for (--policy, --json, --events, --image, a
-terminal, a disk limit, a network policy) or never on this path."""
+terminal, a disk limit, a network policy, a glob in the policy's paths) or
+never on this path (``dataclasses``, with the ``inspect``, ``ast``, ``dis`` and
+``tokenize`` it pulls in: every class of the path is a ``stockade._slots``
+one)."""
 
-MAX_MODULES = 129
+MAX_MODULES = 112
 """Everything in ``sys.modules`` at the end, the interpreter's own included:
-129 (``shutil``, with the zlib, bz2 and lzma it pulls in, only when a
-workspace is left non-empty or a report is reverted; ``_disk`` only for a
-disk limit; ``_slots`` added: plain classes instead of dataclasses; the
-policy's rule classes, which a default policy never holds, in ``_rules``), 136
-(atexit and resource, both built in, close the audit reader at exit and make
-room for descriptors; ``_attempts`` was split out of ``_cell``), 148 before
-the lazy imports of issue 18."""
+112 (the last 13 dataclasses slotted: no ``dataclasses``, ``inspect``,
+``ast``, ``dis``, ``tokenize``, ``linecache``, ``token``, ``opcode``,
+``_opcode``, ``copy``, ``weakref``, ``importlib.machinery``…; ``glob`` only
+for a pattern, ``importlib`` only for a lazy name), 129 (``shutil``, with the
+zlib, bz2 and lzma it pulls in, only when a workspace is left non-empty or a
+report is reverted; ``_disk`` only for a disk limit; ``_slots`` added: plain
+classes instead of dataclasses; the policy's rule classes, which a default
+policy never holds, in ``_rules``), 136 (atexit and resource, both built in,
+close the audit reader at exit and make room for descriptors; ``_attempts``
+was split out of ``_cell``), 148 before the lazy imports of issue 18."""
 
 _PROBE = """
 import sys

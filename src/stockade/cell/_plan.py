@@ -12,7 +12,6 @@ at the same path, so the workspace, ``/usr`` and every grant keep their names.
 
 from __future__ import annotations
 
-import glob
 import os
 import stat
 import threading
@@ -295,8 +294,16 @@ def _outermost(paths: list[str], covers: list[str]) -> list[str]:
     ]
 
 
+def _has_magic(pattern: str) -> bool:
+    """``glob.has_magic``, without importing glob (and fnmatch) for the
+    default policy, whose paths hold no pattern."""
+    return "*" in pattern or "?" in pattern or "[" in pattern
+
+
 def _expand(pattern: str) -> list[str]:
-    if glob.has_magic(pattern):
+    if _has_magic(pattern):
+        import glob
+
         return sorted(glob.glob(pattern))
     return [pattern]
 
@@ -730,7 +737,7 @@ def absent_decoys(policy: Policy, host_binds: list[str]) -> list[str]:
     where its stand-in would have to be made on the host."""
     found: list[str] = []
     for pattern in policy.filesystem.deny:
-        if glob.has_magic(pattern) or _exists(pattern):
+        if _has_magic(pattern) or _exists(pattern):
             continue
         # The host's own links on the way (/var/run -> /run) are the cell's
         # too: the stand-in goes where the host would have it.

@@ -8,7 +8,6 @@ datetime; ``stockade exec`` needs none of them to start a cell."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from stockade.record._event import EVENT_VERSION, Event, Layer, Outcome
@@ -42,6 +41,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'stockade.record' has no attribute {name!r}")
+    import importlib
+
     return getattr(importlib.import_module(f"stockade.record.{module}"), name)
 
 
