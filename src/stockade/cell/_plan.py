@@ -1328,17 +1328,32 @@ def _grants(
         if not holes:
             bucket.append(path)
             return
-        if path in holes or not os.path.isdir(on_host(path)):
+        add_holed(path, bucket, holes)
+
+    def add_holed(path: str, bucket: list[str], holes: list[str]) -> None:
+        # ``holes``: the hidden paths under ``path``, none of them above it.
+        host = on_host(path)
+        if path in holes or not os.path.isdir(host):
             return
         list_dirs.append(path)
         try:
-            names = os.listdir(on_host(path))
+            names = os.listdir(host)
         except OSError:
             return
+        # Each hole lies under one entry, the one its next name says: /etc's
+        # hundreds of entries are not each matched to every hidden path, and
+        # an entry that holds none is granted whole.
+        prefix = path.rstrip("/") + "/"
+        below: dict[str, list[str]] = {}
+        for hole in holes:
+            below.setdefault(hole[len(prefix) :].split("/", 1)[0], []).append(hole)
+        base = path if path.endswith("/") else path + "/"  # os.path.join's, for a name without "/"
         for name in names:
-            # Only the holes under this directory can be under its entries:
-            # /etc's hundreds of entries are not each matched to every hidden path.
-            add(os.path.join(path, name), bucket, holes)
+            inner = below.get(name)
+            if inner is None:
+                bucket.append(base + name)
+            else:
+                add_holed(base + name, bucket, inner)
 
     for path in read_dirs:
         add(path, read)
