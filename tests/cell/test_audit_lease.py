@@ -115,11 +115,24 @@ def _gone(pid: int) -> bool:
     return not os.path.exists(f"/proc/{pid}")
 
 
-def _hand_over(control: Control, lease_path: Path, mark: Path, rule: bytes) -> int:
+def _zombie_children() -> list[int]:
+    """This process's children that ended and were not waited for."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def _hand_over(control: Control, lease_path: Path, mark: Path, rule: bytes, grace: float = GRACE) -> int:
     """A closer: its lease handed to a remover; the remover's pid."""
     lease = _lease(lease_path)
     try:
-        assert hand_over(lease, [rule], control.sock.fileno(), grace=GRACE, mark_path=str(mark))
+        assert hand_over(lease, [rule], control.sock.fileno(), grace=grace, mark_path=str(mark))
     finally:
         os.close(lease)
     return _started(mark)
@@ -140,6 +153,7 @@ def test_the_last_closers_rule_goes_after_the_grace_and_the_remover_holds_nothin
     _until(lambda: _gone(pid), "the remover never ended")
     assert not control.present(rule)
     assert ppid != os.getpid() and sid == pid
+    assert not _zombie_children(), "setsid, the remover's parent, was waited for"
     assert cwd == "/"
     assert held[0] == held[1] == held[2] == os.devnull
     assert (held[3], held[4]) == (str(lease_path), str(mark))
@@ -182,6 +196,19 @@ def test_a_killed_remover_leaves_the_rule_to_the_next_closer(
     second = _hand_over(control, lease_path, mark, rule)
     assert second != first
     _until(lambda: _gone(second), "the second remover never ended")
+    assert not control.present(rule)
+
+
+def test_a_remover_told_to_stop_removes_the_rule_at_once_when_nobody_needs_it(
+    tmp_path: Path, control: Control, rule: bytes
+) -> None:
+    """SIGTERM (``systemctl stop`` of a daemon's unit ends the remover with
+    it): the grace is cut short rather than the rule left behind."""
+    lease_path, mark = tmp_path / "lease", tmp_path / "mark"
+    pid = _hand_over(control, lease_path, mark, rule, grace=3600.0)
+    assert control.present(rule), "the control: an hour's grace"
+    os.kill(pid, signal.SIGTERM)
+    _until(lambda: _gone(pid), "the remover did not end on SIGTERM")
     assert not control.present(rule)
 
 

@@ -76,6 +76,7 @@ _REMOVER: Final = r"""
 import fcntl, os, signal, socket, struct, sys, time
 LEASE, MARK, CONTROL, PAYLOADS = 3, 4, 5, 6
 os.close(PAYLOADS)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # until its handler can act
 os.chdir("/")
 os.closerange(PAYLOADS + 1, 1 << 20)
 grace = float(sys.argv[1])
@@ -101,6 +102,7 @@ signal.signal(signal.SIGHUP, signal.SIG_IGN)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, finish)
 try:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     while True:
         time.sleep(grace)
         try:
