@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,3 +181,32 @@ def test_a_nonblocking_write_to_a_fifo_with_no_reader_fails_at_once(session: Ses
         with pytest.raises(OSError) as caught:
             session.write_file("trap", b"x", block=False)
         assert caught.value.errno == errno.ENXIO
+
+
+def _resident_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_the_init_lets_go_of_the_launchers_memory(tmp_path: Path) -> None:
+    """The init starts as a copy-on-write clone of this process: 64 MiB of
+    ballast written here is resident in it too, until it unmaps the
+    launcher's anonymous memory between calls (_session_init.h). Calls work
+    the same after (its code, stack and the loaded objects' data are kept)."""
+    ballast = bytearray(b"\x01") * (64 << 20)
+    with Session(workspace=tmp_path) as s:
+        assert s.exec(["echo", "before"]).stdout == b"before\n"
+        init = s._init_pid
+        assert init > 0
+        for _ in range(500):  # bounded: 500 idle polls of the init's own figure
+            if _resident_kib(init) < 32 << 10:
+                break
+            threading.Event().wait(0.01)
+        assert _resident_kib(init) < 32 << 10, _resident_kib(init)
+        assert _resident_kib(os.getpid()) > 64 << 10  # control: this process still holds it
+        assert s.exec(["echo", "after"]).stdout == b"after\n"
+        s.write_file("x.txt", b"still served")
+        assert s.read_file("x.txt") == b"still served"
+        assert s.exec(["sh", "-c", "exit 3"]).returncode == 3
+    assert s.close().exit_code == 0
+    del ballast

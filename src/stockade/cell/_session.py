@@ -189,6 +189,8 @@ class Session:
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
         self._cgroup: CellCgroup | None = None
+        self._init_pid = 0
+        """The host pid of the cell's init, once started."""
         self._failure: BaseException | None = None
         self._result: CellResult | None = None
         self._closed = False
@@ -240,8 +242,9 @@ class Session:
                 getattr(plan, "keep_caps", 0) & (1 << 7)
             )
 
-            def started(cgroup: CellCgroup, _init_pid: int) -> None:
+            def started(cgroup: CellCgroup, init_pid: int) -> None:
                 self._cgroup = cgroup
+                self._init_pid = init_pid
                 theirs.close()  # the cell's init holds its own copy now
                 self._ready.set()
 

@@ -34,8 +34,9 @@
  * makes only syscalls: no malloc, no stdio, buffers on the stack or mmap'd.
  *
  * Why no fork per call: the init is a clone of the process that launched the
- * cell and never execs, so it holds that process's whole memory (an eval's
- * interpreter: 90-300 MiB), and a fork copies the page tables of all of it: a
+ * cell and never execs, so it starts with that process's whole memory (an
+ * eval's interpreter: 90-300 MiB; it lets go of most of it between its first
+ * calls, session_plan_drops), and a fork copies the page tables of all of it: a
  * 4 KiB read_file took 10-12 ms and an exec of /bin/true 33-37 ms from an
  * 86 MiB launcher, against 2 and 5 ms from 20 MiB
  * (benchmarks/session_fork_size.py, docs/PERFORMANCE.md). A child that
@@ -387,20 +388,205 @@ static void session_reap(struct session_call *calls) {
     }
 }
 
+/* ------------------------------------------------ the launcher's memory, let go
+ *
+ * The init is a clone of the launcher that never execs: it holds a
+ * copy-on-write image of all the launcher's memory (an eval's interpreter:
+ * 90-300 MiB) for as long as the session lives. Each page of it costs the
+ * launcher a copy the first time it writes there (its heap, while the session
+ * runs), and the page tables of all of it are torn down when the cell ends,
+ * after the cell's last process, before the host learns that it ended: 4 ms
+ * at 86 MiB, 8 ms at 278 MiB (docs/PERFORMANCE.md). The session loop needs
+ * none of it: it runs on its own stack, in its own mmaps, on the code and
+ * data of the loaded objects. So before it serves, the init unmaps the
+ * launcher's private, writable, anonymous mappings (the interpreter's arenas,
+ * its other threads' stacks, large buffers), keeping:
+ *  - every loaded object's segments, bss included (each ELF's PT_LOAD
+ *    ranges, read from its headers where it is mapped: a bss or an object's
+ *    data may be anonymous),
+ *  - [heap] and every other named mapping (brk heap: ld.so's own state),
+ *  - whatever holds the init's stack, C1's (which waits in wait4 on it, in
+ *    this same memory: CLONE_VM), the thread pointer (TLS: errno, the stack
+ *    protector's canary) and the spec,
+ *  - everything not both readable and writable (guard pages, code).
+ * Anything it cannot read or parse (no /proc, too many mappings) leaves the
+ * memory as it is: slower, never wrong. */
+#include <elf.h>
+
+#define SESSION_MAPS_MAX (4u << 20) /* /proc/self/maps of 40k mappings; more: nothing is dropped */
+#define SESSION_KEEPS_MAX 16384     /* PT_LOAD ranges of the loaded objects */
+
+struct session_range {
+    uintptr_t lo, hi;
+};
+
+static const char *session_hex(const char *at, const char *end, uintptr_t *out) {
+    uintptr_t value = 0;
+    int any = 0;
+    for (; at < end; at++, any = 1) {
+        char c = *at;
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) break;
+        value = value * 16 + (uintptr_t)d;
+    }
+    *out = value;
+    return any ? at : NULL;
+}
+
+/* One line of /proc/self/maps: its range, perms, offset, and whether it is
+ * anonymous (inode 0, no name). */
+struct session_map {
+    uintptr_t lo, hi, offset;
+    char perms[4];
+    int anonymous, file;
+};
+
+static const char *session_map_line(const char *at, const char *end, struct session_map *m) {
+    const char *eol = memchr(at, '\n', (size_t)(end - at)), *p;
+    uintptr_t ignored;
+    if (eol == NULL) return NULL;
+    if ((p = session_hex(at, eol, &m->lo)) == NULL || *p != '-') return NULL;
+    if ((p = session_hex(p + 1, eol, &m->hi)) == NULL || *p != ' ' || eol - p < 6) return NULL;
+    memcpy(m->perms, p + 1, 4);
+    p += 6;
+    if ((p = session_hex(p, eol, &m->offset)) == NULL || *p != ' ') return NULL;
+    /* dev "fd:01" */
+    if ((p = session_hex(p + 1, eol, &ignored)) == NULL || *p != ':') return NULL;
+    if ((p = session_hex(p + 1, eol, &ignored)) == NULL || *p != ' ') return NULL;
+    p++;
+    m->file = 0;
+    for (; p < eol && *p >= '0' && *p <= '9'; p++)
+        if (*p != '0') m->file = 1;
+    while (p < eol && *p == ' ') p++;
+    m->anonymous = !m->file && p == eol;
+    return eol + 1;
+}
+
+/* len bytes at addr, through a pipe: a page that cannot be read (a mapped
+ * file cut short: SIGBUS on a plain read) is EFAULT there instead. */
+static int session_peek(const int *pipe_fds, uintptr_t addr, void *out, size_t len) {
+    return write(pipe_fds[1], (const void *)addr, len) == (ssize_t)len &&
+                   read(pipe_fds[0], out, len) == (ssize_t)len
+               ? 0
+               : -1;
+}
+
+#define SESSION_PHDRS_MAX 128
+
+/* The PT_LOAD ranges of an ELF object mapped from offset 0 at m, added to
+ * keep; cap + 1 when they cannot all be told (the caller drops nothing). */
+static size_t session_segments(const struct session_map *m, const int *pipe_fds, struct session_range *keep,
+                               size_t n, size_t cap) {
+    Elf64_Ehdr eh;
+    Elf64_Phdr ph[SESSION_PHDRS_MAX];
+    uintptr_t page = (uintptr_t)getpagesize(), bias = 0;
+    int first = 1;
+    if (m->offset != 0 || m->perms[0] != 'r' || m->hi - m->lo < sizeof eh) return n;
+    if (session_peek(pipe_fds, m->lo, &eh, sizeof eh) < 0) return n;
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return n; /* a data file, not an object */
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_phentsize != sizeof ph[0] || eh.e_phnum > SESSION_PHDRS_MAX ||
+        session_peek(pipe_fds, m->lo + eh.e_phoff, ph, eh.e_phnum * sizeof ph[0]) < 0)
+        return cap + 1;
+    for (size_t i = 0; i < eh.e_phnum; i++) {
+        if (ph[i].p_type != PT_LOAD) continue;
+        if (first) {
+            bias = m->lo - (ph[i].p_vaddr & ~(page - 1));
+            first = 0;
+        }
+        if (n == cap) return cap + 1;
+        keep[n].lo = bias + (ph[i].p_vaddr & ~(page - 1));
+        keep[n].hi = bias + ((ph[i].p_vaddr + ph[i].p_memsz + page - 1) & ~(page - 1));
+        n++;
+    }
+    return n;
+}
+
+/* What to unmap of the launcher's memory (the comment above), as ranges at
+ * *drops (in an mmap of its own that session_drop_step unmaps after the
+ * last); their number, 0 (and nothing mapped) when it cannot be told for
+ * sure. */
+static size_t session_plan_drops(const void *const *held, size_t n_held, struct session_range **drops) {
+    char *maps = mmap(NULL, SESSION_MAPS_MAX, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct session_range *keep = mmap(NULL, 2 * SESSION_KEEPS_MAX * sizeof *keep, PROT_READ | PROT_WRITE,
+                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    size_t len = 0, n_keep = 0, n_drops = 0, planned = 0;
+    const char *at = NULL, *end;
+    struct session_map m;
+    int fd = -1, pipe_fds[2] = {-1, -1};
+    *drops = keep == MAP_FAILED ? NULL : keep + SESSION_KEEPS_MAX;
+    if (maps == MAP_FAILED || keep == MAP_FAILED) goto out;
+    fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || pipe2(pipe_fds, O_CLOEXEC) < 0) goto out;
+    for (;;) {
+        ssize_t got = read(fd, maps + len, SESSION_MAPS_MAX - len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) goto out;
+        if (got == 0) break;
+        len += (size_t)got;
+        if (len == SESSION_MAPS_MAX) goto out; /* cut short: drop nothing */
+    }
+    end = maps + len;
+    for (at = maps; at < end && (at = session_map_line(at, end, &m)) != NULL;)
+        if (m.file && (n_keep = session_segments(&m, pipe_fds, keep, n_keep, SESSION_KEEPS_MAX)) > SESSION_KEEPS_MAX)
+            goto out;
+    if (at == NULL) goto out; /* a line this parser does not know: drop nothing */
+    for (at = maps; at < end && n_drops < SESSION_KEEPS_MAX && (at = session_map_line(at, end, &m)) != NULL;) {
+        int needed = ((uintptr_t)maps >= m.lo && (uintptr_t)maps < m.hi) ||
+                     ((uintptr_t)keep >= m.lo && (uintptr_t)keep < m.hi);
+        if (!m.anonymous || m.perms[0] != 'r' || m.perms[1] != 'w' || m.perms[3] != 'p') continue;
+        for (size_t i = 0; i < n_held && !needed; i++)
+            needed = (uintptr_t)held[i] >= m.lo && (uintptr_t)held[i] < m.hi;
+        for (size_t i = 0; i < n_keep && !needed; i++) needed = keep[i].lo < m.hi && m.lo < keep[i].hi;
+        if (!needed) (*drops)[n_drops++] = (struct session_range){m.lo, m.hi};
+    }
+    planned = n_drops;
+out:
+    if (fd >= 0) (void)close(fd);
+    for (int i = 0; i < 2; i++)
+        if (pipe_fds[i] >= 0) (void)close(pipe_fds[i]);
+    if (maps != MAP_FAILED) (void)munmap(maps, SESSION_MAPS_MAX);
+    if (planned == 0 && keep != MAP_FAILED) (void)munmap(keep, 2 * SESSION_KEEPS_MAX * sizeof *keep);
+    return planned;
+}
+
+/* Unmap the next part of what session_plan_drops found: at most
+ * SESSION_DROP_STEP at a time, between requests, so that a call waits for
+ * one step at most (the whole of 270 MiB takes about 12 ms). */
+#define SESSION_DROP_STEP (4u << 20)
+static void session_drop_step(struct session_range *drops, size_t *next, size_t n_drops) {
+    struct session_range *r = &drops[*next];
+    size_t step = r->hi - r->lo < SESSION_DROP_STEP ? r->hi - r->lo : SESSION_DROP_STEP;
+    (void)munmap((void *)r->lo, step);
+    r->lo += step;
+    if (r->lo == r->hi) (*next)++;
+    if (*next == n_drops) (void)munmap(drops - SESSION_KEEPS_MAX, 2 * SESSION_KEEPS_MAX * sizeof *drops);
+}
+
 /* The init's life in session mode; it never returns. The signals are
  * blocked (cell_init) and taken from a signalfd: SIGCHLD reaps, anything else
  * (run.stop's SIGTERM) is passed on to every call's process group. */
 __attribute__((noreturn)) static void session_loop(const struct spec *s, int sock, const sigset_t *all,
                                                    const sigset_t *mask) {
+    struct spec own = *s; /* its argv, env and search path are each call's own */
+    sigset_t own_mask = *mask;
+    const void *held[] = {__builtin_frame_address(0), &own, s, mask, &errno};
     size_t strings_size = SESSION_MAX_STRINGS * sizeof(char *);
-    char *buf = mmap(NULL, SESSION_MAX_REQUEST + 1 + strings_size, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    struct session_call *calls = mmap(NULL, SESSION_MAX_CALLS * sizeof *calls, PROT_READ | PROT_WRITE,
-                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    char **strings;
+    char *buf, **strings, *stack;
+    struct session_call *calls;
+    int sig;
+    struct session_range *drops;
+    size_t n_drops, next_drop = 0;
+    /* First: what is mapped from here on is the loop's own. Unmapped a step
+     * at a time when no request waits (session_drop_step). */
+    n_drops = session_plan_drops(held, sizeof held / sizeof *held, &drops);
+    s = &own;
+    mask = &own_mask;
+    buf = mmap(NULL, SESSION_MAX_REQUEST + 1 + strings_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+               -1, 0);
+    calls = mmap(NULL, SESSION_MAX_CALLS * sizeof *calls, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     /* The calls' children's stack, one at a time (CLONE_VFORK), with a guard page. */
-    char *stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    int sig = signalfd(-1, all, SFD_CLOEXEC);
+    stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    sig = signalfd(-1, all, SFD_CLOEXEC);
     if (buf == MAP_FAILED || calls == MAP_FAILED || stack == MAP_FAILED || sig < 0) _exit(127);
     if (mprotect(stack, (size_t)getpagesize(), PROT_NONE) < 0) _exit(127);
     strings = (char **)(void *)(buf + SESSION_MAX_REQUEST + 1 + (8 - (SESSION_MAX_REQUEST + 1) % 8) % 8);
@@ -408,7 +594,12 @@ __attribute__((noreturn)) static void session_loop(const struct spec *s, int soc
     for (size_t i = 0; i < SESSION_MAX_CALLS; i++) calls[i].ctl = -1;
     for (;;) {
         struct pollfd ready[2] = {{.fd = sock, .events = POLLIN}, {.fd = sig, .events = POLLIN}};
-        if (poll(ready, 2, -1) < 0) continue; /* EINTR */
+        int ready_count = poll(ready, 2, next_drop < n_drops ? 0 : -1);
+        if (ready_count < 0) continue; /* EINTR */
+        if (ready_count == 0) {
+            session_drop_step(drops, &next_drop, n_drops);
+            continue;
+        }
         if (ready[1].revents & POLLIN) {
             struct signalfd_siginfo info;
             if (read(sig, &info, sizeof info) == (ssize_t)sizeof info) {
