@@ -48,6 +48,10 @@ from stockade.cell import _native
 from stockade.cell._plan import CELL_UID, SYSTEM_DEVICES, CellPlan, MountOp
 from stockade.errors import CellError
 
+_DECOY_TEMPLATES = hasattr(_native, "DECOY_TEMPLATES")
+"""Whether this build of ``_native`` takes ``decoys=`` (an older one, loaded
+by ``benchmarks/with_native.py`` to compare, does not)."""
+
 ID_COUNT = 65535
 """Ids a workbench maps (``_workbench.ID_COUNT``, repeated here so that a
 launch imports no more than it needs)."""
@@ -302,6 +306,14 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
         if prepared is None
         else (prepared.ruleset_attr, prepared.rules, prepared.paths, prepared.ports, prepared.restrict_flags)
     )
+    extra: dict[str, Any] = {}
+    if _DECOY_TEMPLATES and not plan.id_range:
+        # The decoys are owned by the host ids of the cell's uid, and no
+        # decoy beneath a path the cell may write is a copy of the shared
+        # template (``_native.decoy_template``). A workbench's ids change
+        # every run: it makes its decoys itself.
+        grants = plan.grants
+        extra["decoys"] = (plan.host_uid, plan.host_gid, (*grants.write, *grants.write_exec, *grants.devices))
     return _native.spawn(
         argv=spec.argv,
         env=plan.env,
@@ -320,6 +332,7 @@ def _spawn(spec: LaunchSpec, status_pipe: tuple[int, int], go_pipe: tuple[int, i
         notify=spec.notify,
         session=spec.session,
         identity=(plan.uid, plan.gid, plan.keep_caps) if plan.id_range else None,
+        **extra,
     )
 
 

@@ -157,6 +157,7 @@ struct op { /* one _plan.MountOp */
     size_t n_names;
     int tree_fd, tree_is_dir; /* set by C1: the detached copy of a host bind */
     int upper_fd;             /* overlay: set by C1, the detached copy of the upper's directory */
+    int tmpl;                 /* decoy_dir: shown as a copy of the decoy template's entry (decoy_template) */
 };
 
 struct spec {
@@ -189,6 +190,10 @@ struct spec {
     int session_fd; /* session mode (_session_init.h): the init serves calls on it; -1: one command */
     long cell_uid, cell_gid; /* the command's ids inside (_plan.CellPlan.uid): CELL_UID unless a workbench's */
     uint64_t keep_caps;      /* capabilities kept inside the namespace (a workbench's root), else 0 */
+    long decoy_uid, decoy_gid; /* the host ids of the cell's uid, who owns its decoys; -1: no template */
+    const char **writable;     /* paths Landlock lets the cell write beneath: no template decoy there */
+    size_t n_writable;
+    int decoy_tmpl;            /* the decoy template's mount (decoy_template), or -1 */
     size_t n_keep, n_c1_keep;
     pid_t parent;
     PyObject *owned; /* what the pointers above point into, alive until spec_free */
@@ -516,6 +521,15 @@ static void build_op(int fd, struct op *op, size_t index, int in_image) {
         return;
     case K_DECOY_DIR:
         makedirs(fd, dst);
+        if (op->tmpl) {
+            /* Its names were made once, in the decoy template (decoy_template):
+             * C1's copy of its entry is mounted here, nothing is made. */
+            if (syscall(SYS_move_mount, op->tree_fd, "", AT_FDCWD, dst, CELL_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                die(fd, ST_VIEW, errno, "move_mount of the decoy ", op->dst, NULL);
+            must_close(fd, op->tree_fd, ST_VIEW, op->dst);
+            op->tree_fd = -1;
+            return;
+        }
         /* Inside a bind mount of the host: cover it with a tmpfs. A decoy in
          * the cell's own root needs no mount of its own. Either way it stays
          * writable by mode: Landlock, which grants nothing here, must be what
@@ -1028,6 +1042,13 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
                 die(fd, ST_GRANTS, errno, "idmapping the upper layer ", op->data, NULL);
             continue;
         }
+        if (op->tmpl) {
+            char digits[24];
+            op->tree_fd = (int)syscall(SYS_open_tree, s->decoy_tmpl, digits_of(digits, i),
+                                       CELL_OPEN_TREE_CLONE | O_CLOEXEC);
+            if (op->tree_fd < 0) die(fd, ST_GRANTS, errno, "open_tree of the decoy ", op->dst, NULL);
+            continue;
+        }
         if (op->kind != K_BIND || op->from_view) continue;
         tree = (int)syscall(SYS_open_tree, AT_FDCWD, op->src, CELL_OPEN_TREE_CLONE | O_CLOEXEC);
         if (tree < 0) {
@@ -1047,6 +1068,7 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
         op->tree_fd = tree;
         op->tree_is_dir = S_ISDIR(st.st_mode);
     }
+    if (s->decoy_tmpl >= 0) must_close(fd, s->decoy_tmpl, ST_GRANTS, "the decoy template");
     /* Raw syscalls: they change this thread only, which is all there is. */
     if (geteuid() == 0 && syscall(SYS_setgroups, 0, NULL) < 0)
         die(fd, ST_PREPARING, errno, "setgroups", NULL);
@@ -1542,9 +1564,27 @@ static int parse_spec(struct spec *s, PyObject **a) {
         PyErr_SetString(PyExc_ValueError, "the session descriptor must be one of keep_fds");
         return -1;
     }
+    s->decoy_uid = s->decoy_gid = -1;
+    if (a[17] != Py_None) {
+        /* decoys: (uid, gid, writable): the host ids that own the cell's
+         * decoys, and the paths it may write beneath (decoy_template). */
+        PyObject *paths;
+        if (tuple_of(a[17], "decoys", 3) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[17], 0), 0, (long)UINT32_MAX - 1, "decoys uid", &s->decoy_uid) < 0 ||
+            to_long(PyTuple_GET_ITEM(a[17], 1), 0, (long)UINT32_MAX - 1, "decoys gid", &s->decoy_gid) < 0 ||
+            tuple_of(paths = PyTuple_GET_ITEM(a[17], 2), "decoys writable", -1) < 0)
+            return -1;
+        s->n_writable = (size_t)PyTuple_GET_SIZE(paths);
+        if ((s->writable = spec_alloc(s, s->n_writable, sizeof *s->writable)) == NULL) return -1;
+        for (size_t i = 0; i < s->n_writable; i++)
+            if ((s->writable[i] = to_path(s, PyTuple_GET_ITEM(paths, (Py_ssize_t)i), "decoys writable",
+                                          (Py_ssize_t)i, 1)) == NULL)
+                return -1;
+    }
     /* What C1 keeps: its pipe ends, stdio sources, the user namespaces of
-     * idmapped grants, the descriptors of ready Landlock rules, keep_fds. */
-    s->c1_keep = spec_alloc(s, 6 + s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
+     * idmapped grants, the descriptors of ready Landlock rules, keep_fds
+     * (and the decoy template, decoy_template). */
+    s->c1_keep = spec_alloc(s, 7 + s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
     if (s->c1_keep == NULL) return -1;
     s->c1_keep[s->n_c1_keep++] = s->status_w;
     s->c1_keep[s->n_c1_keep++] = s->go_r;
@@ -1558,13 +1598,310 @@ static int parse_spec(struct spec *s, PyObject **a) {
     return 0;
 }
 
+/* ------------------------------------------ parent side: the decoy template */
+
+/* A default cell's decoy directories hold about 500 names (the host's /root,
+ * /run, /var/lib/stockade, sysfs's block directories, ...), and making them,
+ * one mkdirat or mknodat each on a fresh tmpfs, was the largest single cost
+ * of a start (2.6 of 16 ms of CPU, issue 18). They are the same from one cell
+ * to the next of a process: so they are made once, in a detached tmpfs (the
+ * template, never attached anywhere on the host), owned by the cell's host
+ * ids as the cell's own would be, and each cell shows a copy of its entry
+ * (open_tree(OPEN_TREE_CLONE) in C1, move_mount in the init): two syscalls a
+ * decoy directory instead of one a name.
+ *
+ * A copy shares the template's files, so a template is used only where no
+ * cell can write: a decoy directory that no Landlock write grant covers (nor
+ * a tmpfs, /dev, /proc or a workbench's overlay), Landlock granting nothing
+ * beneath a decoy, so every attempt is refused and recorded as before; and
+ * only where nothing else of the view is made beneath it but mount points
+ * the template holds already. The tmpfs has room for no more inodes than it
+ * was made with, in case. A template is made at the second launch that asks
+ * for the same one (a process that starts one cell, `stockade exec`, makes
+ * its decoys as before) and kept until a launch asks for another. */
+
+#define TMPL_NESTED_DIR 1
+#define TMPL_NESTED_FILE 2
+
+static struct {
+    char *key; /* what the template holds, serialised: compared whole, never hashed */
+    size_t len;
+    int fd;     /* its mount (fsmount), or -1 */
+    int failed; /* making it failed: this key's cells make their decoys themselves */
+} decoy_cache = {NULL, 0, -1, 0};
+
+/* path is top or beneath it. */
+static int at_or_under(const char *path, const char *top) {
+    size_t n = strlen(top);
+    if (n == 1 && top[0] == '/') return 1;
+    return strncmp(path, top, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+static int strictly_under(const char *path, const char *top) {
+    return at_or_under(path, top) && strcmp(path, top) != 0;
+}
+
+/* What a later op beneath a template decoy needs made in the template, so
+ * that the init makes nothing there: TMPL_NESTED_DIR/FILE, 0 for nothing (it
+ * is not beneath), -1 where the decoy cannot be a template. */
+static int nested_need(const struct spec *s, size_t i, size_t k);
+
+static int tmpl_eligible(const struct spec *s, size_t i) {
+    const struct op *op = &s->ops[i];
+    if (op->kind != K_DECOY_DIR || s->decoy_uid < 0 || (s->n_ops && s->ops[0].kind == K_OVERLAY)) return 0;
+    for (size_t w = 0; w < s->n_writable; w++)
+        if (at_or_under(op->dst, s->writable[w])) return 0;
+    for (size_t k = 0; k < s->n_ops; k++) {
+        const struct op *other = &s->ops[k];
+        int kind = other->kind;
+        if ((kind == K_TMPFS || kind == K_OVERLAY || kind == K_DEV || kind == K_PROC) &&
+            at_or_under(op->dst, other->dst))
+            return 0;
+        /* Without a mount of its own today, a decoy in the cell's root shows
+         * what earlier ops made beneath it; a copy would cover it. */
+        if (k < i && !op->writable && at_or_under(other->dst, op->dst)) return 0;
+        if (k > i && nested_need(s, i, k) < 0) return 0;
+    }
+    return 1;
+}
+
+static int nested_need(const struct spec *s, size_t i, size_t k) {
+    const struct op *other = &s->ops[k];
+    struct stat st;
+    if (!strictly_under(other->dst, s->ops[i].dst)) return 0;
+    switch (other->kind) {
+    case K_DECOY_DIR:
+        /* A writable one is a tmpfs of its own; one in the root must be a
+         * template too, or its names would be made in this one. */
+        return other->writable || tmpl_eligible(s, k) ? TMPL_NESTED_DIR : -1;
+    case K_TMPFS:
+    case K_DIR:
+        return TMPL_NESTED_DIR;
+    case K_DECOY_FILE:
+    case K_FILE:
+        return TMPL_NESTED_FILE;
+    case K_BIND:
+        if (other->from_view) return -1;
+        if (stat(other->src, &st) < 0) return 0; /* gone: C1 leaves it out */
+        return S_ISDIR(st.st_mode) ? TMPL_NESTED_DIR : TMPL_NESTED_FILE;
+    default:
+        return -1;
+    }
+}
+
+struct buf {
+    char *data;
+    size_t len, cap;
+    int failed;
+};
+
+static void buf_put(struct buf *b, const void *data, size_t len) {
+    if (b->failed) return;
+    if (b->len + len > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        char *grown;
+        while (cap < b->len + len) cap *= 2;
+        if ((grown = PyMem_Realloc(b->data, cap)) == NULL) {
+            b->failed = 1;
+            return;
+        }
+        b->data = grown;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, len);
+    b->len += len;
+}
+
+static void buf_str(struct buf *b, const char *text) { buf_put(b, text, strlen(text) + 1); }
+
+struct tmpl_job {
+    const struct spec *s;
+    const unsigned char *use; /* per op: 1 where it is a template decoy */
+    int mount_fd;
+    int err;
+    const char *what;
+};
+
+/* mkdir -p of rel beneath dir, its last component a directory or a file. */
+static int make_nested(int dir, const char *rel, int need) {
+    char path[PATH_MAX];
+    size_t len = strlen(rel);
+    if (len == 0 || len >= sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(path, rel, len + 1);
+    for (size_t c = 1; c < len; c++) {
+        if (path[c] != '/') continue;
+        path[c] = '\0';
+        if (mkdirat(dir, path, 0755) < 0 && errno != EEXIST) return -1;
+        path[c] = '/';
+    }
+    if ((need == TMPL_NESTED_DIR ? mkdirat(dir, path, 0755) : mknodat(dir, path, S_IFREG | 0644, 0)) < 0 &&
+        errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+/* The template's maker: a CLONE_VM | CLONE_VFORK child (the caller's thread
+ * waits), so that its umask and file system ids are its own, never the
+ * caller's process's; only syscalls, into memory the caller does not touch
+ * meanwhile. Made as the cell's host ids, the names are the cell's own. */
+static int tmpl_child(void *arg) {
+    struct tmpl_job *j = arg;
+    const struct spec *s = j->s;
+    char digits[24];
+    (void)syscall(SYS_umask, 022);
+    (void)syscall(SYS_setfsgid, s->decoy_gid);
+    (void)syscall(SYS_setfsuid, s->decoy_uid);
+    if (syscall(SYS_setfsuid, -1) != s->decoy_uid || syscall(SYS_setfsgid, -1) != s->decoy_gid) {
+        j->err = EPERM;
+        j->what = "setfsuid";
+        syscall(SYS_exit, 0);
+    }
+    for (size_t i = 0; i < s->n_ops; i++) {
+        const struct op *op = &s->ops[i];
+        int dir;
+        if (!j->use[i]) continue;
+        j->what = op->dst;
+        if (mkdirat(j->mount_fd, digits_of(digits, i), 0755) < 0 ||
+            (dir = openat(j->mount_fd, digits, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+            goto fail;
+        for (size_t n = 0; n < op->n_names; n++) {
+            int made = op->name_is_dir[n] ? mkdirat(dir, op->names[n], 0755)
+                                          : mknodat(dir, op->names[n], S_IFREG | 0644, 0);
+            if (made < 0 && errno != EEXIST) goto fail;
+        }
+        for (size_t k = i + 1; k < s->n_ops; k++) {
+            int need = nested_need(s, i, k);
+            size_t top = strcmp(op->dst, "/") == 0 ? 0 : strlen(op->dst);
+            if (need > 0 && make_nested(dir, s->ops[k].dst + top + 1, need) < 0) goto fail;
+        }
+        (void)close(dir);
+    }
+    syscall(SYS_exit, 0);
+    return 0;
+fail:
+    j->err = errno ? errno : EIO;
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static int fs_set(int fs, const char *key, const char *value) {
+    return (int)syscall(SYS_fsconfig, fs, 1 /* FSCONFIG_SET_STRING */, key, value, 0);
+}
+
+/* A fresh template holding the decoys marked in use; its mount fd, or -1. */
+static int tmpl_make(const struct spec *s, const unsigned char *use, size_t inodes) {
+    struct tmpl_job job = {.s = s, .use = use, .mount_fd = -1, .err = 0, .what = ""};
+    char digits[24];
+    int fs, status;
+    char *stack;
+    pid_t pid;
+    fs = (int)syscall(SYS_fsopen, "tmpfs", 1u /* FSOPEN_CLOEXEC */);
+    if (fs < 0) return -1;
+    if (fs_set(fs, "mode", "0755") < 0 || fs_set(fs, "uid", digits_of(digits, (unsigned long)s->decoy_uid)) < 0 ||
+        fs_set(fs, "gid", digits_of(digits, (unsigned long)s->decoy_gid)) < 0 ||
+        fs_set(fs, "nr_inodes", digits_of(digits, inodes)) < 0 || fs_set(fs, "size", "1m") < 0 ||
+        syscall(SYS_fsconfig, fs, 6 /* FSCONFIG_CMD_CREATE */, NULL, NULL, 0) < 0 ||
+        (job.mount_fd = (int)syscall(SYS_fsmount, fs, 1u /* FSMOUNT_CLOEXEC */,
+                                     CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV | CELL_MOUNT_ATTR_NOEXEC)) < 0) {
+        close(fs);
+        return -1;
+    }
+    close(fs);
+    stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) {
+        close(job.mount_fd);
+        return -1;
+    }
+    pid = clone(tmpl_child, stack + INIT_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, &job);
+    if (pid > 0)
+        while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR) {
+        }
+    munmap(stack, INIT_STACK);
+    if (pid < 0 || job.err) {
+        close(job.mount_fd);
+        return -1;
+    }
+    return job.mount_fd;
+}
+
+/* Decide which decoys of this spec are copies of the template, and make the
+ * template if it is this key's second launch. Never fails: where no template
+ * can be had, the init makes the decoys as it always did. */
+static void decoy_template(struct spec *s) {
+    struct buf key = {NULL, 0, 0, 0};
+    unsigned char *use;
+    size_t inodes = 64, used = 0;
+    long ids[2] = {s->decoy_uid, s->decoy_gid};
+    s->decoy_tmpl = -1;
+    if (s->decoy_uid < 0 || s->n_ops == 0) return;
+    if ((use = PyMem_Calloc(s->n_ops, 1)) == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    buf_put(&key, ids, sizeof ids);
+    for (size_t i = 0; i < s->n_ops; i++) {
+        const struct op *op = &s->ops[i];
+        if (!tmpl_eligible(s, i)) continue;
+        use[i] = 1;
+        used++;
+        buf_put(&key, &i, sizeof i);
+        buf_str(&key, op->dst);
+        buf_put(&key, &op->n_names, sizeof op->n_names);
+        for (size_t n = 0; n < op->n_names; n++) {
+            buf_put(&key, &op->name_is_dir[n], 1);
+            buf_str(&key, op->names[n]);
+        }
+        for (size_t k = i + 1; k < s->n_ops; k++) {
+            int need = nested_need(s, i, k);
+            if (need <= 0) continue;
+            buf_put(&key, &need, sizeof need);
+            buf_str(&key, s->ops[k].dst);
+            inodes += 16; /* the mount point and the directories leading to it */
+        }
+        inodes += op->n_names + 1;
+    }
+    if (used == 0 || key.failed) goto done;
+    if (decoy_cache.key == NULL || decoy_cache.len != key.len || memcmp(decoy_cache.key, key.data, key.len) != 0) {
+        /* A template nobody asked for twice is not made. */
+        PyMem_Free(decoy_cache.key);
+        if (decoy_cache.fd >= 0) close(decoy_cache.fd);
+        decoy_cache.key = key.data;
+        decoy_cache.len = key.len;
+        decoy_cache.fd = -1;
+        decoy_cache.failed = 0;
+        key.data = NULL;
+        goto done;
+    }
+    if (decoy_cache.fd < 0 && !decoy_cache.failed) {
+        sigset_t all, old;
+        sigfillset(&all);
+        /* No handler of the caller's may run in the template's maker. */
+        if (pthread_sigmask(SIG_SETMASK, &all, &old) != 0) goto done;
+        decoy_cache.fd = tmpl_make(s, use, inodes);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        decoy_cache.failed = decoy_cache.fd < 0;
+    }
+    if (decoy_cache.fd >= 0) {
+        s->decoy_tmpl = decoy_cache.fd;
+        for (size_t i = 0; i < s->n_ops; i++) s->ops[i].tmpl = use[i];
+        s->c1_keep[s->n_c1_keep++] = s->decoy_tmpl;
+        qsort(s->c1_keep, s->n_c1_keep, sizeof *s->c1_keep, cmp_int);
+    }
+done:
+    PyMem_Free(key.data);
+    PyMem_Free(use);
+}
+
 static const char *const SPAWN_KEYWORDS[] = {
     "argv", "env", "workdir", "mounts", "landlock", "seccomp", "cgroup_procs", "loginuid",
     "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "notify", "userns_owner", "session",
-    "identity", NULL};
+    "identity", "decoys", NULL};
 
 static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
-    PyObject *a[17] = {NULL};
+    PyObject *a[18] = {NULL};
     struct spec s;
     sigset_t all, old;
     pid_t pid;
@@ -1572,14 +1909,15 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
     (void)module;
     /* All keyword-only; the format can only make them optional ("|$"), so
      * their presence is checked below. */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOOOOOOOO:spawn", (char **)SPAWN_KEYWORDS, &a[0],
                                      &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], &a[10],
-                                     &a[11], &a[12], &a[13], &a[14], &a[15], &a[16]))
+                                     &a[11], &a[12], &a[13], &a[14], &a[15], &a[16], &a[17]))
         return NULL;
     if (a[13] == NULL) a[13] = Py_None; /* notify is optional */
     if (a[14] == NULL) a[14] = Py_None; /* userns_owner is optional */
     if (a[15] == NULL) a[15] = Py_None; /* session is optional */
     if (a[16] == NULL) a[16] = Py_None; /* identity is optional: the agent, uid 1000 */
+    if (a[17] == NULL) a[17] = Py_None; /* decoys is optional: no template */
     for (int i = 0; i < 13; i++)
         if (a[i] == NULL)
             return PyErr_Format(PyExc_TypeError, "spawn() missing required keyword argument '%s'",
@@ -1590,6 +1928,7 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
         spec_free(&s);
         return NULL;
     }
+    decoy_template(&s);
     s.parent = getpid();
     /* No signal handler may run in the child before it resets them. */
     sigfillset(&all);
@@ -1702,7 +2041,7 @@ PyDoc_STRVAR(userns_doc,
 PyDoc_STRVAR(spawn_doc,
              "spawn(*, argv, env, workdir, mounts, landlock, seccomp, cgroup_procs, loginuid, stdio,\n"
              "      status_pipe, go_pipe, cap_last, keep_fds, notify=None, userns_owner=None,\n"
-             "      session=None, identity=None) -> int\n\n"
+             "      session=None, identity=None, decoys=None) -> int\n\n"
              "Fork the cell's first child (C1) and return its pid. Everything is checked and\n"
              "converted before the fork (TypeError/ValueError, nothing forked); the children\n"
              "then report on status_pipe as stockade.cell._launch expects.");
@@ -1719,4 +2058,9 @@ static struct PyModuleDef native_module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&native_module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *module = PyModule_Create(&native_module);
+    /* spawn() takes decoys=: _launch asks, so that an older build still loads (with_native.py). */
+    if (module != NULL && PyModule_AddIntConstant(module, "DECOY_TEMPLATES", 1) < 0) Py_CLEAR(module);
+    return module;
+}

@@ -30,6 +30,7 @@ def spawn(
     notify: tuple[bytes, int] | None = None,
     session: int | None = None,
     identity: tuple[int, int, int] | None = None,
+    decoys: tuple[int, int, tuple[_Path, ...]] | None = None,
 ) -> int:
     """Fork the cell's first child and return its pid.
 
@@ -42,12 +43,19 @@ def spawn(
     the socket on which the cell's init sends that listener (SCM_RIGHTS).
     ``session``: a descriptor, also in ``keep_fds``, on which the cell's init
     serves session calls instead of running ``argv`` (``_session_init.h``).
+    ``decoys``: (uid, gid, writable paths): the host ids that own the cell's
+    decoys and the paths it may write beneath; the decoy directories outside
+    those are then copies of a template made once per process (from the
+    second launch that asks for the same one); None: each cell makes them.
 
     Raises:
         TypeError, ValueError: an argument is malformed (checked before forking).
         OSError: fork failed.
     """
 
+
+DECOY_TEMPLATES: int
+"""Set where ``spawn`` takes ``decoys``."""
 
 def userns(uid_map: bytes, gid_map: bytes, /) -> int:
     """The fd of a fresh user namespace with these maps (setgroups denied),
