@@ -478,7 +478,8 @@ class Cell:
         audit = self._audit_reader()
         plan, landlock, seccomp = self._prepared_plan()
         events: list[Event] = []
-        before = snapshot(self._walked(plan), protected=plan.protected)
+        walked = self._walked(plan)
+        before = snapshot(walked, protected=_inside(plan.protected, walked))
         cgroup = CellCgroup.create(cell_id, limits, within=self.cgroup_within)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -880,6 +881,15 @@ class Cell:
         landlock, seccomp = prepare_layers(self.policy, plan)
         self._prepared = (now, plan, landlock, seccomp)
         return plan, landlock, seccomp
+
+
+def _inside(paths: tuple[str, ...], roots: tuple[str, ...]) -> tuple[str, ...]:
+    """``paths`` that lie under one of ``roots``: the protected paths that a
+    snapshot of ``roots`` notes (``_persist.snapshot`` looks at no other).
+    A fresh workspace is not walked, and its two dozen protected paths
+    (``.bashrc``, ``.git/hooks``…) are not looked up before and after each run."""
+    tops = tuple(r.rstrip("/") + "/" for r in roots)
+    return tuple(p for p in paths if p.startswith(tops)) if tops else ()
 
 
 def _watch_connects(
