@@ -61,6 +61,7 @@ from stockade.cell._audit_mount import (
     ensure_dir_decoy,
     ensure_proc_decoy,
     foreign_rules,
+    is_stockade_rule,
     rule_payloads,
     task_rule,
 )
@@ -405,12 +406,13 @@ class AuditReader:
         if self._lease < 0:
             self._lease = _take_lease()
         # Listed after the lease: a remover that held it exclusively is done.
-        foreign = self._foreign_rules(timeout)
+        listed = self._listed_rules(timeout)
+        foreign = None if listed is None else foreign_rules(listed)
         spare = task_rule()
         self.task_rule = None if foreign is None else foreign == 0
         if foreign == 0:
             payloads.append(spare)
-        elif foreign:
+        elif listed is not None and any(is_stockade_rule(r) and r[:4] == spare[:4] for r in listed):
             # The operator's own rules need every task's audit context: an
             # earlier reader's rule that spares tasks outside cells goes.
             self._add_rules([spare], timeout, kind=AUDIT_DEL_RULE)
@@ -428,16 +430,16 @@ class AuditReader:
                 why,
             )
 
-    def _foreign_rules(self, timeout: float) -> int | None:
-        """How many loaded audit rules are not stockade's (``AUDIT_LIST_RULES``
-        on a control socket of its own, so that no record is in the way);
-        None when they cannot be listed."""
+    def _listed_rules(self, timeout: float) -> list[bytes] | None:
+        """The loaded audit rules (``AUDIT_LIST_RULES`` on a control socket
+        of its own, so that no record is in the way); None when they cannot
+        be listed."""
         try:
             if self._control is None:
                 with initial():
                     self._control = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
                 self._control.bind((0, 0))
-            return foreign_rules(_list_rules(self._control, timeout))
+            return _list_rules(self._control, timeout)
         except OSError:
             return None
 
