@@ -492,8 +492,10 @@ class AuditReader:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread and close the socket; the last reader of the host
-        removes the audit rules. Auditing stays enabled (see the module doc)."""
+        """Stop the thread and close the socket; the audit rules go a few
+        seconds after the last reader of the host has closed (a detached
+        remover takes them: ``_audit_lease``). Auditing stays enabled (see
+        the module doc)."""
         with self._lock:
             if self._closed:
                 return
@@ -988,8 +990,9 @@ def _other_netns(limit: int = 3) -> list[tuple[int, str]]:
 
 RULES_LEASE: Final = "/run/stockade/audit-rules.lock"
 """Every reader of this host holds a shared ``flock`` on this file while it
-needs the audit rules; the last one to close (it gets the exclusive lock)
-removes them. A host without a writable ``/run`` keeps them, as before."""
+needs the audit rules; a closing reader hands its lock to a remover
+(``_audit_lease``), which removes them once it gets the lock exclusively. A
+host without a writable ``/run`` keeps them, as before."""
 
 
 LEASE_WAIT: Final = 10.0
