@@ -15,7 +15,7 @@ from stockade.policy import Policy, default_policy
 _SCRIPT = (
     # The mounts at the decoy (mount point and root of each), the owner and
     # type of every name it shows, then a write into it.
-    "awk '$5 == \"{dst}\" {{print \"mount\", $4}}' /proc/self/mountinfo; "
+    'awk \'$5 == "{dst}" {{print "mount", $4}}\' /proc/self/mountinfo; '
     "cd {dst} && for n in {names}; do stat -c 'name %n %u %F' \"$n\"; done; "
     "echo x > {dst}/planted"
 )
