@@ -213,3 +213,36 @@ def test_the_grants_walk_leaves_the_same_holes_as_matching_every_entry(tmp_path:
 )
 def test_the_glob_check_is_globs_own(pattern: str) -> None:
     assert _plan._has_magic(pattern) == glob.has_magic(pattern)
+
+
+@pytest.mark.parametrize(
+    "path", ["/etc/ssl/certs", "/etc", "/", "//x", "///", "/a//b", "/a/b/", "rel/x", "x", ""]
+)
+def test_the_rulesets_dirname_is_os_paths(path: str) -> None:
+    from stockade.cell._layers import _dirname
+
+    assert _dirname(path) == os.path.dirname(path)
+
+
+def test_a_path_shows_the_host_where_the_last_mount_over_it_is_a_bind() -> None:
+    from stockade.cell._layers import _covers, _shows_host
+    from stockade.cell._plan import MountOp
+
+    mounts = (
+        MountOp("bind", "/etc", src="/etc"),
+        MountOp("decoy_dir", "/etc/ssh"),
+        MountOp("bind", "/etc/ssh/keep", src="/etc/ssh/keep"),
+        MountOp("symlink", "/etc/ssh/keep/link", src="/x"),
+        MountOp("tmpfs", "/tmp"),
+    )
+    covers = _covers(mounts)
+    shown = {p: _shows_host(covers, p) for p in ("/etc", "/etc/ssl", "/etc/ssh", "/etc/ssh/a", "/etc/sshd")}
+    assert shown == {
+        "/etc": True,
+        "/etc/ssl": True,
+        "/etc/ssh": False,
+        "/etc/ssh/a": False,
+        "/etc/sshd": True,
+    }
+    assert _shows_host(covers, "/etc/ssh/keep/link") and not _shows_host(covers, "/tmp/x")
+    assert not _shows_host(covers, "/usr")

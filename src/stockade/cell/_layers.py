@@ -83,10 +83,11 @@ def prepare_layers(
     ready: list[bytes] = []
     local: list[tuple[bytes, int, int]] = []
     held = HostDescriptors()
+    covers = _covers(plan.mounts)
     for raw, dir_rights, file_rights in (*prepared.paths, *extra):
         name = raw.decode()
-        entry = os.path.dirname(name) in listed and name not in listed
-        opened = held.open(name) if not entry and _shows_host(plan.mounts, name) else None
+        entry = _dirname(name) in listed and name not in listed
+        opened = held.open(name) if not entry and _shows_host(covers, name) else None
         if opened is None:
             local.append((raw, dir_rights, file_rights))
             continue
@@ -106,16 +107,30 @@ def prepare_layers(
     return prepared, _seccomp_filters(policy.mode, plan.setid)
 
 
-def _shows_host(mounts: tuple[MountOp, ...], path: str) -> bool:
+def _covers(mounts: tuple[MountOp, ...]) -> tuple[tuple[str, str, bool], ...]:
+    """(path, path + "/", whether it binds the host) of each mount that covers
+    a tree, in the plan's order: what ``_shows_host`` looks through."""
+    return tuple(
+        (op.dst, op.dst.rstrip("/") + "/", op.kind == "bind") for op in mounts if op.kind != "symlink"
+    )
+
+
+def _shows_host(covers: tuple[tuple[str, str, bool], ...], path: str) -> bool:
     """Whether ``path`` in the cell is the host's own inode (the last mount
     that covers it is a bind of the host)."""
-    covering: MountOp | None = None
-    for op in mounts:
-        if op.kind == "symlink":
-            continue
-        if path == op.dst or path.startswith(op.dst.rstrip("/") + "/"):
-            covering = op
-    return covering is not None and covering.kind == "bind"
+    for dst, below, bind in reversed(covers):
+        if path == dst or path.startswith(below):
+            return bind
+    return False
+
+
+def _dirname(path: str) -> str:
+    """``os.path.dirname`` of a str path, without its per-call conversions
+    (it runs for each of a ruleset's ~300 paths)."""
+    head = path[: path.rfind("/") + 1]
+    if head and head != "/" * len(head):
+        head = head.rstrip("/")
+    return head
 
 
 class _Shared:
