@@ -5,7 +5,7 @@ Every audit reader of the host holds a shared ``flock`` on ``RULES_LEASE``
 when nobody needs them any more, since while they are loaded the host pays
 for them (docs/PERFORMANCE.md). Removing them takes one ``AUDIT_DEL_RULE``
 round trip per rule, each 7-15 ms in the kernel here where an add takes
-0.02 (ten: 120-160 ms, ``strace -r``): time that the last ``stockade exec``
+0.02 (ten: 120-160 ms, measured): time that the last ``stockade exec``
 spent at exit, after its command had ended. So a reader that closes hands its
 lease over instead, and returns at once:
 
