@@ -76,7 +76,7 @@ async def _settled(task: str) -> None:
     from stockade.harness import _inspect
 
     while True:
-        pools = [pool.stats() for key, pool in _inspect._POOLS.items() if key[0] == task]
+        pools = [pool.stats() for pool in _inspect._POOLS.values()]
         if all(p["starting"] == 0 for p in pools) and _inspect._LATER.wait(0):
             return
         await asyncio.sleep(0.01)
@@ -168,7 +168,7 @@ async def _measure(rounds: int, state: str, hosted: str) -> None:
             task = f"bench-{round_}"
             await _settled("bench")
             begun = time.perf_counter()
-            await kind_type.task_init(task, cfg)
+            await kind_type.task_init("startup", cfg)  # as Inspect calls them, once per config
             await one_sample(task=task)
             whole.setdefault(("first", kind), []).append(time.perf_counter() - begun)
             for _ in range(block - 1):
@@ -176,7 +176,7 @@ async def _measure(rounds: int, state: str, hosted: str) -> None:
             for _ in range(block - 1):
                 await _settled(task)
                 whole.setdefault(("warm", kind), []).append(await _timed(lambda t=task: one_sample(task=t)))
-            await kind_type.task_cleanup(task, cfg, True)
+            await kind_type.task_cleanup("shutdown", cfg, True)
 
     print(f"per call ({rounds} rounds)")
     for (name, kind), samples in calls.items():

@@ -87,6 +87,7 @@ async def _shared_env(_host: tuple[str, Path]) -> AsyncIterator[SandboxEnvironme
         await sandbox_type.sample_cleanup("conformance", config, envs, False)
         assert env.report is not None and env.report["record"]["via"] == via
         assert env.report["record"]["store"] is not None
+        await sandbox_type.task_cleanup("shutdown", config, True)  # the spare no sample took
 
 
 @pytest.fixture

@@ -48,3 +48,5 @@ def test_the_example_task_runs_and_its_log_says_what_was_refused(tmp_path: Path)
         "read of /etc/shadow refused by landlock (fs.read_file)"
     ]
     assert report["record"]["store"] == str(tmp_path / "state" / "events.db")
+    # Inspect's task_init started the sample's session ahead of it (harness/_pool.py).
+    assert report["session"]["started_ahead"] is True

@@ -50,7 +50,7 @@ def _start(record: SampleRecord) -> dict[str, Any]:
 
 
 async def _three_samples(sandbox_type: Any, config: Any, task: str) -> list[Any]:
-    await sandbox_type.task_init(task, config)
+    await sandbox_type.task_init("startup", config)  # as Inspect calls it, once per config
     envs = []
     try:
         for n in range(3):
@@ -59,12 +59,15 @@ async def _three_samples(sandbox_type: Any, config: Any, task: str) -> list[Any]
             assert "m" not in found, found
             envs.append(env)
     finally:
-        await sandbox_type.task_cleanup(task, config, True)
+        await sandbox_type.task_cleanup("shutdown", config, True)
     return envs
 
 
-def _check_samples(envs: list[Any]) -> None:
+def _check_samples(envs: list[Any], task: str) -> None:
     assert [_start(env.record)["ahead"] for env in envs] == [True, True, True]
+    # Started before any sample named its task (Inspect's task_init has none), named by its sample.
+    assert [env.report["task"] for env in envs] == [task] * 3
+    assert [_start(env.record)["task"] for env in envs] == [task] * 3
     runs = [env.record.run_id for env in envs]
     cells = [tuple(env.report["cells"]) for env in envs]
     assert len(set(runs)) == 3 and len(set(cells)) == 3  # never one sample's session for another
@@ -85,7 +88,7 @@ async def test_in_process_samples_take_fresh_spares_and_the_unused_one_is_record
     state = tmp_path / "state"
     config = sandbox_type.config_deserialize({"state": str(state)})
     envs = await _three_samples(sandbox_type, config, "spares")
-    _check_samples(envs)
+    _check_samples(envs, "spares")
     assert [env.report["record"]["via"] for env in envs] == ["process"] * 3
     assert not _inspect._POOLS
     # The spares the last samples' ends started, which no sample took: ended
@@ -110,10 +113,17 @@ async def test_through_a_daemon_every_spare_run_has_ended_after_task_cleanup(tmp
     dt.start()
     try:
         envs = await _three_samples(sandbox_type, config, "hosted-spares")
-        _check_samples(envs)
+        _check_samples(envs, "hosted-spares")
         assert [env.report["record"]["via"] for env in envs] == ["daemon"] * 3
         with Client(dt.socket_path, timeout=60) as client:
             runs = client.call("run.list", all=True)["runs"]
+            names = {r["id"]: r["name"] for r in runs}
+            # `stockade ps`: the spare task_init started has no task to be named after yet.
+            assert [names[env.record.run_id] for env in envs] == [
+                "inspect/spare",
+                "inspect/hosted-spares",
+                "inspect/hosted-spares",
+            ]
             assert [r for r in runs if r["state"] == "running"] == []
             assert client.sessions() == []
             unused = [r["id"] for r in runs if r["id"] not in {env.record.run_id for env in envs}]
@@ -150,13 +160,13 @@ def _fake_pool(most: int = 3) -> tuple[SparePool, list[Spare], threading.Event]:
     gate = threading.Event()
     gate.set()
 
-    def start() -> Spare:
+    def start(task: str) -> Spare:
         gate.wait(30)
         spare = Spare(_Host(len(made)), object(), "/", default_policy("inspect"), _pool.time.monotonic(), 0.0)  # type: ignore[arg-type]
         made.append(spare)
         return spare
 
-    return SparePool(start, most=most), made, gate
+    return SparePool(start, most=most, task="t"), made, gate
 
 
 def test_a_spare_of_another_policy_or_too_old_is_ended_not_used(monkeypatch: pytest.MonkeyPatch) -> None:

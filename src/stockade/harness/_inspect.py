@@ -18,6 +18,7 @@ in tests/harness/test_inspect_conformance.py.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import errno
@@ -136,6 +137,8 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         """The containment report, once the sample has been cleaned up."""
         self._pool: SparePool | None = None
         """The task's spares, which this sample's end starts the next of."""
+        self._session: dict[str, Any] = {}
+        """When the sample's session started, and whether ahead of it (the report's ``session``)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -165,12 +168,16 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
 
         policy, state = resolve_policy(config)
         _host.check(policy)
-        # Then start the task's first spare session (_pool): the first sample
-        # takes it instead of waiting for its own cell (and run) to start.
-        key = _pool_key(task_name, config)
+        # Then start the first spare session of this config (_pool): the first
+        # sample takes it instead of waiting for its own cell (and run) to
+        # start. Inspect calls this once per sandbox config for the whole eval,
+        # with the task name "startup": a spare learns its task from the
+        # sample that takes it (and the ones a sample's end starts, from it).
+        key = _pool_key(config)
         pool = SparePool(
-            lambda: _start_session(task_name, policy, state, sample_id=None),
+            lambda task: _start_session(task, policy, state, sample_id=None),
             most=cls.default_concurrency() or 1,
+            task=SPARE_TASK,
         )
         with _POOLS_LOCK:
             previous = _POOLS.pop(key, None)
@@ -189,17 +196,20 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         current = sample_state()  # set before the sandbox is (Inspect's task runner)
         sample_id = f"{current.sample_id}/{current.epoch}" if current is not None else ""
         with _POOLS_LOCK:
-            pool = _POOLS.get(_pool_key(task_name, config))
+            pool = _POOLS.get(_pool_key(config))
         spare = await _in_thread(lambda: pool.take(policy)) if pool is not None else None
+        ahead = spare is not None
         if spare is None:
             # A daemon's run when one runs (`stockade ps` lists the sample, its
             # events are stored live), else a session in this process (_hosted).
             spare = await _in_thread(lambda: _start_session(task_name, policy, state, sample_id=sample_id))
         else:
+            spare.host.record.task = task_name
             spare.host.record.sample = sample_id
             _sample_started(spare, ahead=True)
         env = cls(spare.workbench, spare.host, spare.cwd)
         env._pool = pool
+        env._session = {"started_ahead": ahead, "started": round(spare.started_at, 6)}
         return {"default": env}
 
     @classmethod
@@ -219,13 +229,12 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
         # Each sample's session ended at its sample_cleanup, its record in the
-        # store by then; left: the spares no sample took, and the daemon runs'
-        # placeholders that samples' ends handed on (_pool.Later).
+        # store by then; left: this config's spares that no sample took, and
+        # the daemon runs' placeholders that samples' ends handed on
+        # (_pool.Later). Inspect calls this once per config ("shutdown").
         with _POOLS_LOCK:
-            pools = [p for k, p in _POOLS.items() if k[0] == task_name]
-            for k in [k for k in _POOLS if k[0] == task_name]:
-                del _POOLS[k]
-        for pool in pools:
+            pool = _POOLS.pop(_pool_key(config), None)
+        if pool is not None:
             await _in_thread(pool.close)
         await _in_thread(_LATER.wait)
 
@@ -250,10 +259,11 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
             interrupted=interrupted,
         )
         landed = await _in_thread(lambda: self.host.finish(later=_LATER))
-        self.report = containment_report(self.record, landed=landed)
+        self.report = {**containment_report(self.record, landed=landed), "session": dict(self._session)}
         _attach_to_sample(self.report)
         if self._pool is not None:
-            self._pool.fill()  # the next sample's spare, now that this one's cell is gone
+            # The next sample's spare, now that this one's cell is gone.
+            self._pool.fill(task=self.record.task)
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         """``stockade session shell`` for the sample's session, when the daemon
@@ -401,21 +411,36 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
             )
 
 
-_POOLS: dict[tuple[str, str], SparePool] = {}
-"""The spares of each (task, sandbox config) between its task_init and task_cleanup."""
+_POOLS: dict[str, SparePool] = {}
+"""The spares of each sandbox config between its task_init and task_cleanup."""
+SPARE_TASK = "spare"
+"""The task name a spare started by task_init runs under (its daemon run is
+``inspect/spare``) until a sample takes it and names it."""
 _POOLS_LOCK = threading.Lock()
 _LATER = Later()
 """What samples' ends handed on (a daemon run's placeholder to stop)."""
 
 
-def _pool_key(task_name: str, config: SandboxEnvironmentConfigType | None) -> tuple[str, str]:
+@atexit.register
+def _close_pools() -> None:
+    """Spares left by a caller that never called task_cleanup (Inspect always
+    does): ended and recorded before the interpreter goes, not killed with it."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.close()
+    _LATER.wait(30.0)
+
+
+def _pool_key(config: SandboxEnvironmentConfigType | None) -> str:
     if config is None:
-        return task_name, ""
+        return ""
     if isinstance(config, str):
-        return task_name, "file:" + os.path.abspath(config)
+        return "file:" + os.path.abspath(config)
     if isinstance(config, BaseModel):
-        return task_name, f"{type(config).__name__}:{config.model_dump_json()}"
-    return task_name, repr(config)
+        return f"{type(config).__name__}:{config.model_dump_json()}"
+    return repr(config)
 
 
 def _start_session(task_name: str, policy: Policy, state: str | None, *, sample_id: str | None) -> Spare:

@@ -78,8 +78,11 @@ class Spare:
 class SparePool:
     """The spares of one task and sandbox config (see the module's docstring)."""
 
-    def __init__(self, start: Callable[[], Spare], *, most: int) -> None:
+    def __init__(self, start: Callable[[str], Spare], *, most: int, task: str) -> None:
+        """``start(task)`` starts one spare for samples of ``task`` (the last
+        ``fill`` named; ``task`` until one does)."""
         self._start = start
+        self._task = task
         self._most = max(0, most)
         self._cond = threading.Condition()
         self._ready: list[Spare] = []
@@ -90,12 +93,17 @@ class SparePool:
         self.failure: BaseException | None = None
         """Why the last spare could not start (filling stopped then)."""
 
-    def fill(self) -> None:
-        """Start spares until as many are ready or starting as are wanted."""
+    def fill(self, *, task: str | None = None) -> None:
+        """Start spares until as many are ready or starting as are wanted (for
+        samples of ``task``, the one whose sample just ended, from now on)."""
         with self._cond:
+            if task is not None:
+                self._task = task
             while not self._closed and self.failure is None and self._count() < self._wanted:
                 self._starting += 1
-                thread = threading.Thread(target=self._one, name="stockade-spare", daemon=True)
+                thread = threading.Thread(
+                    target=self._one, args=(self._task,), name="stockade-spare", daemon=True
+                )
                 self._threads.add(thread)
                 thread.start()
 
@@ -145,10 +153,10 @@ class SparePool:
     def _count(self) -> int:
         return len(self._ready) + self._starting
 
-    def _one(self) -> None:
+    def _one(self, task: str) -> None:
         spare: Spare | None = None
         try:
-            spare = self._start()
+            spare = self._start(task)
         except BaseException as exc:  # the sample that starts its own will say why
             with self._cond:
                 self.failure = exc
