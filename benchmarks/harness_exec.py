@@ -2,6 +2,9 @@
 the same SandboxEnvironment API a task's tools use.
 
 Run as root from the repository:  .venv/bin/python benchmarks/harness_exec.py [--rounds N]
+Against an older stockade: ``git archive REV src | tar -x -C OLD``, copy the
+built ``*.so`` beside (src/stockade/cell/_native*, broker/_fastread*), then
+``PYTHONPATH=OLD/src .venv/bin/python benchmarks/harness_exec.py``.
 
 Two figures, each the median and 90th percentile over interleaved rounds from
 this one warm process (local first, then stockade, every round):
@@ -75,9 +78,11 @@ async def _settled(task: str) -> None:
     what an eval's model time between samples gives the machine."""
     from stockade.harness import _inspect
 
+    # getattr: an older stockade (PYTHONPATH=OLD/src, to compare) has neither.
+    later = getattr(_inspect, "_LATER", None)
     while True:
-        pools = [pool.stats() for pool in _inspect._POOLS.values()]
-        if all(p["starting"] == 0 for p in pools) and _inspect._LATER.wait(0):
+        pools = [pool.stats() for pool in getattr(_inspect, "_POOLS", {}).values()]
+        if all(p["starting"] == 0 for p in pools) and (later is None or later.wait(0)):
             return
         await asyncio.sleep(0.01)
 
@@ -162,6 +167,7 @@ async def _measure(rounds: int, state: str, hosted: str) -> None:
                 if kind != "local":
                     start = next(e for e in env.record.events() if e.kind == "harness.sample.start")
                     ahead[kind] = ahead.get(kind, 0) + bool(start.detail.get("ahead"))
+                    ahead["of"] = ahead.get("of", 0) + (kind == "stockade")
 
             await _settled("bench")
             whole.setdefault(("alone", kind), []).append(await _timed(one_sample))
