@@ -16,8 +16,10 @@ Each round runs, interleaved from this one warm process:
 for ``/bin/true`` and ``sh -c 'echo hi'`` (fresh cells in a block of their
 own, after the others: an ended cell's namespaces are torn down by the
 kernel in the background, and a call right after one pays for it), then 4 KiB ``write_file`` +
-``read_file``, then the cost of moving 8 MiB of stdin through each path (and
-base64 of 8 MiB alone, what the daemon's JSON adds). The median and 90th
+``read_file``, then a session's own start and end (in process and through
+the daemon, beside a fresh cell's whole life), then the cost of moving 8 MiB
+of stdin through each path (and base64 of 8 MiB alone, what the daemon's
+JSON adds). The median and 90th
 percentile of each. The aim: a session's exec under 10 ms. Nothing here
 asserts a time.
 """
@@ -100,6 +102,29 @@ def main() -> None:
                         )
                 print(f"\nwrite_file + read_file of 4 KiB ({rounds} rounds)")
                 for label, samples in files.items():
+                    print(f"  {label:30s} {_stats(samples)}")
+                # A session's own start and end, beside a fresh cell's whole
+                # life (the same launch and teardown, with one command).
+                text = json.dumps({"name": "bench", "workspace": ws})
+                ends: dict[str, list[float]] = {
+                    "Session.start": [],
+                    "Session.close": [],
+                    "RemoteSession open": [],
+                    "RemoteSession close": [],
+                    "Cell.run /bin/true": [],
+                }
+                for _ in range(max(5, rounds // 5)):
+                    start = time.perf_counter()
+                    opened = Session(workspace=ws).start()
+                    ends["Session.start"].append(time.perf_counter() - start)
+                    ends["Session.close"].append(_timed(opened.close))
+                    start = time.perf_counter()
+                    hosted = client.open_session(policy_text=text)
+                    ends["RemoteSession open"].append(time.perf_counter() - start)
+                    ends["RemoteSession close"].append(_timed(hosted.close))
+                    ends["Cell.run /bin/true"].append(_timed(lambda: cell.run(["/bin/true"])))
+                print(f"\na session's start and end ({len(ends['Session.start'])} rounds)")
+                for label, samples in ends.items():
                     print(f"  {label:30s} {_stats(samples)}")
                 moved: dict[str, list[float]] = {
                     "subprocess.run (host)": [],
