@@ -61,12 +61,13 @@ never on this path (``dataclasses``, with the ``inspect``, ``ast``, ``dis`` and
 ``tokenize`` it pulls in: every class of the path is a ``stockade._slots``
 one)."""
 
-MAX_MODULES = 112
+MAX_MODULES = 113
 """Everything in ``sys.modules`` at the end, the interpreter's own included:
-112 (the last 13 dataclasses slotted: no ``dataclasses``, ``inspect``,
-``ast``, ``dis``, ``tokenize``, ``linecache``, ``token``, ``opcode``,
-``_opcode``, ``copy``, ``weakref``, ``importlib.machinery``…; ``glob`` only
-for a pattern, ``importlib`` only for a lazy name), 129 (``shutil``, with the
+113 (``gc``, built in: the collector's threshold while exec runs), 112 (the
+last 13 dataclasses slotted: no ``dataclasses``, ``inspect``, ``ast``,
+``dis``, ``tokenize``, ``linecache``, ``token``, ``opcode``, ``_opcode``,
+``copy``, ``weakref``, ``importlib.machinery``…; ``glob`` only for a
+pattern, ``importlib`` only for a lazy name), 129 (``shutil``, with the
 zlib, bz2 and lzma it pulls in, only when a workspace is left non-empty or a
 report is reverted; ``_disk`` only for a disk limit; ``_slots`` added: plain
 classes instead of dataclasses; the policy's rule classes, which a default
