@@ -95,7 +95,7 @@ async def test_in_process_samples_take_fresh_spares_and_the_unused_one_is_record
     # at task_cleanup, each one's record in the store as a sample's would be.
     with open_store(_paths.store_path(str(state)), readonly=True) as store:
         unused = [s for s in store.query() if s.event.kind == "harness.sample.unused"]
-        assert 1 <= len(unused) <= sandbox_type.default_concurrency()  # back to back, the pool grows
+        assert len(unused) == 1  # one at a time, back to back: the pool stays at one
         for stored in unused:
             assert "the task ended" in stored.event.summary
             assert stored.event.run not in {env.record.run_id for env in envs}
@@ -127,8 +127,8 @@ async def test_through_a_daemon_every_spare_run_has_ended_after_task_cleanup(tmp
             assert [r for r in runs if r["state"] == "running"] == []
             assert client.sessions() == []
             unused = [r["id"] for r in runs if r["id"] not in {env.record.run_id for env in envs}]
-            # The spares no sample took: back to back, the pool grows, to its most.
-            assert len(runs) == 3 + len(unused) and 1 <= len(unused) <= sandbox_type.default_concurrency()
+            # The spare no sample took: one at a time, the pool stays at one.
+            assert len(runs) == 4 and len(unused) == 1
             for run in unused:
                 page = client.call("events.export", run=run, format="jsonl")
                 assert '"session.open"' in page["data"] and '"harness' not in page["data"]
@@ -193,13 +193,19 @@ def test_the_pool_grows_only_when_a_sample_found_no_spare() -> None:
     pool, made, _gate = _fake_pool(most=2)
     policy = default_policy("inspect")
     pool.fill()
-    first = pool.take(policy)  # none ready yet: it waited for the one being started
-    assert first is made[0] and pool.stats()["wanted"] == 2
-    pool.fill()  # a sample's end: two more, both wanted
-    second = pool.take(policy)
-    assert second is not None and pool.stats()["wanted"] == 2  # at most `most`
+    first = pool.take(policy)  # none ready yet: it waits for the one being started
+    assert first is made[0] and pool.stats()["wanted"] == 1  # and that asks for no more
+    second = pool.take(policy)  # none ready, none starting: the sample starts its own
+    assert second is None and pool.stats()["wanted"] == 2  # and two are started behind it
+    third = pool.take(policy)
+    assert third is not None and pool.stats()["wanted"] == 2
+    pool.fill()
+    fourth = pool.take(policy)
+    assert fourth is not None and pool.stats()["wanted"] == 2  # at most `most`
     pool.close()  # waits for those still starting, and ends them
-    assert len(made) == 3 and pool.take(policy) is None and pool.stats()["ready"] == 0
-    unused = [s for s in made if s is not first and s is not second]
-    assert len(unused) == 1 and unused[0].host.closed and unused[0].host.finished  # type: ignore[attr-defined]
-    assert not first.host.closed and not second.host.closed  # type: ignore[attr-defined]
+    assert pool.take(policy) is None and pool.stats()["ready"] == 0
+    taken = [first, third, fourth]
+    unused = [s for s in made if s not in taken]
+    assert len(made) == 4 and len(unused) == 1
+    assert unused[0].host.closed and unused[0].host.finished  # type: ignore[attr-defined]
+    assert not any(s.host.closed for s in taken)  # type: ignore[attr-defined]

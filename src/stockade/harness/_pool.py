@@ -21,11 +21,10 @@ What a spare is, and is not:
   no sample took is ended at ``task_cleanup`` (or when too old) with a
   ``harness.sample.unused`` event, and its record lands like a sample's.
 
-How many: one at first; each ``take`` that found none ready (it waited for
-one being started, or got none) asks for one more, up to ``most`` (the
-sandbox's ``default_concurrency``), so an eval with time between its samples
-holds one idle cell, and one that starts them faster, or more at once, as
-many as it showed it needs.
+How many: one at first; each ``take`` that found none, ready or starting,
+asks for one more, up to ``most`` (the sandbox's ``default_concurrency``), so
+a sequential eval holds one idle cell and a concurrent one as many as it
+showed it needs.
 A spare is started when a sample ends (and by ``task_init``), so the cells
 alive are the samples running and at most that many spares.
 A spare that fails to start stops the filling: the sample then starts its own
@@ -116,7 +115,6 @@ class SparePool:
         stale: list[Spare] = []
         got: Spare | None = None
         with self._cond:
-            none_ready = not self._ready
             while True:
                 while self._ready:
                     spare = self._ready.pop(0)
@@ -128,10 +126,12 @@ class SparePool:
                 if got is not None or self._starting == 0 or self._closed:
                     break
                 self._cond.wait()
-            if none_ready and not self._closed:
-                # This sample found none ready (it waited for one, or starts
-                # its own): the eval starts samples faster than one spare
-                # is made, or runs more at once than there are spares.
+            if got is None and not self._closed:
+                # None ready and none starting: the eval runs more samples at
+                # once than there are spares. (One that only waited for a
+                # spare being started does not ask for more: back to back, with
+                # no time between samples, more spares only start more cells
+                # beside the sample, and it measured slower, docs/PERFORMANCE.md.)
                 self._wanted = min(self._most, self._wanted + 1)
         for spare in stale:
             self._end_later(spare, "it waited past its age or its policy changed")
