@@ -210,3 +210,26 @@ def test_the_init_lets_go_of_the_launchers_memory(tmp_path: Path) -> None:
         assert s.exec(["sh", "-c", "exit 3"]).returncode == 3
     assert s.close().exit_code == 0
     del ballast
+
+
+def test_an_open_that_waits_past_its_timeout_is_killed(session: Session) -> None:
+    """A fifo with no writer: the opener (a fork in the call's process group)
+    is killed at the call's timeout, so no reader of the fifo is left behind
+    (a non-blocking write meets none: ENXIO), and the session goes on."""
+    assert session.exec(["mkfifo", "nobody-writes"]).returncode == 0
+    with pytest.raises(TimeoutError) as caught:
+        session.read_file("nobody-writes", timeout=0.5)
+    assert caught.value.errno == errno.ETIMEDOUT and "nobody-writes" in str(caught.value)
+    with pytest.raises(OSError) as none_left:
+        session.write_file("nobody-writes", b"x", block=False)
+    assert none_left.value.errno == errno.ENXIO
+    assert session.exec(["mkfifo", "nobody-reads"]).returncode == 0
+    with pytest.raises(TimeoutError):
+        session.write_file("nobody-reads", b"x", timeout=0.5)
+    # No opener is left in the cell: its processes are the init and this one.
+    alive = "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [1, os.getpid()])"
+    assert session.exec(["python3", "-c", alive]).stdout == b"True\n"
+    session.write_file("plain.txt", b"fine", timeout=0.5)  # the control: nothing waits, nothing times out
+    assert session.read_file("plain.txt", timeout=0.5) == b"fine"
+    with pytest.raises(UsageError, match="timeout"):
+        session.read_file("plain.txt", timeout=0)

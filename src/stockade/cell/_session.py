@@ -395,7 +395,13 @@ class Session:
         return result
 
     def read_file(
-        self, path: str, *, user: str | int | None = None, limit: int | None = None, block: bool = True
+        self,
+        path: str,
+        *,
+        user: str | int | None = None,
+        limit: int | None = None,
+        block: bool = True,
+        timeout: float | None = None,
     ) -> bytes:
         """The content of ``path`` as ``user`` sees it inside the cell.
 
@@ -406,10 +412,14 @@ class Session:
                 now (nothing without a writer) instead of holding the call
                 until a writer comes (the broker's fs intents: the path is the
                 agent's to choose).
+            timeout: seconds an open that waits (a fifo's writer, a device)
+                may take; the policy's ``limits.timeout`` by default. At the
+                deadline the opener is killed.
 
         Raises:
             FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
                 OSError: as Python's ``open`` raises them, for the path inside the cell.
+            TimeoutError: the open waited past ``timeout`` (ETIMEDOUT).
             UsageError: an argument is wrong, or the file is longer than ``limit``.
             CellError: the session is closed, or its cell is gone.
         """
@@ -417,7 +427,8 @@ class Session:
         uid, gid = self._user(user)
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
             raise UsageError(f"limit {limit!r} is not a number of bytes; pass e.g. 1048576, or None")
-        fd = self._open(where, uid, gid, os.O_RDONLY | (0 if block else os.O_NONBLOCK), -1)
+        seconds = self._timeout(timeout)
+        fd = self._open(where, uid, gid, os.O_RDONLY | (0 if block else os.O_NONBLOCK), -1, seconds)
         try:
             chunks: list[bytes] = []
             size = 0
@@ -448,6 +459,7 @@ class Session:
         mode: int | None = None,
         exist: Literal["replace", "fail", "append"] = "replace",
         block: bool = True,
+        timeout: float | None = None,
     ) -> None:
         """Create or replace ``path`` with ``data``, as ``user`` inside the cell.
 
@@ -460,10 +472,12 @@ class Session:
                 ``fs.write`` mode ``create``), or ``append`` to it.
             block: False opens it ``O_NONBLOCK``, as ``read_file``'s: a fifo
                 without a reader fails at once (ENXIO).
+            timeout: as ``read_file``'s (a fifo's reader, a read lease's holder).
 
         Raises:
             FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
                 OSError: as Python's ``open`` raises them, for the path inside the cell.
+            TimeoutError: the open waited past ``timeout`` (ETIMEDOUT).
             UsageError: an argument is wrong.
             CellError: the session is closed, or its cell is gone.
         """
@@ -480,7 +494,8 @@ class Session:
         if how is None:
             raise UsageError(f"exist {exist!r} is not one of replace, fail, append; pass e.g. 'replace'")
         flags = os.O_WRONLY | os.O_CREAT | how | (0 if block else os.O_NONBLOCK)
-        fd = self._open(where, uid, gid, flags, -1 if mode is None else mode)
+        seconds = self._timeout(timeout)
+        fd = self._open(where, uid, gid, flags, -1 if mode is None else mode, seconds)
         try:
             view = memoryview(body)
             while view:
@@ -513,7 +528,7 @@ class Session:
         uid, gid = self._user(user)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise UsageError(f"limit {limit!r} is not a number of entries; pass e.g. 10000")
-        fd = self._open(where, uid, gid, os.O_RDONLY | os.O_DIRECTORY, -1)
+        fd = self._open(where, uid, gid, os.O_RDONLY | os.O_DIRECTORY, -1, None)  # a directory never waits
         try:
             try:
                 names = sorted(os.listdir(fd))
@@ -784,7 +799,7 @@ class Session:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, 9)
 
-    def _open(self, path: str, uid: int, gid: int, flags: int, mode: int) -> int:
+    def _open(self, path: str, uid: int, gid: int, flags: int, mode: int, seconds: float | None) -> int:
         payload = (
             b"\0".join([b"O", b"%d" % uid, b"%d" % gid, os.fsencode(path), b"%d" % flags, b"%d" % mode])
             + b"\0"
@@ -811,7 +826,15 @@ class Session:
                         # third of a 4 KiB read (benchmarks/harness_exec.py).
                         call.pid = pid
                         ctl.sendall(b"G")
-                        fd, report = _receive_fd(ctl, rest)
+                        try:
+                            fd, report = _receive_fd(ctl, rest, seconds)
+                        except TimeoutError:
+                            # Only an open that may wait gets here, in the
+                            # fork the call's child left in its process group.
+                            self._kill_call(call, pid)
+                            raise TimeoutError(
+                                errno.ETIMEDOUT, f"opening it waited past the {seconds:g} s timeout", path
+                            ) from None
                 finally:
                     ctl.close()
             finally:
@@ -932,15 +955,22 @@ def _input(data: object, what: str = "input") -> bytes | None:
     raise UsageError(f"{what} is a {type(data).__name__}, not bytes; pass bytes (text.encode() for text)")
 
 
-def _receive_fd(ctl: socket.socket, rest: bytes, release_timeout: float = 2.0) -> tuple[int, bytes]:
+def _receive_fd(
+    ctl: socket.socket, rest: bytes, seconds: float | None, release_timeout: float = 2.0
+) -> tuple[int, bytes]:
     """The descriptor an open call's child sent, once the child let go of its
     own copy of it ("D": until then a caller that runs what it just wrote
     would meet ETXTBSY, or a fifo's other end); or (-1, its report) as soon
     as its error line is in. The wait for "D" is bounded (a child killed
-    between the two ends it at its EOF anyway)."""
+    between the two ends it at its EOF anyway).
+
+    Raises:
+        TimeoutError: no descriptor nor error within ``seconds``.
+    """
     got = bytearray(rest)
     room = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(4 * 4)  # SO_PASSCRED adds credentials
     fd = -1
+    ctl.settimeout(seconds)
     try:
         while True:
             if fd < 0 and _ERROR_LINE.search(got):
@@ -964,6 +994,8 @@ def _receive_fd(ctl: socket.socket, rest: bytes, release_timeout: float = 2.0) -
             if fd < 0:
                 got.extend(data)
     except TimeoutError:
+        if fd < 0:
+            raise
         return fd, bytes(got)  # a descriptor, its child slow to let go: the call has it all the same
 
 
