@@ -46,6 +46,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -99,6 +100,12 @@ struct cell_path_beneath { /* struct landlock_path_beneath_attr, packed: 12 byte
     uint64_t allowed_access;
     int32_t parent_fd;
 } __attribute__((packed));
+/* LANDLOCK_ACCESS_FS_EXECUTE, _WRITE_FILE, _READ_FILE, _TRUNCATE (ABI 3) and
+ * _IOCTL_DEV (ABI 5): the rights a rule on a file may hold. */
+#define LL_FILE_RIGHTS ((1ull << 0) | (1ull << 1) | (1ull << 2) | (1ull << 14) | (1ull << 15))
+/* The init keeps the descriptors of its Landlock paths below this number
+ * (or half its RLIMIT_NOFILE) open until close_except. */
+#define LL_OPEN_MAX 512
 struct cell_net_port { /* struct landlock_net_port_attr: 16 bytes */
     uint64_t allowed_access;
     uint64_t port;
@@ -157,7 +164,7 @@ struct op { /* one _plan.MountOp */
     size_t n_names;
     int tree_fd, tree_is_dir; /* set by C1: the detached copy of a host bind */
     int upper_fd;             /* overlay: set by C1, the detached copy of the upper's directory */
-    int tmpl;                 /* decoy_dir: shown as a copy of the decoy template's entry (decoy_template) */
+    int tmpl_fd;              /* decoy_dir: its template (decoy_template), shown as C1's copy; -1: made here */
 };
 
 struct spec {
@@ -193,7 +200,6 @@ struct spec {
     long decoy_uid, decoy_gid; /* the host ids of the cell's uid, who owns its decoys; -1: no template */
     const char **writable;     /* paths Landlock lets the cell write beneath: no template decoy there */
     size_t n_writable;
-    int decoy_tmpl;            /* the decoy template's mount (decoy_template), or -1 */
     size_t n_keep, n_c1_keep;
     pid_t parent;
     PyObject *owned; /* what the pointers above point into, alive until spec_free */
@@ -521,7 +527,7 @@ static void build_op(int fd, struct op *op, size_t index, int in_image) {
         return;
     case K_DECOY_DIR:
         makedirs(fd, dst);
-        if (op->tmpl) {
+        if (op->tmpl_fd >= 0) {
             /* Its names were made once, in the decoy template (decoy_template):
              * C1's copy of its entry is mounted here, nothing is made. */
             if (syscall(SYS_move_mount, op->tree_fd, "", AT_FDCWD, dst, CELL_MOVE_MOUNT_F_EMPTY_PATH) < 0)
@@ -684,11 +690,15 @@ static void apply_landlock(int fd, const struct spec *s) {
      * same search permission needed on it. Where the directory cannot be
      * opened, the path is opened whole, and fails as it would have. */
     char dir_path[PATH_MAX];
-    int dir_fd = -1;
+    int dir_fd = -1, open_max = LL_OPEN_MAX;
+    struct rlimit files;
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur / 2 < (rlim_t)open_max)
+        open_max = (int)(files.rlim_cur / 2);
     dir_path[0] = '\0';
     for (size_t i = 0; i < s->n_ll_paths; i++) {
         struct stat st;
         struct cell_path_beneath rule;
+        int added = 0;
         const char *path = s->ll_paths[i], *slash = strrchr(path, '/');
         size_t dir_len = slash != NULL ? (size_t)(slash - path) : 0;
         int entry = slash != NULL && slash[1] != '\0' && dir_len < sizeof dir_path;
@@ -708,13 +718,30 @@ static void apply_landlock(int fd, const struct spec *s) {
             if (errno == ENOENT || errno == ENOTDIR || errno == EACCES) continue;
             die(fd, ST_LANDLOCK, errno, "landlock: open ", s->ll_paths[i], NULL);
         }
-        if (fstat(path_fd, &st) < 0) die(fd, ST_LANDLOCK, errno, "landlock: stat ", s->ll_paths[i], NULL);
-        rule.allowed_access = S_ISDIR(st.st_mode) ? s->ll_dir_rights[i] : s->ll_file_rights[i];
         rule.parent_fd = path_fd;
-        if (rule.allowed_access &&
+        if ((s->ll_dir_rights[i] & ~LL_FILE_RIGHTS) != 0) {
+            /* Rights only a directory can have: landlock_add_rule(2) refuses
+             * them on anything else (EINVAL, "Files only get access rights
+             * that make sense": security/landlock/fs.c), which tells a file
+             * from a directory without an fstat. */
+            rule.allowed_access = s->ll_dir_rights[i];
+            if (syscall(SYS_landlock_add_rule, ruleset, CELL_LANDLOCK_RULE_PATH_BENEATH, &rule, 0u) == 0)
+                added = 1;
+            else if (errno != EINVAL)
+                die(fd, ST_LANDLOCK, errno, "landlock: add_rule ", s->ll_paths[i], NULL);
+            else
+                rule.allowed_access = s->ll_file_rights[i];
+        } else {
+            if (fstat(path_fd, &st) < 0) die(fd, ST_LANDLOCK, errno, "landlock: stat ", s->ll_paths[i], NULL);
+            rule.allowed_access = S_ISDIR(st.st_mode) ? s->ll_dir_rights[i] : s->ll_file_rights[i];
+        }
+        if (!added && rule.allowed_access &&
             syscall(SYS_landlock_add_rule, ruleset, CELL_LANDLOCK_RULE_PATH_BENEATH, &rule, 0u) < 0)
             die(fd, ST_LANDLOCK, errno, "landlock: add_rule ", s->ll_paths[i], NULL);
-        must_close(fd, path_fd, ST_LANDLOCK, s->ll_paths[i]);
+        /* Left open, a few hundred at most: close_except closes them all in
+         * one close_range before the command runs (a close each was 0.3 ms
+         * of a default cell's start). */
+        if (path_fd >= open_max) must_close(fd, path_fd, ST_LANDLOCK, s->ll_paths[i]);
     }
     if (dir_fd >= 0) must_close(fd, dir_fd, ST_LANDLOCK, dir_path);
     for (size_t i = 0; i < s->n_ll_ports; i++)
@@ -1042,11 +1069,11 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
                 die(fd, ST_GRANTS, errno, "idmapping the upper layer ", op->data, NULL);
             continue;
         }
-        if (op->tmpl) {
-            char digits[24];
-            op->tree_fd = (int)syscall(SYS_open_tree, s->decoy_tmpl, digits_of(digits, i),
-                                       CELL_OPEN_TREE_CLONE | O_CLOEXEC);
+        if (op->tmpl_fd >= 0) {
+            op->tree_fd = (int)syscall(SYS_open_tree, op->tmpl_fd, "",
+                                       CELL_OPEN_TREE_CLONE | AT_EMPTY_PATH | O_CLOEXEC);
             if (op->tree_fd < 0) die(fd, ST_GRANTS, errno, "open_tree of the decoy ", op->dst, NULL);
+            must_close(fd, op->tmpl_fd, ST_GRANTS, op->dst);
             continue;
         }
         if (op->kind != K_BIND || op->from_view) continue;
@@ -1068,7 +1095,6 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
         op->tree_fd = tree;
         op->tree_is_dir = S_ISDIR(st.st_mode);
     }
-    if (s->decoy_tmpl >= 0) must_close(fd, s->decoy_tmpl, ST_GRANTS, "the decoy template");
     /* Raw syscalls: they change this thread only, which is all there is. */
     if (geteuid() == 0 && syscall(SYS_setgroups, 0, NULL) < 0)
         die(fd, ST_PREPARING, errno, "setgroups", NULL);
@@ -1250,7 +1276,7 @@ static int parse_op(struct spec *s, PyObject *item, Py_ssize_t i, struct op *op)
     Py_ssize_t data_len;
     if (tuple_of(item, "each mount", 8) < 0) return -1;
     op->kind = -1;
-    op->tree_fd = -1;
+    op->tree_fd = op->tmpl_fd = -1;
     for (int k = 0; k < K_COUNT && PyUnicode_Check(PyTuple_GET_ITEM(item, 0)); k++)
         if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(item, 0), KIND_NAMES[k]) == 0) op->kind = k;
     if (op->kind < 0) {
@@ -1583,8 +1609,8 @@ static int parse_spec(struct spec *s, PyObject **a) {
     }
     /* What C1 keeps: its pipe ends, stdio sources, the user namespaces of
      * idmapped grants, the descriptors of ready Landlock rules, keep_fds
-     * (and the decoy template, decoy_template). */
-    s->c1_keep = spec_alloc(s, 7 + s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
+     * (and the decoys' templates, decoy_template). */
+    s->c1_keep = spec_alloc(s, 6 + 2 * s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
     if (s->c1_keep == NULL) return -1;
     s->c1_keep[s->n_c1_keep++] = s->status_w;
     s->c1_keep[s->n_c1_keep++] = s->go_r;
@@ -1604,9 +1630,9 @@ static int parse_spec(struct spec *s, PyObject **a) {
  * /run, /var/lib/stockade, sysfs's block directories, ...), and making them,
  * one mkdirat or mknodat each on a fresh tmpfs, was the largest single cost
  * of a start (2.6 of 16 ms of CPU, issue 18). They are the same from one cell
- * to the next of a process: so they are made once, in a detached tmpfs (the
- * template, never attached anywhere on the host), owned by the cell's host
- * ids as the cell's own would be, and each cell shows a copy of its entry
+ * to the next of a process: so each is made once, as a detached tmpfs of its
+ * own (a template, never attached anywhere on the host) owned by the cell's
+ * host ids as the cell's own would be, and each cell shows a copy of it
  * (open_tree(OPEN_TREE_CLONE) in C1, move_mount in the init): two syscalls a
  * decoy directory instead of one a name.
  *
@@ -1615,20 +1641,26 @@ static int parse_spec(struct spec *s, PyObject **a) {
  * a tmpfs, /dev, /proc or a workbench's overlay), Landlock granting nothing
  * beneath a decoy, so every attempt is refused and recorded as before; and
  * only where nothing else of the view is made beneath it but mount points
- * the template holds already. The tmpfs has room for no more inodes than it
- * was made with, in case. A template is made at the second launch that asks
- * for the same one (a process that starts one cell, `stockade exec`, makes
- * its decoys as before) and kept until a launch asks for another. */
+ * the template holds already. A template's tmpfs has inodes for little more
+ * than that. A template is made at the second launch that asks for the same
+ * one (a process that starts one cell, `stockade exec`, makes its decoys as
+ * before); the last TMPL_KEPT are kept, each for as long as launches ask for
+ * it (a decoy of a busy place, /var/lib/stockade, changes often; sysfs's
+ * never). */
 
 #define TMPL_NESTED_DIR 1
 #define TMPL_NESTED_FILE 2
+#define TMPL_KEPT 64
 
-static struct {
+struct tmpl {
     char *key; /* what the template holds, serialised: compared whole, never hashed */
     size_t len;
-    int fd;     /* its mount (fsmount), or -1 */
-    int failed; /* making it failed: this key's cells make their decoys themselves */
-} decoy_cache = {NULL, 0, -1, 0};
+    int fd;     /* its mount (fsmount), or -1: not made (yet) */
+    int failed; /* making it failed: this key's cells make this decoy themselves */
+    unsigned long used; /* the launch that last asked for it (the least recent goes first) */
+};
+static struct tmpl decoy_cache[TMPL_KEPT]; /* a slot is empty while its key is NULL */
+static unsigned long decoy_launches;
 
 /* path is top or beneath it. */
 static int at_or_under(const char *path, const char *top) {
@@ -1714,14 +1746,6 @@ static void buf_put(struct buf *b, const void *data, size_t len) {
 
 static void buf_str(struct buf *b, const char *text) { buf_put(b, text, strlen(text) + 1); }
 
-struct tmpl_job {
-    const struct spec *s;
-    const unsigned char *use; /* per op: 1 where it is a template decoy */
-    int mount_fd;
-    int err;
-    const char *what;
-};
-
 /* mkdir -p of rel beneath dir, its last component a directory or a file. */
 static int make_nested(int dir, const char *rel, int need) {
     char path[PATH_MAX];
@@ -1743,30 +1767,31 @@ static int make_nested(int dir, const char *rel, int need) {
     return 0;
 }
 
-/* The template's maker: a CLONE_VM | CLONE_VFORK child (the caller's thread
+struct tmpl_job {
+    const struct spec *s;
+    const int *fill; /* per op: the mount fd of a new template to fill, or -1 */
+    int err;
+};
+
+/* The templates' maker: a CLONE_VM | CLONE_VFORK child (the caller's thread
  * waits), so that its umask and file system ids are its own, never the
  * caller's process's; only syscalls, into memory the caller does not touch
  * meanwhile. Made as the cell's host ids, the names are the cell's own. */
 static int tmpl_child(void *arg) {
     struct tmpl_job *j = arg;
     const struct spec *s = j->s;
-    char digits[24];
     (void)syscall(SYS_umask, 022);
     (void)syscall(SYS_setfsgid, s->decoy_gid);
     (void)syscall(SYS_setfsuid, s->decoy_uid);
     if (syscall(SYS_setfsuid, -1) != s->decoy_uid || syscall(SYS_setfsgid, -1) != s->decoy_gid) {
         j->err = EPERM;
-        j->what = "setfsuid";
         syscall(SYS_exit, 0);
     }
     for (size_t i = 0; i < s->n_ops; i++) {
         const struct op *op = &s->ops[i];
-        int dir;
-        if (!j->use[i]) continue;
-        j->what = op->dst;
-        if (mkdirat(j->mount_fd, digits_of(digits, i), 0755) < 0 ||
-            (dir = openat(j->mount_fd, digits, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
-            goto fail;
+        int dir = j->fill[i];
+        size_t top = strcmp(op->dst, "/") == 0 ? 0 : strlen(op->dst);
+        if (dir < 0) continue;
         for (size_t n = 0; n < op->n_names; n++) {
             int made = op->name_is_dir[n] ? mkdirat(dir, op->names[n], 0755)
                                           : mknodat(dir, op->names[n], S_IFREG | 0644, 0);
@@ -1774,10 +1799,8 @@ static int tmpl_child(void *arg) {
         }
         for (size_t k = i + 1; k < s->n_ops; k++) {
             int need = nested_need(s, i, k);
-            size_t top = strcmp(op->dst, "/") == 0 ? 0 : strlen(op->dst);
             if (need > 0 && make_nested(dir, s->ops[k].dst + top + 1, need) < 0) goto fail;
         }
-        (void)close(dir);
     }
     syscall(SYS_exit, 0);
     return 0;
@@ -1791,108 +1814,142 @@ static int fs_set(int fs, const char *key, const char *value) {
     return (int)syscall(SYS_fsconfig, fs, 1 /* FSCONFIG_SET_STRING */, key, value, 0);
 }
 
-/* A fresh template holding the decoys marked in use; its mount fd, or -1. */
-static int tmpl_make(const struct spec *s, const unsigned char *use, size_t inodes) {
-    struct tmpl_job job = {.s = s, .use = use, .mount_fd = -1, .err = 0, .what = ""};
+/* A fresh, empty template for one decoy: a detached tmpfs whose root is the
+ * decoy directory (mode 0755, the cell's host ids); its mount fd, or -1. */
+static int tmpl_mount(const struct spec *s, size_t inodes) {
     char digits[24];
-    int fs, status;
-    char *stack;
-    pid_t pid;
+    int fs, mnt = -1;
     fs = (int)syscall(SYS_fsopen, "tmpfs", 1u /* FSOPEN_CLOEXEC */);
     if (fs < 0) return -1;
-    if (fs_set(fs, "mode", "0755") < 0 || fs_set(fs, "uid", digits_of(digits, (unsigned long)s->decoy_uid)) < 0 ||
-        fs_set(fs, "gid", digits_of(digits, (unsigned long)s->decoy_gid)) < 0 ||
-        fs_set(fs, "nr_inodes", digits_of(digits, inodes)) < 0 || fs_set(fs, "size", "1m") < 0 ||
-        syscall(SYS_fsconfig, fs, 6 /* FSCONFIG_CMD_CREATE */, NULL, NULL, 0) < 0 ||
-        (job.mount_fd = (int)syscall(SYS_fsmount, fs, 1u /* FSMOUNT_CLOEXEC */,
-                                     CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV | CELL_MOUNT_ATTR_NOEXEC)) < 0) {
-        close(fs);
-        return -1;
-    }
+    if (fs_set(fs, "mode", "0755") == 0 && fs_set(fs, "uid", digits_of(digits, (unsigned long)s->decoy_uid)) == 0 &&
+        fs_set(fs, "gid", digits_of(digits, (unsigned long)s->decoy_gid)) == 0 &&
+        fs_set(fs, "nr_inodes", digits_of(digits, inodes)) == 0 && fs_set(fs, "size", "64k") == 0 &&
+        syscall(SYS_fsconfig, fs, 6 /* FSCONFIG_CMD_CREATE */, NULL, NULL, 0) == 0)
+        mnt = (int)syscall(SYS_fsmount, fs, 1u /* FSMOUNT_CLOEXEC */,
+                           CELL_MOUNT_ATTR_NOSUID | CELL_MOUNT_ATTR_NODEV | CELL_MOUNT_ATTR_NOEXEC);
     close(fs);
+    return mnt;
+}
+
+/* Fill the new templates (fill[i] >= 0) in one child; 0, or -1. */
+static int tmpl_fill(const struct spec *s, const int *fill) {
+    struct tmpl_job job = {.s = s, .fill = fill, .err = 0};
+    sigset_t all, old;
+    int status;
+    char *stack;
+    pid_t pid;
     stack = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED) {
-        close(job.mount_fd);
+    if (stack == MAP_FAILED) return -1;
+    /* No handler of the caller's may run in the templates' maker. */
+    sigfillset(&all);
+    if (pthread_sigmask(SIG_SETMASK, &all, &old) != 0) {
+        munmap(stack, INIT_STACK);
         return -1;
     }
     pid = clone(tmpl_child, stack + INIT_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, &job);
     if (pid > 0)
         while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR) {
         }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     munmap(stack, INIT_STACK);
-    if (pid < 0 || job.err) {
-        close(job.mount_fd);
-        return -1;
-    }
-    return job.mount_fd;
+    return pid < 0 || job.err ? -1 : 0;
 }
 
-/* Decide which decoys of this spec are copies of the template, and make the
- * template if it is this key's second launch. Never fails: where no template
- * can be had, the init makes the decoys as it always did. */
+/* The serialised content of op i's template into key (reset first); the
+ * number of inodes it needs. */
+static size_t tmpl_key(const struct spec *s, size_t i, struct buf *key) {
+    const struct op *op = &s->ops[i];
+    long ids[2] = {s->decoy_uid, s->decoy_gid};
+    size_t inodes = op->n_names + 16;
+    key->len = 0;
+    buf_put(key, ids, sizeof ids);
+    buf_str(key, op->dst);
+    buf_put(key, &op->n_names, sizeof op->n_names);
+    for (size_t n = 0; n < op->n_names; n++) {
+        buf_put(key, &op->name_is_dir[n], 1);
+        buf_str(key, op->names[n]);
+    }
+    for (size_t k = i + 1; k < s->n_ops; k++) {
+        int need = nested_need(s, i, k);
+        if (need <= 0) continue;
+        buf_put(key, &need, sizeof need);
+        buf_str(key, s->ops[k].dst);
+        inodes += 16; /* the mount point and the directories leading to it */
+    }
+    return inodes;
+}
+
+/* Which decoys of this spec are copies of a template (op->tmpl_fd), making
+ * those asked for a second time. Never fails: where no template can be had,
+ * the init makes the decoy as it always did. */
 static void decoy_template(struct spec *s) {
     struct buf key = {NULL, 0, 0, 0};
-    unsigned char *use;
-    size_t inodes = 64, used = 0;
-    long ids[2] = {s->decoy_uid, s->decoy_gid};
-    s->decoy_tmpl = -1;
+    int *fill;
+    struct tmpl **entry;
+    size_t n_fill = 0;
     if (s->decoy_uid < 0 || s->n_ops == 0) return;
-    if ((use = PyMem_Calloc(s->n_ops, 1)) == NULL) {
-        PyErr_Clear();
-        return;
-    }
-    buf_put(&key, ids, sizeof ids);
+    fill = PyMem_Malloc(s->n_ops * sizeof *fill);
+    entry = PyMem_Calloc(s->n_ops, sizeof *entry);
+    if (fill == NULL || entry == NULL) goto done;
+    decoy_launches++;
     for (size_t i = 0; i < s->n_ops; i++) {
-        const struct op *op = &s->ops[i];
+        struct tmpl *t = NULL, *oldest = &decoy_cache[0];
+        size_t inodes;
+        fill[i] = -1;
         if (!tmpl_eligible(s, i)) continue;
-        use[i] = 1;
-        used++;
-        buf_put(&key, &i, sizeof i);
-        buf_str(&key, op->dst);
-        buf_put(&key, &op->n_names, sizeof op->n_names);
-        for (size_t n = 0; n < op->n_names; n++) {
-            buf_put(&key, &op->name_is_dir[n], 1);
-            buf_str(&key, op->names[n]);
+        inodes = tmpl_key(s, i, &key);
+        if (key.failed) goto done;
+        for (size_t c = 0; c < TMPL_KEPT && t == NULL; c++) {
+            struct tmpl *e = &decoy_cache[c];
+            if (e->key != NULL && e->len == key.len && memcmp(e->key, key.data, key.len) == 0) t = e;
+            if (e->used < oldest->used) oldest = e;
         }
-        for (size_t k = i + 1; k < s->n_ops; k++) {
-            int need = nested_need(s, i, k);
-            if (need <= 0) continue;
-            buf_put(&key, &need, sizeof need);
-            buf_str(&key, s->ops[k].dst);
-            inodes += 16; /* the mount point and the directories leading to it */
+        if (t == NULL) {
+            /* First asked for: remembered, not made (unless every kept one
+             * is this launch's: more template decoys than TMPL_KEPT). */
+            char *copy;
+            if (oldest->used == decoy_launches) continue;
+            if ((copy = PyMem_Malloc(key.len)) == NULL) goto done;
+            memcpy(copy, key.data, key.len);
+            PyMem_Free(oldest->key);
+            /* (An empty slot has no key and a zero fd, not its own.) The
+             * cells that show the old template hold copies of their own. */
+            if (oldest->key != NULL && oldest->fd >= 0) close(oldest->fd);
+            oldest->key = copy;
+            oldest->len = key.len;
+            oldest->fd = -1;
+            oldest->failed = 0;
+            oldest->used = decoy_launches;
+            continue;
         }
-        inodes += op->n_names + 1;
+        t->used = decoy_launches;
+        if (t->fd < 0 && !t->failed) {
+            t->fd = tmpl_mount(s, inodes);
+            t->failed = t->fd < 0;
+            fill[i] = t->fd;
+            n_fill++;
+        }
+        entry[i] = t;
     }
-    if (used == 0 || key.failed) goto done;
-    if (decoy_cache.key == NULL || decoy_cache.len != key.len || memcmp(decoy_cache.key, key.data, key.len) != 0) {
-        /* A template nobody asked for twice is not made. */
-        PyMem_Free(decoy_cache.key);
-        if (decoy_cache.fd >= 0) close(decoy_cache.fd);
-        decoy_cache.key = key.data;
-        decoy_cache.len = key.len;
-        decoy_cache.fd = -1;
-        decoy_cache.failed = 0;
-        key.data = NULL;
-        goto done;
+    if (n_fill && tmpl_fill(s, fill) < 0) {
+        /* None of the new ones is used: each may be half made. */
+        for (size_t i = 0; i < s->n_ops; i++) {
+            if (fill[i] < 0) continue;
+            close(entry[i]->fd);
+            entry[i]->fd = -1;
+            entry[i]->failed = 1;
+        }
     }
-    if (decoy_cache.fd < 0 && !decoy_cache.failed) {
-        sigset_t all, old;
-        sigfillset(&all);
-        /* No handler of the caller's may run in the template's maker. */
-        if (pthread_sigmask(SIG_SETMASK, &all, &old) != 0) goto done;
-        decoy_cache.fd = tmpl_make(s, use, inodes);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        decoy_cache.failed = decoy_cache.fd < 0;
+    for (size_t i = 0; i < s->n_ops; i++) {
+        if (entry[i] == NULL || entry[i]->fd < 0) continue;
+        s->ops[i].tmpl_fd = entry[i]->fd;
+        s->c1_keep[s->n_c1_keep++] = entry[i]->fd;
     }
-    if (decoy_cache.fd >= 0) {
-        s->decoy_tmpl = decoy_cache.fd;
-        for (size_t i = 0; i < s->n_ops; i++) s->ops[i].tmpl = use[i];
-        s->c1_keep[s->n_c1_keep++] = s->decoy_tmpl;
-        qsort(s->c1_keep, s->n_c1_keep, sizeof *s->c1_keep, cmp_int);
-    }
+    qsort(s->c1_keep, s->n_c1_keep, sizeof *s->c1_keep, cmp_int);
 done:
     PyMem_Free(key.data);
-    PyMem_Free(use);
+    PyMem_Free(fill);
+    PyMem_Free(entry);
 }
 
 static const char *const SPAWN_KEYWORDS[] = {
