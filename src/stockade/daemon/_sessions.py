@@ -314,7 +314,10 @@ class Sessions:
         except StockadeError as exc:
             raise RequestError("internal", f"session {session_id} did not close cleanly: {exc}") from exc
         with contextlib.suppress(StoreError):
-            await asyncio.to_thread(self._runs.recorder.record, result.not_live())
+            # From the loop, after the cell's live events (queued to the loop
+            # by its thread before close returned): one write, durable before
+            # the answer, with no second thread hop.
+            await self._runs.recorder.record_soon(list(result.not_live()))
         report = [e for e in result.events if e.kind == "cell.persistence"]
         return {
             "session": session_id,
