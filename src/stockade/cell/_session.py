@@ -2,9 +2,10 @@
 
 A ``Cell`` runs one command per cell. A session launches one cell whose init
 (C2, ``_native.c`` with ``_session_init.h``) runs no command of its own: it
-serves calls sent on a socket from here, each forked by the init inside every
-layer of the cell (namespaces, the view, Landlock, seccomp, cgroups), so a
-call costs a fork and an exec, not a cell. Why the init and not a helper
+serves calls sent on a socket from here, each a child the init starts
+inside every layer of the cell (namespaces, the view, Landlock, seccomp,
+cgroups) sharing its memory until it execs (``CLONE_VM | CLONE_VFORK``), so
+a call costs a vfork and an exec, not a cell. Why the init and not a helper
 program in the cell: a workbench's image may hold no Python, no shell, nothing
 of ours; the init is already in memory there.
 
@@ -15,7 +16,8 @@ daemons included, and nothing of the other calls), and pumps its stdin and
 output through pipes. File operations are calls too: a child of the init
 takes the call's user, opens the path inside the cell's view and hands the
 descriptor back, so permissions, symlinks and mounts mean what they mean
-inside.
+inside (an open that may wait, a fifo's, is a fork of that child's, killed
+at the call's timeout).
 
 State lasts across calls (files, installed things, background processes);
 ``close()`` ends the cell and returns its ``CellResult`` with the persistence
@@ -820,10 +822,12 @@ class Session:
                         fd = -1
                     else:
                         # No cgroup of its own, unlike an exec: the child
-                        # opens one path and exits, starts nothing and has no
-                        # timeout to kill it at; its refusals are matched by
-                        # its pid. The cgroup's mkdir, move and rmdir were a
-                        # third of a 4 KiB read (benchmarks/harness_exec.py).
+                        # opens one path and exits, starts nothing (but the
+                        # one opener of an open that may wait, in its process
+                        # group: killpg at the timeout); its refusals are
+                        # matched by its pid. The cgroup's mkdir, move and
+                        # rmdir were a third of a 4 KiB read
+                        # (benchmarks/harness_exec.py).
                         call.pid = pid
                         ctl.sendall(b"G")
                         try:
