@@ -233,3 +233,26 @@ def test_an_open_that_waits_past_its_timeout_is_killed(session: Session) -> None
     assert session.read_file("plain.txt", timeout=0.5) == b"fine"
     with pytest.raises(UsageError, match="timeout"):
         session.read_file("plain.txt", timeout=0)
+
+
+def test_a_mapped_file_cut_short_in_the_launcher_does_not_fault_the_init(tmp_path: Path) -> None:
+    """The init reads the ELF headers of what the launcher has mapped from
+    offset 0 (to keep the loaded objects' segments); a mapped file truncated
+    since would SIGBUS a plain read of its first page, so the init reads
+    through a pipe (EFAULT instead). A mapping of an ELF object truncated
+    under this process: the session starts, serves and ends all the same."""
+    import mmap
+
+    victim = tmp_path / "cut.so"
+    victim.write_bytes(Path("/bin/true").read_bytes()[:65536].ljust(65536, b"\0"))
+    with open(victim, "r+b") as f:
+        mapped = mmap.mmap(f.fileno(), 65536)
+    os.truncate(victim, 0)
+    try:
+        with Session(workspace=tmp_path) as s:
+            assert s.exec(["echo", "served"]).stdout == b"served\n"
+            s.write_file("after.txt", b"and files")
+            assert s.read_file("after.txt") == b"and files"
+        assert s.close().exit_code == 0
+    finally:
+        mapped.close()
