@@ -12,9 +12,11 @@ from stockade.cell import Cell
 from stockade.policy import Policy, default_policy
 
 _SCRIPT = (
-    # The decoy's device (a template's copy keeps its template's), the owner
-    # and type of every name it shows, then a write into it.
+    # The decoy's device and its mount's options (a template's copy keeps its
+    # template's; a template is a tmpfs of 64 KiB), the owner and type of
+    # every name it shows, then a write into it.
     "stat -c 'dev %d' {dst}; "
+    'awk \'$5 == "{dst}" {{print "options", $NF}}\' /proc/self/mountinfo; '
     "cd {dst} && for n in {names}; do stat -c 'name %n %u %F' \"$n\"; done; "
     "echo x > {dst}/planted"
 )
@@ -29,7 +31,11 @@ def _names(cell: Cell, dst: str) -> tuple[str, ...]:
 def _look(cell: Cell, dst: str, names: tuple[str, ...]) -> tuple[str, dict[str, str], list[str]]:
     r = cell.run(["/bin/sh", "-c", _SCRIPT.format(dst=dst, names=" ".join(f"'{n}'" for n in names))])
     lines = r.stdout.decode().splitlines()
-    dev = next(line.split()[1] for line in lines if line.startswith("dev "))
+    options = [line.split()[1] for line in lines if line.startswith("options ")]
+    template = bool(options) and "size=64k" in options[-1].split(",")
+    dev = next(line.split()[1] for line in lines if line.startswith("dev ")) + (
+        " template" if template else ""
+    )
     shown = {line.split()[1]: " ".join(line.split()[2:]) for line in lines if line.startswith("name ")}
     return dev, shown, [e.summary for e in r.denials]
 
@@ -45,7 +51,8 @@ def test_a_cells_later_starts_show_its_decoys_from_a_template() -> None:
     (dev1, shown1, denied1), (dev2, shown2, denied2), (dev3, shown3, denied3) = runs
     # The first start made its own tmpfs; the second made the template and
     # showed a copy of it, the third another copy of the same one.
-    assert dev2 == dev3 != dev1, (dev1, dev2, dev3)
+    assert not dev1.endswith(" template"), dev1
+    assert dev2 == dev3 and dev3.endswith(" template"), (dev2, dev3)
     # The same names, each owned by the cell's own uid, of the same types.
     assert len(shown1) == len(names), (names, shown1)
     assert shown1 == shown2 == shown3
@@ -85,11 +92,10 @@ def test_no_template_where_the_cell_may_write(tmp_path: Path) -> None:
         names = _names(cell, dst)
         assert names == ("inner",)
         runs = [_look(cell, dst, (*names, "planted")) for _ in range(3)]
-    # A tmpfs of its own every time (a new device each), never a template's
-    # copy; within it the cell may write (the workspace's grant covers it),
-    # and what one run planted there is gone at the next.
-    assert len({dev for dev, _, _ in runs}) == 3, runs
-    for _dev, shown, _denials in runs:
+    # A tmpfs of its own every time, never a template's copy, and nothing
+    # planted there (were the write allowed) is seen by the next run.
+    for dev, shown, _denials in runs:
+        assert not dev.endswith(" template"), runs
         assert set(shown) == {"inner"}, shown
     assert (ws / "hidden/inner").read_text() == "secret\n"
     assert not (ws / "hidden/planted").exists()

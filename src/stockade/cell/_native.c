@@ -42,6 +42,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -179,6 +180,8 @@ struct spec {
     size_t n_ll_ready;
     const char **ll_paths;
     uint64_t *ll_dir_rights, *ll_file_rights;
+    int *ll_held;                /* per path: a descriptor the parent keeps (hold_entries), or -1; or NULL */
+    unsigned char *ll_held_dir;  /* whether that one is a directory */
     size_t n_ll_paths;
     struct cell_net_port *ll_ports;
     size_t n_ll_ports;
@@ -703,6 +706,15 @@ static void apply_landlock(int fd, const struct spec *s) {
         size_t dir_len = slash != NULL ? (size_t)(slash - path) : 0;
         int entry = slash != NULL && slash[1] != '\0' && dir_len < sizeof dir_path;
         int path_fd;
+        if (s->ll_held != NULL && s->ll_held[i] >= 0) {
+            /* The host's inode, opened by the parent (hold_entries). */
+            rule.parent_fd = s->ll_held[i];
+            rule.allowed_access = s->ll_held_dir[i] ? s->ll_dir_rights[i] : s->ll_file_rights[i];
+            if (rule.allowed_access &&
+                syscall(SYS_landlock_add_rule, ruleset, CELL_LANDLOCK_RULE_PATH_BENEATH, &rule, 0u) < 0)
+                die(fd, ST_LANDLOCK, errno, "landlock: add_rule ", s->ll_paths[i], NULL);
+            continue;
+        }
         if (entry && !(strncmp(dir_path, path, dir_len) == 0 && dir_path[dir_len] == '\0')) {
             if (dir_fd >= 0) must_close(fd, dir_fd, ST_LANDLOCK, dir_path);
             memcpy(dir_path, path, dir_len);
@@ -1610,7 +1622,7 @@ static int parse_spec(struct spec *s, PyObject **a) {
     /* What C1 keeps: its pipe ends, stdio sources, the user namespaces of
      * idmapped grants, the descriptors of ready Landlock rules, keep_fds
      * (and the decoys' templates, decoy_template). */
-    s->c1_keep = spec_alloc(s, 6 + 2 * s->n_ops + s->n_ll_ready + s->n_keep, sizeof *s->c1_keep);
+    s->c1_keep = spec_alloc(s, 6 + 2 * s->n_ops + s->n_ll_ready + s->n_ll_paths + s->n_keep, sizeof *s->c1_keep);
     if (s->c1_keep == NULL) return -1;
     s->c1_keep[s->n_c1_keep++] = s->status_w;
     s->c1_keep[s->n_c1_keep++] = s->go_r;
@@ -1952,6 +1964,162 @@ done:
     PyMem_Free(entry);
 }
 
+/* --------------------------------- parent side: Landlock's host entries, kept */
+
+/* The entries of a granted directory that holds a hidden path (/etc's, about
+ * 150 at a default start) are granted one by one, and the init opened each
+ * through the view, added its rule and let go: about 1 ms of every start
+ * (issue 18). Those the view shows through a bind of the host (the host's own
+ * inodes, as the init would find them) are opened here instead, once a
+ * process, and kept: HELD_MAX of them at most (and a quarter of
+ * RLIMIT_NOFILE), never the entries of a directory that has more than
+ * HELD_DIR_MAX, never beneath a path the cell may write (a grant can hold any
+ * number of entries: one descriptor each kept made a daemon die with EMFILE
+ * once), looked up without a symbolic link
+ * or a mount crossed beneath the bind's source (the bind shows neither as
+ * the host path would), and checked again against the host path (device and
+ * inode) once they are HELD_FRESH_NS old, as _layers.HostDescriptors does:
+ * a file replaced since is refused until then, never another granted. */
+
+#define HELD_SLOTS 1024
+#define HELD_MAX 512
+#define HELD_DIR_MAX 256
+#define HELD_FRESH_NS 2000000000LL
+
+struct held {
+    char *path; /* the host path; NULL: an empty slot */
+    int fd, is_dir;
+    dev_t dev;
+    ino_t ino;
+    long long checked; /* CLOCK_MONOTONIC, ns */
+};
+static struct held held_cache[HELD_SLOTS];
+static size_t n_held, held_max = HELD_MAX;
+
+static uint64_t fnv(const char *text) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *text; text++) h = (h ^ (unsigned char)*text) * 1099511628211ull;
+    return h;
+}
+
+static long long monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* struct open_how and RESOLVE_* of <linux/openat2.h> (Linux 5.6). */
+struct cell_open_how {
+    uint64_t flags, mode, resolve;
+};
+#define CELL_RESOLVE_NO_XDEV 0x01
+#define CELL_RESOLVE_NO_SYMLINKS 0x04
+#define CELL_RESOLVE_BENEATH 0x08
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+
+/* A kept descriptor of src/rel (rel beneath the bind's source src), opened
+ * now or earlier; NULL where there is none to have. */
+static struct held *held_open(const char *src, const char *rel, long long now) {
+    char host[PATH_MAX];
+    struct held *slot = NULL;
+    struct stat st;
+    struct cell_open_how how = {.flags = O_PATH | O_CLOEXEC | O_NOFOLLOW,
+                                .resolve = CELL_RESOLVE_NO_XDEV | CELL_RESOLVE_NO_SYMLINKS | CELL_RESOLVE_BENEATH};
+    int dir, fd;
+    if (join(host, sizeof host, src, "/", rel) < 0) return NULL;
+    for (uint64_t h = fnv(host), n = 0; n < HELD_SLOTS; n++) {
+        struct held *e = &held_cache[(h + n) % HELD_SLOTS];
+        if (e->path == NULL || strcmp(e->path, host) == 0) {
+            slot = e;
+            break;
+        }
+    }
+    if (slot == NULL) return NULL;
+    if (slot->path != NULL) {
+        if (now - slot->checked < HELD_FRESH_NS) return slot;
+        if (lstat(host, &st) == 0 && st.st_dev == slot->dev && st.st_ino == slot->ino) {
+            slot->checked = now;
+            return slot;
+        }
+        /* Replaced or gone: this slot opens it afresh (the cells launched
+         * with the old descriptor hold copies of their own). */
+        close(slot->fd);
+        PyMem_Free(slot->path);
+        slot->path = NULL;
+        n_held--;
+    }
+    if (n_held >= held_max) return NULL;
+    if ((dir = open(src, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return NULL;
+    fd = (int)syscall(SYS_openat2, dir, rel, &how, sizeof how);
+    close(dir);
+    if (fd < 0) return NULL; /* gone, a link, or across a mount: the init looks for itself */
+    if (fstat(fd, &st) < 0 || S_ISLNK(st.st_mode) || (slot->path = PyMem_Malloc(strlen(host) + 1)) == NULL) {
+        close(fd);
+        return NULL;
+    }
+    memcpy(slot->path, host, strlen(host) + 1);
+    slot->fd = fd;
+    slot->is_dir = S_ISDIR(st.st_mode);
+    slot->dev = st.st_dev;
+    slot->ino = st.st_ino;
+    slot->checked = now;
+    n_held++;
+    return slot;
+}
+
+/* For each Landlock path the view shows through a bind of the host, where
+ * the cell may not write: a kept descriptor (s->ll_held[i]), its rule added
+ * by the init without a lookup. Never fails: the init opens the rest. */
+static void hold_entries(struct spec *s) {
+    long long now;
+    int crowded = 0;
+    if (s->decoy_uid < 0 || s->n_ll_paths == 0 || (s->n_ops && s->ops[0].kind == K_OVERLAY)) return;
+    if ((s->ll_held = spec_alloc(s, s->n_ll_paths, sizeof *s->ll_held)) == NULL ||
+        (s->ll_held_dir = spec_alloc(s, s->n_ll_paths, 1)) == NULL) {
+        PyErr_Clear();
+        s->ll_held = NULL;
+        return;
+    }
+    now = monotonic_ns();
+    if (n_held == 0) {
+        struct rlimit files;
+        held_max = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur / 4 < HELD_MAX ? files.rlim_cur / 4
+                                                                                             : HELD_MAX;
+    }
+    for (size_t i = 0, run = 0; i < s->n_ll_paths; i++) {
+        const char *path = s->ll_paths[i], *slash = strrchr(path, '/');
+        const struct op *cover = NULL;
+        struct held *kept;
+        int writable = 0;
+        s->ll_held[i] = -1;
+        /* run: how many paths from i on share its directory (they come in
+         * order); a crowded directory's entries are left to the init. */
+        if (run == 0) {
+            size_t dir_len = slash ? (size_t)(slash - path) : 0;
+            run = 1;
+            while (i + run < s->n_ll_paths && strncmp(s->ll_paths[i + run], path, dir_len + 1) == 0 &&
+                   strchr(s->ll_paths[i + run] + dir_len + 1, '/') == NULL)
+                run++;
+            crowded = run > HELD_DIR_MAX;
+        }
+        run--;
+        if (crowded) continue;
+        for (size_t k = s->n_ops; k-- > 0 && cover == NULL;)
+            if (s->ops[k].kind != K_SYMLINK && at_or_under(path, s->ops[k].dst)) cover = &s->ops[k];
+        if (cover == NULL || cover->kind != K_BIND || cover->from_view || strcmp(path, cover->dst) == 0) continue;
+        for (size_t w = 0; w < s->n_writable && !writable; w++) writable = at_or_under(path, s->writable[w]);
+        if (writable) continue;
+        kept = held_open(cover->src, path + (strcmp(cover->dst, "/") == 0 ? 1 : strlen(cover->dst) + 1), now);
+        if (kept == NULL) continue;
+        s->ll_held[i] = kept->fd;
+        s->ll_held_dir[i] = (unsigned char)kept->is_dir;
+        s->c1_keep[s->n_c1_keep++] = kept->fd;
+    }
+    qsort(s->c1_keep, s->n_c1_keep, sizeof *s->c1_keep, cmp_int);
+}
+
 static const char *const SPAWN_KEYWORDS[] = {
     "argv", "env", "workdir", "mounts", "landlock", "seccomp", "cgroup_procs", "loginuid",
     "stdio", "status_pipe", "go_pipe", "cap_last", "keep_fds", "notify", "userns_owner", "session",
@@ -1986,6 +2154,7 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     decoy_template(&s);
+    hold_entries(&s);
     s.parent = getpid();
     /* No signal handler may run in the child before it resets them. */
     sigfillset(&all);
