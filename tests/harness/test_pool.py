@@ -174,16 +174,15 @@ def test_a_spare_of_another_policy_or_too_old_is_ended_not_used(monkeypatch: pyt
     pool.fill()
     policy = default_policy("inspect")
     other = dataclasses.replace(policy, name="another")
-    assert pool.take(other) is None  # the ready one is of the old policy
-    pool.fill()
-    (taken,) = [pool.take(policy)]
-    assert taken is made[1]
+    assert pool.take(other) is None  # the one there is of another policy
+    taken = pool.take(policy)
+    assert taken is not None and taken is not made[0]
     pool.fill()
     monkeypatch.setattr(_pool, "SPARE_MAX_AGE", -1.0)
-    assert pool.take(policy) is None  # waited past its age
+    assert pool.take(policy) is None  # every one there waited past its age
     pool.close()
     ended = [s for s in made if s.host.closed]  # type: ignore[attr-defined]
-    assert made[0] in ended and made[2] in ended and taken not in ended
+    assert made[0] in ended and taken not in ended and len(ended) == len(made) - 1
     for spare in ended:
         (event,) = [e for e in spare.host.record.events() if e.kind == "harness.sample.unused"]
         assert "ended unused" in event.summary
@@ -209,3 +208,47 @@ def test_the_pool_grows_only_when_a_sample_found_no_spare() -> None:
     assert len(made) == 4 and len(unused) == 1
     assert unused[0].host.closed and unused[0].host.finished  # type: ignore[attr-defined]
     assert not any(s.host.closed for s in taken)  # type: ignore[attr-defined]
+
+
+def test_a_spare_that_cannot_start_stops_the_filling() -> None:
+    tries: list[str] = []
+
+    def start(task: str) -> Spare:
+        tries.append(task)
+        raise OSError("no such image")
+
+    pool = SparePool(start, most=4, task="t")
+    pool.fill()
+    assert pool.take(default_policy("inspect")) is None  # the sample starts its own, and says why
+    pool.fill()
+    pool.fill(task="t2")
+    assert isinstance(pool.failure, OSError) and tries == ["t"]  # tried once, not again and again
+    pool.close()
+
+
+@pytest.mark.anyio
+async def test_samples_at_once_each_take_a_session_of_their_own(tmp_path: Path) -> None:
+    import anyio
+
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    config = sandbox_type.config_deserialize({"state": str(tmp_path / "state")})
+    await sandbox_type.task_init("startup", config)
+    got: dict[int, tuple[Any, str]] = {}
+    try:
+
+        async def one(n: int) -> None:
+            got[n] = await _sample(sandbox_type, config, "together", f"m{n}")
+
+        async with anyio.create_task_group() as group:
+            for n in range(3):
+                group.start_soon(one, n)
+    finally:
+        await sandbox_type.task_cleanup("shutdown", config, True)
+    envs = [got[n][0] for n in range(3)]
+    assert all("m" not in found for _, found in got.values())
+    assert len({env.record.run_id for env in envs}) == 3
+    assert len({tuple(env.report["cells"]) for env in envs}) == 3
+    # The first took the spare task_init started; one that found none at all
+    # started its own and asked for more, which a later one may have taken.
+    ahead = [env.report["session"]["started_ahead"] for env in envs]
+    assert True in ahead and False in ahead
