@@ -72,3 +72,31 @@ def test_a_flood_of_refusals_is_counted_not_listed(tmp_path: Path) -> None:
     report = containment_report(record, landed={})
     assert report["refusals"] == 120
     assert len(report["attempts"]) == 50 and report["attempts_left_out"] == 70
+
+
+def test_samples_ending_at_once_in_one_process_all_land_in_the_store(tmp_path: Path) -> None:
+    import threading
+
+    landed: dict[int, dict[str, object]] = {}
+    failed: list[BaseException] = []
+    go = threading.Barrier(6)
+
+    def one(n: int) -> None:
+        record = SampleRecord(f"r-{n:012d}", harness="inspect", task="t", sample=str(n))
+        record.add(_refusal(n))
+        go.wait(10)
+        try:
+            landed[n] = land(record, state=str(tmp_path))
+        except BaseException as exc:  # what a sample_cleanup would have raised
+            failed.append(exc)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failed == []
+    assert all(landed[n]["store"] == _paths.store_path(str(tmp_path)) for n in range(6))  # none kept beside
+    with open_store(_paths.store_path(str(tmp_path)), readonly=True) as store:
+        assert store.last_seq() == 6 and store.verify().ok
+        assert {s.event.run for s in store.query()} == {f"r-{n:012d}" for n in range(6)}

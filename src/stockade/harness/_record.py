@@ -139,14 +139,18 @@ def land(record: SampleRecord, *, state: str | None = None) -> dict[str, Any]:
     events = record.events()
     os.makedirs(chosen, mode=0o700, exist_ok=True)
     path = _paths.store_path(chosen)
-    holder = _held_by_another(path + ".journal")
-    if holder:
-        return _keep_beside(record, events, chosen, why=f"{path}.journal is locked by another process")
-    store = open_journaled_store(path)
-    try:
-        stored = store.append(events)
-    finally:
-        store.close()
+    # One writer at a time in this process too: the journal's lock is an
+    # flock, which a second open in this process is refused as if it were
+    # another's (concurrent samples ending together raised StoreError).
+    with _landing_lock(path):
+        holder = _held_by_another(path + ".journal")
+        if holder:
+            return _keep_beside(record, events, chosen, why=f"{path}.journal is locked by another process")
+        store = open_journaled_store(path)
+        try:
+            stored = store.append(events)
+        finally:
+            store.close()
     return {
         "store": path,
         "first_seq": stored[0].seq if stored else None,
@@ -154,6 +158,17 @@ def land(record: SampleRecord, *, state: str | None = None) -> dict[str, Any]:
         "verify": f"stockade verify --db {path}",
         "export": f"stockade export --db {path} --run {record.run_id}",
     }
+
+
+_LANDING: dict[str, threading.Lock] = {}
+_LANDING_LOCK = threading.Lock()
+
+
+def _landing_lock(path: str) -> threading.Lock:
+    """The lock this process's lands into the store at ``path`` take."""
+    key = os.path.realpath(path)
+    with _LANDING_LOCK:
+        return _LANDING.setdefault(key, threading.Lock())
 
 
 def _held_by_another(journal: str) -> bool:
