@@ -5,22 +5,26 @@ Why not ``@dataclass``: on Python 3.11 it compiles five or six functions per
 class with ``exec`` when the module is imported (0.7 to 2.3 ms a class on this
 host, measured for issue 18), and ``stockade exec`` imports ~40 of them before
 its cell starts. A class here costs a plain class statement (~10 µs); its
-methods are defined once, below. Use it for internal classes on the exec path
-only.
+methods are defined once, below. Use it for the classes of the exec path;
+elsewhere a dataclass reads better and costs nothing that matters.
 
 They still answer to ``dataclasses``: ``dataclasses.replace``, ``fields``,
 ``asdict`` and ``is_dataclass`` work on them (``__dataclass_fields__`` is made
 the first time one of those asks, from the class's ``_fields``, annotations
 and ``__init__`` defaults: by then the caller has imported ``dataclasses``
-anyway), so the public types (``Policy`` and its sections, ``Event``,
-``CellResult``) are slotted too, and the exec path imports neither
-``dataclasses`` nor what it pulls in (``inspect``, ``ast``, ``dis``,
-``tokenize``).
+anyway), and a frozen one refuses a change with
+``dataclasses.FrozenInstanceError``. So the public types of the path
+(``Policy`` and its sections, ``Event``, ``CellResult``) are slotted too, and
+it imports neither ``dataclasses`` nor what that pulls in (``inspect``,
+``ast``, ``dis``, ``tokenize``). What is lost: mypy's dataclass plugin no
+longer checks the field names given to ``dataclasses.replace`` on them (a
+wrong one is still a ``TypeError`` at once).
 
 A subclass names its fields in ``_fields``, in the order of its
 ``__init__``'s parameters (``__reduce__`` relies on it), sets ``__slots__ =
-_fields`` and sets them in ``__init__``: ``Frozen`` with ``object.__setattr__`` (assignment raises
-afterwards, as for ``@dataclass(frozen=True)``), ``Mutable`` plainly.
+_fields`` and sets them in ``__init__``: ``Frozen`` with
+``object.__setattr__`` (assignment raises afterwards, as for
+``@dataclass(frozen=True)``), ``Mutable`` plainly.
 ``_replace(**changes)`` stands for ``dataclasses.replace``.
 """
 
