@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from stockade.cell import Cell
@@ -41,24 +43,53 @@ def _look(cell: Cell, dst: str, names: tuple[str, ...]) -> tuple[str, dict[str, 
 
 
 def test_a_cells_later_starts_show_its_decoys_from_a_template() -> None:
-    # /sys/block: a decoy in sysfs (the host's disks, whose names do not
-    # change while the test runs).
-    dst = "/sys/block"
-    with Cell(default_policy()) as cell:
-        names = _names(cell, dst)
-        assert names, "the decoy mirrors the host's names"
-        runs = [_look(cell, dst, names) for _ in range(3)]
+    # A decoy of this test's own (a hidden directory in a read grant), whose
+    # names no other cell of this process asked for before.
+    shown = Path(tempfile.mkdtemp(prefix="stockade-template-", dir="/var/tmp"))
+    try:
+        shown.chmod(0o755)
+        (shown / "hidden/sub").mkdir(parents=True)
+        for name in ("key", "sub/inner"):
+            (shown / "hidden" / name).write_text("secret\n")
+        dst = str(shown / "hidden")
+        fs = default_policy().filesystem
+        policy = dataclasses.replace(
+            default_policy(),
+            filesystem=dataclasses.replace(fs, read=(*fs.read, str(shown)), deny=(*fs.deny, dst)),
+        )
+        with Cell(policy) as cell:
+            names = _names(cell, dst)
+            assert set(names) == {"key", "sub", "sub/inner"}, names
+            runs = [_look(cell, dst, names) for _ in range(3)]
+    finally:
+        shutil.rmtree(shown)
     (dev1, shown1, denied1), (dev2, shown2, denied2), (dev3, shown3, denied3) = runs
     # The first start made its own tmpfs; the second made the template and
     # showed a copy of it, the third another copy of the same one.
     assert not dev1.endswith(" template"), dev1
     assert dev2 == dev3 and dev3.endswith(" template"), (dev2, dev3)
     # The same names, each owned by the cell's own uid, of the same types.
-    assert len(shown1) == len(names), (names, shown1)
     assert shown1 == shown2 == shown3
-    assert {shown.split()[0] for shown in shown3.values()} == {"1000"}
+    assert shown3 == {
+        "key": "1000 regular empty file",
+        "sub": "1000 directory",
+        "sub/inner": "1000 regular empty file",
+    }
     # The write was refused by Landlock and recorded, every time alike.
     assert denied1 == denied2 == denied3 == [f"creation of a file in {dst} refused by landlock (fs.make_reg)"]
+
+
+def test_the_hosts_sysfs_decoys_are_templates() -> None:
+    # /sys/block (the host's disks): the same template for every cell of
+    # the process, from its second launch on.
+    dst = "/sys/block"
+    with Cell(default_policy()) as cell:
+        names = _names(cell, dst)
+        assert names, "the decoy mirrors the host's disks"
+        runs = [_look(cell, dst, names) for _ in range(2)]
+    assert runs[1][0].endswith(" template"), runs[1][0]
+    assert runs[0][1] == runs[1][1] and len(runs[1][1]) == len(names)
+    assert {shown.split()[0] for shown in runs[1][1].values()} == {"1000"}
 
 
 def test_a_decoy_with_the_workspace_beneath_it() -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from stockade.cell import Cell, CellResult
+from stockade.cell import Cell, CellResult, _native
 from stockade.cell._cell import shared_audit_reader
 from stockade.cell._cgroup import layout
 from stockade.policy import Policy, default_policy
@@ -149,10 +149,15 @@ class ScaleCell:
 
 
 def fd_table() -> dict[int, str]:
+    """This process's descriptors, less those the launcher keeps across
+    launches by design (``_native.kept``: the decoys' templates, Landlock's
+    host entries), which a wave may make or replace."""
     table = {}
+    kept = set(_native.kept())
     for entry in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
-            table[int(entry)] = os.readlink(f"/proc/self/fd/{entry}")
+            if int(entry) not in kept:
+                table[int(entry)] = os.readlink(f"/proc/self/fd/{entry}")
     return table
 
 
@@ -244,7 +249,7 @@ class Wave:
 
 
 def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
+    return len(os.listdir("/proc/self/fd")) - 1 - len(_native.kept())  # less listdir's own and the kept
 
 
 @contextlib.contextmanager

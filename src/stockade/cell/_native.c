@@ -2259,6 +2259,42 @@ static PyObject *userns(PyObject *module, PyObject *args) {
     return PyLong_FromLong(ns);
 }
 
+/* kept() -> the descriptors this module keeps across launches, by design. */
+static PyObject *kept(PyObject *module, PyObject *unused) {
+    PyObject *out = PyList_New(0), *result;
+    (void)module;
+    (void)unused;
+    if (out == NULL) return NULL;
+    for (size_t i = 0; i < TMPL_KEPT; i++) {
+        PyObject *fd;
+        if (decoy_cache[i].key == NULL || decoy_cache[i].fd < 0) continue;
+        if ((fd = PyLong_FromLong(decoy_cache[i].fd)) == NULL || PyList_Append(out, fd) < 0) {
+            Py_XDECREF(fd);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(fd);
+    }
+    for (size_t i = 0; i < HELD_SLOTS; i++) {
+        PyObject *fd;
+        if (held_cache[i].path == NULL) continue;
+        if ((fd = PyLong_FromLong(held_cache[i].fd)) == NULL || PyList_Append(out, fd) < 0) {
+            Py_XDECREF(fd);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(fd);
+    }
+    result = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return result;
+}
+
+PyDoc_STRVAR(kept_doc,
+             "kept() -> tuple[int, ...]\n\n"
+             "The descriptors spawn() keeps across launches: the decoys' templates and\n"
+             "Landlock's host entries (bounded; for tests that count a process's descriptors).");
+
 PyDoc_STRVAR(userns_doc,
              "userns(uid_map: bytes, gid_map: bytes) -> int\n\n"
              "The fd of a fresh user namespace with these maps (setgroups denied), for\n"
@@ -2275,6 +2311,7 @@ PyDoc_STRVAR(spawn_doc,
 static PyMethodDef native_methods[] = {
     {"spawn", (PyCFunction)(void (*)(void))spawn, METH_VARARGS | METH_KEYWORDS, spawn_doc},
     {"userns", (PyCFunction)userns, METH_VARARGS, userns_doc},
+    {"kept", (PyCFunction)kept, METH_NOARGS, kept_doc},
     {NULL, NULL, 0, NULL},
 };
 

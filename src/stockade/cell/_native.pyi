@@ -54,6 +54,10 @@ def spawn(
     """
 
 
+def kept() -> tuple[int, ...]:
+    """The descriptors ``spawn`` keeps across launches, by design: the decoys'
+    templates and Landlock's host entries (bounded)."""
+
 DECOY_TEMPLATES: int
 """Set where ``spawn`` takes ``decoys``."""
 
