@@ -246,3 +246,12 @@ def test_a_path_shows_the_host_where_the_last_mount_over_it_is_a_bind() -> None:
     }
     assert _shows_host(covers, "/etc/ssh/keep/link") and not _shows_host(covers, "/tmp/x")
     assert not _shows_host(covers, "/usr")
+
+
+def test_a_run_hands_its_snapshot_the_protected_paths_it_would_note() -> None:
+    from stockade.cell._cell import _inside
+
+    protected = ("/w/.bashrc", "/w/.git/hooks", "/wx/.envrc", "/etc/hosts", "/w")
+    assert _inside(protected, ("/w",)) == ("/w/.bashrc", "/w/.git/hooks")
+    assert _inside(protected, ("/w/", "/etc")) == ("/w/.bashrc", "/w/.git/hooks", "/etc/hosts")
+    assert _inside(protected, ()) == ()  # a fresh workspace, not walked: nothing looked up
