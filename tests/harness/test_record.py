@@ -100,3 +100,19 @@ def test_samples_ending_at_once_in_one_process_all_land_in_the_store(tmp_path: P
     with open_store(_paths.store_path(str(tmp_path)), readonly=True) as store:
         assert store.last_seq() == 6 and store.verify().ok
         assert {s.event.run for s in store.query()} == {f"r-{n:012d}" for n in range(6)}
+
+
+def test_a_store_opened_ahead_is_landed_or_let_go(tmp_path: Path) -> None:
+    from stockade.harness._record import Landing
+
+    first = Landing(str(tmp_path), ahead=True)
+    second = Landing(str(tmp_path), ahead=True)  # waits for this process's lock of the store
+    record = SampleRecord("r-000000000011", harness="inspect", task="t")
+    record.add(_refusal(11))
+    assert first.land(record)["first_seq"] == 1
+    second.abandon()  # its sample's end failed: nothing written, the store let go
+    later = SampleRecord("r-000000000012", harness="inspect", task="t")
+    later.add(_refusal(12))
+    assert land(later, state=str(tmp_path))["first_seq"] == 2
+    with open_store(_paths.store_path(str(tmp_path)), readonly=True) as store:
+        assert store.verify().ok and store.last_seq() == 2

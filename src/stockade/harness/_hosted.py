@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from stockade.daemon import _paths
 from stockade.errors import DaemonError, RemoteError, UsageError
-from stockade.harness._record import SampleRecord, land
+from stockade.harness._record import Landing, SampleRecord, land
 from stockade.harness._workbench import ExecResult, Workbench, open_workbench
 from stockade.policy import Policy
 from stockade.record import Event
@@ -124,6 +124,19 @@ class ProcessHost:
     def __init__(self, record: SampleRecord, *, state: str | None) -> None:
         self.record = record
         self._state = state
+        self._landing: Landing | None = None
+
+    def prepare_finish(self) -> None:
+        """Open the store for ``finish`` now, in a thread, while the last
+        session closes (its open replays and flushes the journal, a few
+        fsyncs). Call ``finish`` or ``abandon_finish`` after it."""
+        if self._landing is None:
+            self._landing = Landing(self._state, ahead=True)
+
+    def abandon_finish(self) -> None:
+        landing, self._landing = self._landing, None
+        if landing is not None:
+            landing.abandon()
 
     def open(self, policy: Policy, *, upper: str | None = None) -> Workbench:
         return open_workbench(
@@ -134,7 +147,8 @@ class ProcessHost:
         self.record.extend(workbench.close().events)
 
     def finish(self, *, later: Callable[[Callable[[], None]], None] | None = None) -> dict[str, Any]:
-        landed = land(self.record, state=self._state)
+        landing, self._landing = self._landing, None
+        landed = landing.land(self.record) if landing is not None else land(self.record, state=self._state)
         return {"via": "process", **landed}
 
 

@@ -251,7 +251,17 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         if self._closed:
             return
         self._closed = True
-        await _in_thread(lambda: self.host.close(self._workbench))
+        # In process, the store is opened while the session closes (_hosted).
+        prepare = getattr(self.host, "prepare_finish", None)
+        if prepare is not None:
+            prepare()
+        try:
+            await _in_thread(lambda: self.host.close(self._workbench))
+        except BaseException:
+            abandon = getattr(self.host, "abandon_finish", None)
+            if abandon is not None:
+                await _in_thread(abandon)
+            raise
         self.record.harness_event(
             "harness.sample.end",
             f"inspect task {self.record.task}: the sample's session ended"

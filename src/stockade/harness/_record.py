@@ -133,31 +133,83 @@ def land(record: SampleRecord, *, state: str | None = None) -> dict[str, Any]:
         StoreError: the store cannot be opened or written for another
             reason than a running daemon (a corrupt file, a full disk).
     """
-    from stockade.record._journaled import open_journaled_store
+    return Landing(state).land(record)
 
-    chosen = state or _paths.state_dir()
-    events = record.events()
-    os.makedirs(chosen, mode=0o700, exist_ok=True)
-    path = _paths.store_path(chosen)
-    # One writer at a time in this process too: the journal's lock is an
-    # flock, which a second open in this process is refused as if it were
-    # another's (concurrent samples ending together raised StoreError).
-    with _landing_lock(path):
-        holder = _held_by_another(path + ".journal")
-        if holder:
-            return _keep_beside(record, events, chosen, why=f"{path}.journal is locked by another process")
-        store = open_journaled_store(path)
+
+class Landing:
+    """The store of ``state`` opened for one sample's record, ahead of it when
+    ``ahead`` (in a thread of its own, while the sample's session closes:
+    opening replays and flushes the journal, a few fsyncs): then ``land`` or
+    ``abandon``, once. It holds this process's lock of that store meanwhile
+    (``_landing_lock``): one writer at a time in this process too, since the
+    journal's lock is an flock, which a second open in this process is
+    refused as if it were another's (concurrent samples ending together
+    raised StoreError)."""
+
+    def __init__(self, state: str | None, *, ahead: bool = False) -> None:
+        self._state = state or _paths.state_dir()
+        self._path = _paths.store_path(self._state)
+        self._store: Any = None
+        self._held = False
+        self._error: BaseException | None = None
+        self._done = False
+        self._ready = threading.Event()
+        self._lock = _landing_lock(self._path)
+        if ahead:
+            threading.Thread(target=self._open, name="stockade-landing", daemon=True).start()
+        else:
+            self._open()
+
+    def _open(self) -> None:
+        from stockade.record._journaled import open_journaled_store
+
+        self._lock.acquire()
         try:
-            stored = store.append(events)
+            os.makedirs(self._state, mode=0o700, exist_ok=True)
+            self._held = _held_by_another(self._path + ".journal")
+            if not self._held:
+                self._store = open_journaled_store(self._path)
+        except BaseException as exc:  # raised again by land
+            self._error = exc
         finally:
-            store.close()
-    return {
-        "store": path,
-        "first_seq": stored[0].seq if stored else None,
-        "last_seq": stored[-1].seq if stored else None,
-        "verify": f"stockade verify --db {path}",
-        "export": f"stockade export --db {path} --run {record.run_id}",
-    }
+            self._ready.set()
+
+    def land(self, record: SampleRecord) -> dict[str, Any]:
+        """Append ``record``'s events; where they are, for the report (``land``'s)."""
+        self._ready.wait()
+        events = record.events()
+        try:
+            if self._error is not None:
+                raise self._error
+            if self._held:
+                why = f"{self._path}.journal is locked by another process"
+                return _keep_beside(record, events, self._state, why=why)
+            stored = self._store.append(events)
+        finally:
+            self._release()
+        return {
+            "store": self._path,
+            "first_seq": stored[0].seq if stored else None,
+            "last_seq": stored[-1].seq if stored else None,
+            "verify": f"stockade verify --db {self._path}",
+            "export": f"stockade export --db {self._path} --run {record.run_id}",
+        }
+
+    def abandon(self) -> None:
+        """Let the store go unwritten (the sample's end failed before its record)."""
+        self._ready.wait()
+        self._release()
+
+    def _release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            if self._store is not None:
+                self._store.close()
+        finally:
+            self._store = None
+            self._lock.release()
 
 
 _LANDING: dict[str, threading.Lock] = {}
