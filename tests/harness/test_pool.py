@@ -252,3 +252,35 @@ async def test_samples_at_once_each_take_a_session_of_their_own(tmp_path: Path) 
     # started its own and asked for more, which a later one may have taken.
     ahead = [env.report["session"]["started_ahead"] for env in envs]
     assert True in ahead and False in ahead
+
+
+@pytest.mark.anyio
+async def test_a_spare_whose_daemon_restarted_is_not_used(tmp_path: Path) -> None:
+    import anyio.to_thread
+
+    sandbox_type: Any = registry_find_sandboxenv("stockade")
+    state = tmp_path / "state"
+    config = sandbox_type.config_deserialize({"state": str(state)})
+    socket_path = _paths.socket_path(state=str(state))
+    first = DaemonThread(state=str(state), socket_path=socket_path)
+    first.start()
+    try:
+        await sandbox_type.task_init("startup", config)
+        (pool,) = _inspect._POOLS.values()
+        assert await anyio.to_thread.run_sync(lambda: pool.wait_ready(60))
+    finally:
+        first.stop()  # its sessions end with it: the spare's too
+    second = DaemonThread(state=str(state), socket_path=socket_path)
+    second.start()
+    try:
+        env, _ = await _sample(sandbox_type, config, "restarted", "m0")
+        # Not the dead spare: a session of its own, in the daemon that runs now.
+        assert env.report["session"]["started_ahead"] is False
+        assert env.report["record"]["via"] == "daemon"
+        assert any("/etc/shadow" in a["summary"] for a in env.report["attempts"])
+        with Client(second.socket_path, timeout=60) as client:
+            (run,) = [r for r in client.call("run.list", all=True)["runs"] if r["id"] == env.record.run_id]
+            assert run["name"] == "inspect/restarted"
+    finally:
+        await sandbox_type.task_cleanup("shutdown", config, True)
+        second.stop()

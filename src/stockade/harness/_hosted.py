@@ -199,6 +199,15 @@ class DaemonHost:
         self._open.append(workbench)
         return workbench
 
+    def alive(self, workbench: Workbench) -> bool:
+        """Whether ``workbench`` is still open in the daemon (a spare that
+        waited for its sample: the daemon may have stopped meanwhile)."""
+        wanted = getattr(workbench, "session_id", None)
+        try:
+            return any(s["session"] == wanted for s in self._client.sessions(self.run_id))
+        except (DaemonError, RemoteError, OSError):
+            return False
+
     def close(self, workbench: Workbench) -> None:
         # The session's events are in the daemon's store already, with the
         # run's id: the record reads them back at the end (finish).

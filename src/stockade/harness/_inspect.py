@@ -198,6 +198,10 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         with _POOLS_LOCK:
             pool = _POOLS.get(_pool_key(config))
         spare = await _in_thread(lambda: pool.take(policy)) if pool is not None else None
+        if spare is not None and not await _in_thread(spare.alive):
+            gone = spare
+            _LATER(lambda: gone.end_unused("its session was no longer open when a sample took it"))
+            spare = None
         ahead = spare is not None
         if spare is None:
             # A daemon's run when one runs (`stockade ps` lists the sample, its

@@ -13,8 +13,11 @@ What a spare is, and is not:
   ends its session; nothing of one sample's cell is seen by another);
 - of the sample's policy: a spare whose policy is not the one the sample
   resolves now (a policy file edited meanwhile) is not used;
-- young: a spare older than ``SPARE_MAX_AGE`` is ended, not used, since its
-  cell's clock (``limits.timeout``) started when it did;
+- young: a spare older than ``SPARE_MAX_AGE`` is ended, not used: its cell's
+  view was planned when it started (a decoy covers only what the host had
+  then), and a sample should not see the host as it was minutes before;
+- alive: a daemon's spare whose session is no longer open there (the daemon
+  restarted meanwhile) is ended, and the sample starts its own;
 - recorded: its session's events (the cell's start, ``session.open``) are in
   the sample's record, dated when they happened, and the sample's
   ``harness.sample.start`` says it was started ahead and when. A spare that
@@ -60,6 +63,12 @@ class Spare:
     """``time.monotonic()`` when its start began."""
     started_at: float
     """``time.time()`` of the same moment, for the record."""
+
+    def alive(self) -> bool:
+        """Whether its session still serves (asked of the daemon that hosts it;
+        one in this process ends only when closed)."""
+        check = getattr(self.host, "alive", None)
+        return True if check is None else bool(check(self.workbench))
 
     def end_unused(self, why: str) -> None:
         """End the session that no sample took; its record lands as a sample's would."""
@@ -182,6 +191,13 @@ class SparePool:
         with self._cond:
             self._threads.add(thread)
         thread.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether a spare is ready, waiting up to ``timeout`` seconds while one starts."""
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._ready) or self._starting == 0, timeout) and bool(
+                self._ready
+            )
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
