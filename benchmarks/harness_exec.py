@@ -24,7 +24,10 @@ this one warm process (local first, then stockade, every round):
   before, while it runs: the worst case for the spares, which an eval's model
   time would otherwise hide); "warm", the same with the machine left to
   finish that background work between samples (as an agent's model time
-  would), not timed.
+  would), not timed; "paced", back to back again, each sample waiting
+  ``THINK`` seconds after its start (its model's first answer, not timed),
+  as an Inspect eval runs them: the next sample starts as soon as one ends,
+  and a sample's own time is mostly its model's.
 
 Three sandboxes: ``local`` contains nothing (a subprocess in a temporary
 directory); ``stockade`` with no daemon (the sample's session in this
@@ -85,6 +88,11 @@ async def _settled(task: str) -> None:
         if all(p["starting"] == 0 for p in pools) and (later is None or later.wait(0)):
             return
         await asyncio.sleep(0.01)
+
+
+THINK = 0.2
+"""Seconds of model time a "paced" sample waits after its start, as an agent
+waits for its model's first answer before its first call (real ones: 0.5-5 s)."""
 
 
 def _stats(samples: list[float]) -> str:
@@ -156,9 +164,13 @@ async def _measure(rounds: int, state: str, hosted: str) -> None:
         for kind, cfg in configs.items():
             kind_type = _type(kind)
 
-            async def one_sample(kind: str = kind, cfg: Any = cfg, task: str = "bench") -> None:
+            async def one_sample(
+                kind: str = kind, cfg: Any = cfg, task: str = "bench", think: float = 0
+            ) -> None:
                 envs = await _sample(kind, cfg, task)
                 env = envs["default"]
+                if think:
+                    await asyncio.sleep(think)
                 for _ in range(5):
                     await env.exec(["sh", "-c", "echo hi"])
                 await env.write_file("answer.txt", "42\n")
@@ -182,6 +194,12 @@ async def _measure(rounds: int, state: str, hosted: str) -> None:
             for _ in range(block - 1):
                 await _settled(task)
                 whole.setdefault(("warm", kind), []).append(await _timed(lambda t=task: one_sample(task=t)))
+            for _ in range(block - 1):
+                # The model's first turn, between the sample's start and its
+                # first call: not the harness's, so not counted.
+                begun = time.perf_counter()
+                await one_sample(task=task, think=THINK)
+                whole.setdefault(("paced", kind), []).append(time.perf_counter() - begun - THINK)
             await kind_type.task_cleanup("shutdown", cfg, True)
 
     print(f"per call ({rounds} rounds)")
@@ -197,7 +215,7 @@ async def _measure(rounds: int, state: str, hosted: str) -> None:
     )
     for (way, kind), samples in whole.items():
         print(f"  {way:6s} {kind:15s} {_stats(samples)}")
-    for way in ("alone", "first", "steady", "warm"):
+    for way in ("alone", "first", "steady", "warm", "paced"):
         for kind in ("stockade", "stockade@daemon"):
             ratio = statistics.median(whole[(way, kind)]) / statistics.median(whole[(way, "local")])
             print(f"  {way:6s} {kind}/local {ratio:5.2f}x")

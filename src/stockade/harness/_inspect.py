@@ -197,7 +197,7 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         sample_id = f"{current.sample_id}/{current.epoch}" if current is not None else ""
         with _POOLS_LOCK:
             pool = _POOLS.get(_pool_key(config))
-        spare = await _in_thread(lambda: pool.take(policy)) if pool is not None else None
+        spare = await _in_thread(lambda: pool.take(policy, task=task_name)) if pool is not None else None
         if spare is not None and not await _in_thread(spare.alive):
             gone = spare
             _LATER(lambda: gone.end_unused("its session was no longer open when a sample took it"))
@@ -276,7 +276,8 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         self.report = {**containment_report(self.record, landed=landed), "session": dict(self._session)}
         _attach_to_sample(self.report)
         if self._pool is not None:
-            # The next sample's spare, now that this one's cell is gone.
+            # The next sample's spare, if the one this sample's take started
+            # was taken meanwhile (more samples at once than spares).
             self._pool.fill(task=self.record.task)
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:

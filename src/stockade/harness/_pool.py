@@ -28,8 +28,10 @@ How many: one at first; each ``take`` that found none, ready or starting,
 asks for one more, up to ``most`` (the sandbox's ``default_concurrency``), so
 a sequential eval holds one idle cell and a concurrent one as many as it
 showed it needs.
-A spare is started when a sample ends (and by ``task_init``), so the cells
-alive are the samples running and at most that many spares.
+A spare is started by ``task_init``, when a sample takes one (so the next
+is up by that sample's end: Inspect starts the next sample as soon as one
+ends, and a sample's own time is mostly its model's), and when a sample ends
+(a no-op when as many are up as wanted).
 A spare that fails to start stops the filling: the sample then starts its own
 session and says why in its own error.
 """
@@ -115,15 +117,18 @@ class SparePool:
                 self._threads.add(thread)
                 thread.start()
 
-    def take(self, policy: Policy) -> Spare | None:
+    def take(self, policy: Policy, *, task: str | None = None) -> Spare | None:
         """A ready spare of ``policy`` (waiting for one being started), or
-        None: the caller starts its own session. The next spare is started
-        when a sample ends (``fill``), not now: a cell launched beside the
-        sample's first calls slows them (the kernel's cgroup and namespace
-        work is shared), and a sample's end is when the eval needs one."""
+        None: the caller starts its own session. Either way the next spare
+        starts now, so that it is up by this sample's end, when Inspect starts
+        the next sample at once: it runs while this sample's agent waits for
+        its model (a cell launched beside a sample's calls, with no model
+        time between, slowed them 15-30 ms: docs/PERFORMANCE.md)."""
         stale: list[Spare] = []
         got: Spare | None = None
         with self._cond:
+            if task is not None:
+                self._task = task  # the next spares are for samples of this task
             while True:
                 while self._ready:
                     spare = self._ready.pop(0)
@@ -144,8 +149,7 @@ class SparePool:
                 self._wanted = min(self._most, self._wanted + 1)
         for spare in stale:
             self._end_later(spare, "it waited past its age or its policy changed")
-        if got is None:
-            self.fill()
+        self.fill()
         return got
 
     def close(self) -> None:
