@@ -136,7 +136,7 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         self.report: dict[str, Any] | None = None
         """The containment report, once the sample has been cleaned up."""
         self._pool: SparePool | None = None
-        """The task's spares, which this sample's end starts the next of."""
+        """The config's spares (its take started the next; its end tops them up)."""
         self._session: dict[str, Any] = {}
         """When the sample's session started, and whether ahead of it (the report's ``session``)."""
 
@@ -172,7 +172,8 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         # sample takes it instead of waiting for its own cell (and run) to
         # start. Inspect calls this once per sandbox config for the whole eval,
         # with the task name "startup": a spare learns its task from the
-        # sample that takes it (and the ones a sample's end starts, from it).
+        # sample that takes it (and the later ones from the sample whose take
+        # started them).
         key = _pool_key(config)
         pool = SparePool(
             lambda task: _start_session(task, policy, state, sample_id=None),
