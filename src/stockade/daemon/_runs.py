@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import json
 import os
 import re
@@ -355,6 +356,8 @@ class Runs:
         """
         if self.recorder.failure is not None:
             await self._retry_store()
+        elif self.refusing:
+            self._retry_state_dir()
         opts = _start_params(params)
         environ = opts["env"] if opts["env"] is not None else dict(os.environ)
         if policy is None:
@@ -486,19 +489,33 @@ class Runs:
             0o600,
         )
 
+        unwritable: list[OSError] = []
+
         def sink(stream: int, data: bytes) -> None:
+            if unwritable:
+                return  # the run is being halted; nothing more is kept
             room = cap - run.transcript_bytes
             if len(data) > room:
                 data = data[: max(0, room)]
                 run.transcript_truncated = True
             if not data:
                 return
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.write(times, f"{run.transcript_bytes} {time.time():.6f} {stream}\n".encode())
+            except OSError as exc:
+                # A full or failing state disk: the transcript is part of the
+                # run's record, so the run halts as it does when the store
+                # cannot write, rather than going on unrecorded (or ending as
+                # an internal error, which it is not).
+                unwritable.append(exc)
+                run.transcript_truncated = True
+                self._soon(self._transcript_failed, run, exc)
+                return
             offset = run.transcript_bytes
             run.transcript_bytes += len(data)
-            os.write(times, f"{offset} {time.time():.6f} {stream}\n".encode())
             self._soon(self._output, run, stream, offset, data)
 
         result: CellResult | None = None
@@ -527,6 +544,19 @@ class Runs:
             except StoreError:
                 pass  # on_failure has halted everything and said why
         self._soon(self._cell_ended, run, result, error)
+
+    def _transcript_failed(self, run: Run, exc: OSError) -> None:
+        """On the loop: a run whose transcript cannot be written is halted."""
+        why = "its filesystem is full; free space on it" if exc.errno == errno.ENOSPC else exc.strerror
+        path = _paths.transcript_path(self.state_dir, run.id)
+        reason = f"the run's transcript cannot be written to {path}: {why}"
+        if not self.refusing:
+            # The state directory is what every run records into: no run
+            # starts until it takes a write again (``_retry_state_dir``).
+            self.refusing = f"the state directory cannot be written, so no run may start: {reason}"
+        task = self.loop.create_task(self.halt(run, reason))
+        self._cascades.add(task)
+        task.add_done_callback(self._cascades.discard)
 
     def _live_sink(self, run: Run) -> Callable[[Event], None]:
         """``Cell.run``'s ``on_event`` for a run's cells: each event (``cell.start``,
@@ -730,6 +760,26 @@ class Runs:
                 run.state = "halted"
                 run.signal_cells(signal.SIGKILL)
         self.intents.deny_waiting(str(exc))
+
+    def _retry_state_dir(self) -> None:
+        """Before a run starts while a transcript could not be written: a
+        probe written and synced in the state directory clears the refusal.
+
+        Raises:
+            RequestError: ``unavailable``, the probe could not be written.
+        """
+        probe = os.path.join(self.state_dir, ".write-probe")
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, b"\0" * 65536)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as exc:
+            raise RequestError("unavailable", f"{self.refusing} (still: {exc.strerror})") from exc
+        self.refusing = ""
 
     async def _retry_store(self) -> None:
         """Before a run starts while the store is failed: try it again, recording
