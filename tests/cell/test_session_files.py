@@ -198,11 +198,18 @@ def test_the_init_lets_go_of_the_launchers_memory(tmp_path: Path) -> None:
         assert s.exec(["echo", "before"]).stdout == b"before\n"
         init = s._init_pid
         assert init > 0
+
+        # Relative to this process, not a fixed figure: a launcher that has
+        # run a whole test suite keeps a large [heap] and many libraries'
+        # data, which the init keeps too; the ballast is what must go.
+        def dropped() -> bool:
+            return _resident_kib(init) < _resident_kib(os.getpid()) - (48 << 10)
+
         for _ in range(500):  # bounded: 500 idle polls of the init's own figure
-            if _resident_kib(init) < 32 << 10:
+            if dropped():
                 break
             threading.Event().wait(0.01)
-        assert _resident_kib(init) < 32 << 10, _resident_kib(init)
+        assert dropped(), (_resident_kib(init), _resident_kib(os.getpid()))
         assert _resident_kib(os.getpid()) > 64 << 10  # control: this process still holds it
         assert s.exec(["echo", "after"]).stdout == b"after\n"
         s.write_file("x.txt", b"still served")
