@@ -50,6 +50,24 @@ def test_json_reports_output_and_events(tmp_path: Path) -> None:
     assert report["events"][0]["kind"] == "cell.start"
 
 
+def test_json_to_a_closed_pipe_is_said_without_a_traceback(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the result is written (`| true`)
+    try:
+        done = subprocess.run(
+            [STOCKADE, "exec", "--json", "-w", str(tmp_path), "--", "/bin/sh", "-c", "exit 4"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr
+    assert "could not be written" in done.stderr and "exited with 4" in done.stderr
+    assert done.returncode == 4
+
+
 def test_events_file_is_jsonl(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     workspace = tmp_path / "ws"

@@ -277,7 +277,7 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
     if as_json:
         import json
 
-        sys.stdout.write(
+        text = (
             json.dumps(
                 {
                     "cell": result.cell_id,
@@ -293,6 +293,19 @@ def _run(opts: dict[str, object], command: list[str]) -> int:
             )
             + "\n"
         )
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader went away (`| head`, `| true`): said once, no
+            # traceback, and the interpreter's own flush must not fail again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            sys.stderr.write(
+                f"stockade: the JSON result could not be written (its reader closed standard output); "
+                f"the command ran and exited with {result.exit_code}\n"
+            )
     else:
         if not opts["quiet"]:
             _summarise(result.denials, result.limits_hit)
