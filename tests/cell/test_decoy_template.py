@@ -130,3 +130,40 @@ def test_no_template_where_the_cell_may_write(tmp_path: Path) -> None:
         assert set(shown) == {"inner"}, shown
     assert (ws / "hidden/inner").read_text() == "secret\n"
     assert not (ws / "hidden/planted").exists()
+
+
+def test_workspaces_made_between_starts_are_shown_in_full() -> None:
+    # A class of defect: /var/lib/stockade is a template from the second
+    # start on, and /var/lib/stockade/workspaces beneath it a decoy of its
+    # own. When workspaces are made between two cells of one workspace (a
+    # trial's agent and its grader, while other trials run), the inner
+    # decoy's names change, so that start cannot copy its template; it must
+    # not make its names in the outer template's copy, which has room for
+    # the template's own only (this failed the launch with ENOSPC once some
+    # dozens of workspaces were made).
+    root = Path("/var/lib/stockade/workspaces")
+    ws = Path(tempfile.mkdtemp(prefix="ws-test-many-", dir=root))
+    os.chown(ws, 65534, 65534)
+    made: list[Path] = []
+    try:
+        for start in range(5):
+            if start >= 2:
+                made += [Path(tempfile.mkdtemp(prefix=f"stockade-test-many-{start}-", dir=root)) for _ in range(60)]
+            # (Landlock refuses a listing here: each name is looked at.)
+            names = " ".join(p.name for p in made)
+            look = f"cd {root} && for n in {ws.name} {names}; do test -d $n && echo $n; done; touch planted"
+            with Cell(default_policy(), workspace=ws) as cell:
+                r = cell.run(["/bin/sh", "-c", look])
+            assert r.exit_code == 1, r.stderr
+            shown = r.stdout.decode().split()
+            # The decoy shows the workspaces as the host has them, up to its
+            # bound on names, and the reach is refused and recorded.
+            assert shown[0] == ws.name
+            assert len(shown) > min(len(made), 100), (start, len(shown))
+            assert [e.summary for e in r.denials] == [
+                f"creation of a file in {root} refused by landlock (fs.make_reg)"
+            ]
+    finally:
+        for path in made:
+            path.rmdir()
+        shutil.rmtree(ws)

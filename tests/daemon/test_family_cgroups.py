@@ -250,7 +250,13 @@ def test_a_helpers_memory_stops_at_what_the_root_left_of_the_familys(tmp_path: P
         held = [int(line.split()[1]) for line in transcript.splitlines() if line.startswith("holds ")]
         assert "done" not in transcript, "the helper got its own limit, not what the family had left"
         # What the root left (256 - 80 MiB, less two interpreters) is what it could hold.
-        assert held and max(held) * MIB < FAMILY_MEMORY - ROOT_HOLDS, held
+        # (On failure, what the family's counters say: whose memory was not charged to it.)
+        counters = {
+            name: Path(f"{memory_dirs[0]}/{name}").read_text().strip()
+            for name in ("memory.max_usage_in_bytes", "memory.failcnt")
+            if os.path.exists(f"{memory_dirs[0]}/{name}")
+        }
+        assert held and max(held) * MIB < FAMILY_MEMORY - ROOT_HOLDS, (held, counters)
         assert end["detail"]["exit_code"] != 0, end
         limits = [e["event"] for e in stored_events(wire, helper_id) if e["event"]["kind"] == "cell.limit"]
         assert any("memory limit" in e["summary"] for e in limits), limits

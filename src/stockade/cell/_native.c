@@ -1952,6 +1952,23 @@ static void decoy_template(struct spec *s) {
             entry[i]->failed = 1;
         }
     }
+    /* A decoy in the cell's root beneath a template's copy that is not a copy
+     * itself (its names changed since: a workspace was made, so this launch
+     * only remembers its new key) would make its names in that copy, which
+     * has room for the template's own only (ENOSPC). The copy is not used
+     * then: that decoy is made as it always was. Deepest first, so that the
+     * one given up counts for those above it. */
+    for (size_t i = s->n_ops; i-- > 0;) {
+        if (entry[i] == NULL || entry[i]->fd < 0) continue;
+        for (size_t k = i + 1; k < s->n_ops; k++) {
+            const struct op *other = &s->ops[k];
+            if (other->kind == K_DECOY_DIR && !other->writable && strictly_under(other->dst, s->ops[i].dst) &&
+                (entry[k] == NULL || entry[k]->fd < 0)) {
+                entry[i] = NULL;
+                break;
+            }
+        }
+    }
     for (size_t i = 0; i < s->n_ops; i++) {
         if (entry[i] == NULL || entry[i]->fd < 0) continue;
         s->ops[i].tmpl_fd = entry[i]->fd;
