@@ -148,7 +148,8 @@ def test_workspaces_made_between_starts_are_shown_in_full() -> None:
     try:
         for start in range(5):
             if start >= 2:
-                made += [Path(tempfile.mkdtemp(prefix=f"stockade-test-many-{start}-", dir=root)) for _ in range(60)]
+                prefix = f"stockade-test-many-{start}-"
+                made += [Path(tempfile.mkdtemp(prefix=prefix, dir=root)) for _ in range(60)]
             # (Landlock refuses a listing here: each name is looked at.)
             names = " ".join(p.name for p in made)
             look = f"cd {root} && for n in {ws.name} {names}; do test -d $n && echo $n; done; touch planted"
