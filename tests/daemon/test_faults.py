@@ -344,3 +344,37 @@ def test_a_really_full_disk_halts_the_run_and_loses_no_acknowledged_event(tmp_pa
             assert wire.call("verify")["ok"] is True
     finally:
         sp.run(["umount", "-l", str(state)], check=False)
+
+
+def test_a_transcript_that_cannot_be_opened_halts_the_run_which_still_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's thread opens its transcript files before the cell starts; an
+    open that fails there (no descriptor left, no inode left) halts the run as
+    a failed write does, and the run ends: it never stays "running" with no
+    thread behind it. The cell is not started: its output would be kept
+    nowhere."""
+    import errno
+
+    from stockade.daemon import _runs
+
+    def no_descriptor(path: str) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), path)
+
+    policy = agent_policy(tmp_path, [])
+    with daemon_at(tmp_path) as dt:
+        wire, events = Wire(dt.socket_path), Wire(dt.socket_path)
+        events.call("events.subscribe")
+        monkeypatch.setattr(_runs, "_open_transcript", no_descriptor)
+        info = wire.call("run.start", {"policy_path": str(policy), "detach": True})
+        events.until(kind_is("run.end", info["id"]))
+        run = next(r for r in wire.call("run.list")["runs"] if r["id"] == info["id"])
+        assert run["state"] == "halted", run
+        assert "transcript cannot be written" in run["halted"] and "Too many open files" in run["halted"]
+        kinds = [e["event"]["kind"] for e in stored_events(wire, info["id"])]
+        assert "run.halted" in kinds and "cell.start" not in kinds, kinds
+        # Descriptors again: the next start's probe write clears the refusal.
+        monkeypatch.undo()
+        again = wire.call("run.start", {"policy_path": str(agent_policy(tmp_path, [], name="after"))})
+        events.until(kind_is("run.end", again["id"]))
+        assert wire.call("status")["accepting_runs"] is True

@@ -477,18 +477,7 @@ class Runs:
     def _run_cell(self, run: Run, cell: Cell) -> None:
         """The run's own thread: it forks the cell and outlives it (death signal)."""
         cap = run.policy.limits.output or TRANSCRIPT_MAX
-        fd = os.open(
-            _paths.transcript_path(self.state_dir, run.id),
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-            0o600,
-        )
-        # When each chunk came and from which stream: `stockade logs --timestamps`.
-        times = os.open(
-            _paths.transcript_path(self.state_dir, run.id) + ".times",
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-            0o600,
-        )
-
+        fd = times = -1
         unwritable: list[OSError] = []
 
         def sink(stream: int, data: bytes) -> None:
@@ -521,15 +510,26 @@ class Runs:
         result: CellResult | None = None
         error = ""
         try:
-            if not run.kill_requested:
-                result = cell.run(list(run.argv) or None, on_output=sink, on_event=self._live_sink(run))
+            try:
+                fd = _open_transcript(_paths.transcript_path(self.state_dir, run.id))
+                # When each chunk came and from which stream: `stockade logs --timestamps`.
+                times = _open_transcript(_paths.transcript_path(self.state_dir, run.id) + ".times")
+            except OSError as exc:
+                # (No inode left, no descriptor left.) As a write that fails:
+                # the run halts, here before its cell starts, and still ends.
+                self._soon(self._transcript_failed, run, exc)
+                error = f"the run's transcript cannot be opened: {exc.strerror or exc}"
+            else:
+                if not run.kill_requested:
+                    result = cell.run(list(run.argv) or None, on_output=sink, on_event=self._live_sink(run))
         except StockadeError as exc:
             error = str(exc)
         except BaseException as exc:  # a bug: say so, and still end the run
             error = f"internal error running the cell: {exc!r}"
         finally:
-            os.close(fd)
-            os.close(times)
+            for opened in (fd, times):
+                if opened >= 0:
+                    os.close(opened)
             cell.close()
             if cell.fresh and not run.children:
                 # A fresh workspace is kept for the operator to look at, unless
@@ -983,6 +983,11 @@ def _gateway_options() -> GatewayOptions:
 def _family_limited(policy: Policy) -> bool:
     limits = policy.limits
     return limits.memory is not None or limits.pids is not None or limits.cpu is not None
+
+
+def _open_transcript(path: str) -> int:
+    """A descriptor that appends to one of a run's transcript files."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
 
 
 def _family_cgroup(run: Run) -> CellCgroup:
