@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
 def _exec(args: list[str], *, whole_process: bool) -> int:
     import gc
 
+    from stockade.cell._migration import keep_warm
+
+    # The kernel's wait for C1's move into the cell's cgroups (~10 ms) is
+    # paid by a thread of its own while the imports and the plan are made;
+    # the launch holds it on again (Cell.run).
+    keep_warm(0.2)
     threshold = gc.get_threshold()
     gc.set_threshold(EXEC_GC_THRESHOLD, *threshold[1:])
     try:
