@@ -18,6 +18,7 @@ Nothing here asserts a time.
 - srt:            srt --settings F -- CMD  (Anthropic's sandbox-runtime)
 - bwrap:          bwrap --unshare-all --ro-bind / / CMD  (less isolation; a floor)
 - none:           CMD
+- stockade (no warm-up): the same exec with cell/_migration.py's thread off
 - stockade (baseline): with --baseline SRC, the same `stockade exec` run from
                   another checkout's src/ directory (say `git archive OLD src`
                   with its built cell/_native*.so copied in), side by side
@@ -61,6 +62,16 @@ def contenders(workdir: Path, command: list[str], baseline: Path | None = None) 
     )
     bins = PEERS / "node_modules" / ".bin"
     found: Runs = {"stockade": ([str(ROOT / ".venv" / "bin" / "stockade"), "exec", "--", *command], env)}
+    # The same exec without the cgroup-move warm-up (cell/_migration.py),
+    # from the same interpreter: what that thread saves.
+    cold = (
+        "import sys; import stockade.cell._migration as m; m.keep_warm = lambda *a, **k: None; "
+        "from stockade.cli.main import main; sys.argv[0] = 'stockade'; main()"
+    )
+    found["stockade (no warm-up)"] = (
+        [str(ROOT / ".venv" / "bin" / "python"), "-c", cold, "exec", "--", *command],
+        env,
+    )
     if baseline is not None:
         found["stockade (baseline)"] = (
             [*found["stockade"][0]],
