@@ -14,6 +14,7 @@ import os
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 
 from stockade.gateway._egress import Destination
 
@@ -105,11 +106,12 @@ def upstream_tls_context(extra_ca: str | None = None) -> ssl.SSLContext:
     Raises:
         ValueError: ``extra_ca`` cannot be read or holds no certificate.
     """
-    key = (_stamp(ssl.get_default_verify_paths().cafile), _stamp(extra_ca), extra_ca)
-    with _CONTEXTS_LOCK:
-        found = _CONTEXTS.get(key)
-    if found is not None:
-        return found
+    return tls_context_once(
+        (ssl.get_default_verify_paths().cafile, extra_ca), lambda: _new_upstream_context(extra_ca)
+    )
+
+
+def _new_upstream_context(extra_ca: str | None) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     # The gateway speaks HTTP/1.1 upstream (httpcore over h11); say so, so that
@@ -123,6 +125,20 @@ def upstream_tls_context(extra_ca: str | None = None) -> ssl.SSLContext:
                 f"the upstream CA file {extra_ca!r} could not be loaded ({exc}); "
                 "give a readable PEM file of CA certificates"
             ) from exc
+    return context
+
+
+def tls_context_once(files: tuple[str | None, ...], make: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """The context ``make`` returns, made once per process for ``files`` as
+    they are on disk (inode, size, mtime: a bundle changed makes a new one).
+    The gateway's and the LLM endpoint's upstream contexts are both made so;
+    nothing configures a context after it is shared."""
+    key = tuple((path, _stamp(path)) for path in files)
+    with _CONTEXTS_LOCK:
+        found = _CONTEXTS.get(key)
+    if found is not None:
+        return found
+    context = make()
     with _CONTEXTS_LOCK:
         if len(_CONTEXTS) >= 16:  # a test suite's throwaway CAs: keep the newest only
             _CONTEXTS.clear()
@@ -144,4 +160,4 @@ def _stamp(path: str | None) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-__all__ = ["UpstreamError", "open_upstream", "upstream_tls_context"]
+__all__ = ["UpstreamError", "open_upstream", "tls_context_once", "upstream_tls_context"]

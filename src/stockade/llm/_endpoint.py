@@ -16,7 +16,6 @@ import logging
 import math
 import socket
 import ssl
-import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -117,20 +116,9 @@ def _upstream_tls() -> ssl.SSLContext:
     A bundle changed on disk makes a new one."""
     import certifi
 
-    from stockade.gateway._upstream import _stamp
+    from stockade.gateway._upstream import tls_context_once
 
-    where = certifi.where()
-    key = (where, _stamp(where))
-    with _TLS_LOCK:
-        found = _TLS.get(key)
-        if found is None:
-            _TLS.clear()
-            found = _TLS[key] = httpx.create_ssl_context(trust_env=False)
-        return found
-
-
-_TLS: dict[tuple[object, ...], ssl.SSLContext] = {}
-_TLS_LOCK = threading.Lock()
+    return tls_context_once((certifi.where(),), lambda: httpx.create_ssl_context(trust_env=False))
 
 
 class LlmEndpoint:
