@@ -1,6 +1,6 @@
 """Launch-to-exit time of a fully enforced cell, side by side with bwrap and no sandbox.
 
-Run as root from the repository:  .venv/bin/python benchmarks/cell_launch.py [--rounds N] [--idle S]
+Run as root from the repository:  .venv/bin/python benchmarks/cell_launch.py [--rounds N]
 
 Every round runs each contender once, in an interleaved order, from this one
 warm Python process, so that the machine's drift (it is shared and noisy)
@@ -20,13 +20,6 @@ Nothing here asserts a time.
 - stockade: Cell(default_policy()).run(CMD) — namespaces, the filesystem view
             with decoys, Landlock (files, TCP, scopes), seccomp, cgroups,
             dropped capabilities, and the kernel audit reader collecting refusals
-- stockade-cold: the same, without the cgroup-move warm-up (cell/_migration.py):
-            C1's move into its cgroups waits for the kernel's grace period
-
-With --idle SECONDS, before each stockade launch (untimed) the script waits
-until no warm-up thread runs and that long more: each launch comes as one
-after an idle moment does (a daemon's, an agent's next command), never riding
-on the previous one's warm-up or move. Without it, launches come back to back.
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from stockade.cell import Cell, _cell, _migration
+from stockade.cell import Cell
 from stockade.policy import default_policy
 
 COMMANDS = {
@@ -76,7 +69,7 @@ def bwrap_argv(workspace: str, command: list[str]) -> list[str]:
     return argv + command
 
 
-def measure(rounds: int, idle: float = 0.0) -> None:
+def measure(rounds: int) -> None:
     policy = default_policy()
     with Cell(policy) as cell:
         workspace = cell.workspace
@@ -85,7 +78,6 @@ def measure(rounds: int, idle: float = 0.0) -> None:
                 "none": lambda c=command: subprocess.run(c, check=True),
                 "bwrap": lambda c=command: subprocess.run(bwrap_argv(workspace, c), check=True),
                 "stockade": lambda c=command: _check(cell.run(c).exit_code),
-                "stockade-cold": lambda c=command: _check(_cold(cell, c)),
             }
             for run in contenders.values():  # warm-up: caches, page cache, the audit reader
                 run()
@@ -95,8 +87,6 @@ def measure(rounds: int, idle: float = 0.0) -> None:
             for i in range(rounds):
                 order = names[i % len(names) :] + names[: i % len(names)]
                 for name in order:
-                    if idle and name.startswith("stockade"):
-                        _idle(idle)
                     used = _cpu()
                     start = time.perf_counter()
                     contenders[name]()
@@ -106,22 +96,6 @@ def measure(rounds: int, idle: float = 0.0) -> None:
             med = {name: statistics.median(values) for name, values in cpu.items()}
             print("  CPU per launch (median): " + ", ".join(f"{name} {med[name]:.2f} ms" for name in cpu))
             print(f"  stockade's CPU over no sandbox (median): {med['stockade'] - med['none']:.2f} ms")
-
-
-def _cold(cell: Cell, command: list[str]) -> int:
-    """A launch without the cgroup-move warm-up."""
-    warm = _cell.keep_warm
-    _cell.keep_warm = lambda seconds=0.0: None
-    try:
-        return cell.run(command).exit_code
-    finally:
-        _cell.keep_warm = warm
-
-
-def _idle(seconds: float) -> None:
-    while _migration._running:
-        time.sleep(0.005)
-    time.sleep(seconds)
 
 
 def _cpu() -> float:
@@ -139,12 +113,10 @@ def report(label: str, times: dict[str, list[float]], rounds: int) -> None:
     med = {name: statistics.median(values) for name, values in times.items()}
     p90 = {name: statistics.quantiles(values, n=10)[-1] for name, values in times.items()}
     print(f"\n{label}  ({rounds} interleaved rounds, milliseconds)")
-    print(f"  {'':13} {'median':>8} {'p90':>8}")
+    print(f"  {'':10} {'median':>8} {'p90':>8}")
     for name in times:
-        print(f"  {name:13} {med[name]:8.2f} {p90[name]:8.2f}")
+        print(f"  {name:10} {med[name]:8.2f} {p90[name]:8.2f}")
     print(f"  stockade / bwrap (median): {med['stockade'] / med['bwrap']:.2f}x  (target <= 1.5x)")
-    cold = med["stockade-cold"] / med["bwrap"]
-    print(f"  stockade-cold / bwrap (median): {cold:.2f}x  (no cgroup warm-up)")
     print(f"  stockade overhead over no sandbox: {med['stockade'] - med['none']:.2f} ms")
     print(f"  bwrap overhead over no sandbox:    {med['bwrap'] - med['none']:.2f} ms")
 
@@ -152,11 +124,10 @@ def report(label: str, times: dict[str, list[float]], rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--idle", type=float, default=0.0, help="seconds idle before each stockade launch")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the cell reads the kernel audit log")
-    measure(args.rounds, args.idle)
+    measure(args.rounds)
 
 
 if __name__ == "__main__":

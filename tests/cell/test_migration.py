@@ -1,67 +1,86 @@
-"""The cgroup-move warm-up (``cell._migration``): a thread of the launching
-process moves itself into the cgroup it is already in, again and again for as
-long as asked, and never anywhere else. (What it saves, C1's wait for the
-kernel's grace period, is measured by benchmarks/cli_exec.py, not here.)"""
+"""The cgroup-move warm-up (``cell._migration``, ``_native.warm_cgroup``): a
+thread of the launching process moves itself into the cgroup it is already
+in, again and again for as long as asked, then ends, and never moves
+anything anywhere else. (What it saves, C1's wait for the kernel's grace
+period, is measured by benchmarks/cli_exec.py and cell_launch.py, not here.)"""
 
 from __future__ import annotations
 
-import threading
+import os
 import time
 from pathlib import Path
 
 import pytest
 
-from stockade.cell import _migration
+from stockade.cell import _migration, _native
 
 
-def _warm_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "stockade-cgroup-warm"]
+def _threads() -> set[str]:
+    """The warm-up threads of this process (named by ``_native``)."""
+    found = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "stockade-cgwarm":
+                found.add(tid)
+        except FileNotFoundError:
+            pass  # it ended meanwhile
+    return found
 
 
-def _wait_gone(seconds: float = 5.0) -> None:
+def _wait_for(done: object, seconds: float = 5.0) -> None:
     end = time.monotonic() + seconds
-    while _warm_threads() and time.monotonic() < end:
+    while not done() and time.monotonic() < end:  # type: ignore[operator]
         time.sleep(0.01)
-    assert not _warm_threads(), "the warm-up thread outlived its hold"
+    assert done(), "the warm-up thread did not start, or did not end after its hold"  # type: ignore[operator]
 
 
-def test_it_moves_itself_within_its_own_cgroup_and_stops() -> None:
+def test_it_moves_itself_within_its_own_cgroup_and_ends() -> None:
     own = Path("/proc/self/cgroup").read_text()
     tasks = _migration._own_tasks_file()
     assert tasks is not None, "this host has cgroup v1 hierarchies, and the suite runs as root"
-    assert tasks.endswith("/tasks")
-    _wait_gone()
+    assert tasks.endswith("/tasks") and os.access(tasks, os.W_OK)
+    _wait_for(lambda: not _threads())  # an earlier launch's has ended
     _migration.keep_warm(0.1)
-    (thread,) = _warm_threads()
-    assert thread.daemon  # never holds an exit up
-    _wait_gone()
+    _wait_for(_threads)  # named once it runs
+    started = _threads()
+    assert len(started) == 1, started  # one thread of the process's own
+    (tid,) = started
+    # It is in the tasks file of the cgroup it was in, and so is every other thread.
+    assert tid in Path(tasks).read_text().split()
+    _wait_for(lambda: tid not in _threads())
     # Nothing of the process moved: every hierarchy names the same cgroup.
     assert Path("/proc/self/cgroup").read_text() == own
 
 
-def test_it_writes_its_own_thread_id_until_the_hold_ends(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_it_writes_its_own_thread_id_until_the_hold_ends(tmp_path: Path) -> None:
     # A plain file in place of the tasks file: what the thread writes stays.
     tasks = tmp_path / "tasks"
     tasks.write_bytes(b"")
-    _wait_gone()
-    monkeypatch.setattr(_migration, "_tasks_file", str(tasks))
-    monkeypatch.setattr(_migration, "_looked", True)
-    _migration.keep_warm(0.1)
-    (thread,) = _warm_threads()
-    _migration.keep_warm(0.1)  # a second ask extends the hold, with no second thread
-    assert _warm_threads() == [thread]
-    _wait_gone()
+    _wait_for(lambda: not _threads())  # an earlier launch's has ended
+    _native.warm_cgroup(str(tasks), 0.1)
+    _native.warm_cgroup(str(tasks), 0.1)  # a second ask holds it longer, with no second thread
+    _wait_for(_threads)  # named once it runs
+    started = _threads()
+    assert len(started) == 1, started
+    (tid,) = started
+    _wait_for(lambda: tid not in _threads())
     written = tasks.read_bytes()
-    tid = str(thread.native_id).encode()
-    assert written and written == tid * (len(written) // len(tid)), written[:80]
-    assert len(written) // len(tid) >= 2  # again and again, not once
+    # Its own id, again and again, and nothing more after its end.
+    assert written and written == tid.encode() * (len(written) // len(tid)), written[:80]
+    assert len(written) // len(tid) >= 2
+    time.sleep(0.05)
+    assert tasks.read_bytes() == written
+
+
+def test_a_bad_ask_is_refused() -> None:
+    with pytest.raises(ValueError, match="0-10 seconds"):
+        _native.warm_cgroup("/nonexistent/tasks", 60.0)
 
 
 def test_nothing_is_started_where_there_is_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    _wait_gone()
     monkeypatch.setattr(_migration, "_tasks_file", None)
     monkeypatch.setattr(_migration, "_looked", True)
+    _wait_for(lambda: not _threads())
     _migration.keep_warm(0.1)
-    assert _warm_threads() == []
+    time.sleep(0.05)  # time enough for a thread to have started and named itself
+    assert _threads() == set()

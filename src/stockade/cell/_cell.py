@@ -19,7 +19,6 @@ from stockade.cell._audit_core import unrecorded_event
 from stockade.cell._audit_mount import CELL_LOGINUID
 from stockade.cell._cgroup import CellCgroup
 from stockade.cell._launch import LaunchSpec, launch
-from stockade.cell._migration import keep_warm
 from stockade.cell._owners import OwnerLease, lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
 from stockade.cell._plan import NOBODY, CellPlan, plan_cell
@@ -500,9 +499,6 @@ class Cell:
         if not command:
             raise CellError("no command to run: pass one, or set `command` in the policy")
         cell_id = "c-" + os.urandom(6).hex()
-        # C1's move into the cgroups would wait ~10 ms for the kernel; paid
-        # now, by a thread of its own, while the launch is prepared.
-        keep_warm()
         _room_for_cells()
         policy = self.policy
         limits = policy.limits

@@ -36,6 +36,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -2276,6 +2278,94 @@ static PyObject *userns(PyObject *module, PyObject *args) {
     return PyLong_FromLong(ns);
 }
 
+/* --------------------------------- parent side: the cgroup move's wait, paid ahead */
+
+/* warm_cgroup(tasks, seconds): a thread of this process writes its own thread
+ * id to ``tasks`` (the v1 tasks file of the cgroup it is in: a move of
+ * nothing) every 4 ms until ``seconds`` from now (_migration.py says why). A
+ * thread of C, not of Python: it never takes the GIL, so the launch it runs
+ * beside never waits for it. State is atomics, no lock: a fork of this
+ * process (C1, or a Python child) inherits no lock held by this thread. */
+
+static _Atomic long long warm_until_ns;
+static atomic_int warm_running;
+static pid_t warm_pid;
+static char warm_path[PATH_MAX];
+
+static long long now_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+static void *warm_loop(void *unused) {
+    char tid[24];
+    int fd, len;
+    (void)unused;
+    (void)prctl(PR_SET_NAME, "stockade-cgwarm"); /* its name in /proc/PID/task/TID/comm */
+    len = snprintf(tid, sizeof tid, "%ld", (long)syscall(SYS_gettid));
+    fd = open(warm_path, O_WRONLY | O_CLOEXEC);
+    for (;;) {
+        if (fd < 0 || now_ns() >= atomic_load(&warm_until_ns)) {
+            atomic_store(&warm_running, 0);
+            /* Asked again between the check and the store: go on, unless
+             * another ask started a thread of its own meanwhile. */
+            if (fd >= 0 && now_ns() < atomic_load(&warm_until_ns) &&
+                atomic_compare_exchange_strong(&warm_running, &(int){0}, 1))
+                continue;
+            break;
+        }
+        if (write(fd, tid, (size_t)len) < 0) {
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        nanosleep(&(struct timespec){0, 4000000}, NULL);
+    }
+    if (fd >= 0) close(fd);
+    return NULL;
+}
+
+static PyObject *warm_cgroup(PyObject *module, PyObject *args) {
+    const char *path;
+    double seconds;
+    long long until;
+    pthread_attr_t attr;
+    pthread_t thread;
+    sigset_t all, old;
+    int err;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "sd", &path, &seconds)) return NULL;
+    if (strlen(path) >= sizeof warm_path || seconds < 0 || seconds > 10) {
+        PyErr_SetString(PyExc_ValueError, "warm_cgroup: a tasks path shorter than PATH_MAX, 0-10 seconds");
+        return NULL;
+    }
+    if (warm_pid != getpid()) {
+        /* A new process (or a fork's child, whose thread did not come along). */
+        warm_pid = getpid();
+        atomic_store(&warm_running, 0);
+    }
+    until = now_ns() + (long long)(seconds * 1e9);
+    if (until > atomic_load(&warm_until_ns)) atomic_store(&warm_until_ns, until);
+    if (atomic_load(&warm_running) || !atomic_compare_exchange_strong(&warm_running, &(int){0}, 1))
+        Py_RETURN_NONE;
+    memcpy(warm_path, path, strlen(path) + 1); /* only read by a thread this call starts */
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* no signal of the process goes to it */
+    err = pthread_create(&thread, &attr, warm_loop, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (err != 0) {
+        atomic_store(&warm_running, 0);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
 /* kept() -> the descriptors this module keeps across launches, by design. */
 static PyObject *kept(PyObject *module, PyObject *unused) {
     PyObject *out = PyList_New(0), *result;
@@ -2329,6 +2419,8 @@ static PyMethodDef native_methods[] = {
     {"spawn", (PyCFunction)(void (*)(void))spawn, METH_VARARGS | METH_KEYWORDS, spawn_doc},
     {"userns", (PyCFunction)userns, METH_VARARGS, userns_doc},
     {"kept", (PyCFunction)kept, METH_NOARGS, kept_doc},
+    {"warm_cgroup", (PyCFunction)warm_cgroup, METH_VARARGS,
+     "warm_cgroup(tasks, seconds): hold the cgroup move's semaphore in its slow mode (_migration.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -68,3 +68,12 @@ def userns(uid_map: bytes, gid_map: bytes, /) -> int:
     Raises:
         OSError: the namespace could not be made or mapped.
     """
+
+def warm_cgroup(tasks: str, seconds: float) -> None:
+    """Have a thread of this process (of C: it never takes the GIL) write its
+    own thread id to ``tasks`` every 4 ms for ``seconds`` from now (``_migration``).
+
+    Raises:
+        ValueError: ``seconds`` outside 0-10, or a path too long.
+        OSError: no thread could be started.
+    """

@@ -18,6 +18,11 @@ finds nearly nothing to free; a long run's own garbage is still collected,
 25,000 objects at a time."""
 
 
+EXEC_WARM_SECONDS = 0.2
+"""How long ``stockade exec`` holds the cgroup-move semaphore warm from its
+start (``cell._migration``): past its launch, ~60-100 ms in (issue 18)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] == "exec":
@@ -33,9 +38,8 @@ def _exec(args: list[str], *, whole_process: bool) -> int:
     from stockade.cell._migration import keep_warm
 
     # The kernel's wait for C1's move into the cell's cgroups (~10 ms) is
-    # paid by a thread of its own while the imports and the plan are made;
-    # the launch holds it on again (Cell.run).
-    keep_warm(0.2)
+    # paid by a thread of its own while the imports and the plan are made.
+    keep_warm(EXEC_WARM_SECONDS)
     threshold = gc.get_threshold()
     gc.set_threshold(EXEC_GC_THRESHOLD, *threshold[1:])
     try:
