@@ -84,3 +84,18 @@ def test_nothing_is_started_where_there_is_no_file(monkeypatch: pytest.MonkeyPat
     _migration.keep_warm(0.1)
     time.sleep(0.05)  # time enough for a thread to have started and named itself
     assert _threads() == set()
+
+
+def test_a_launch_leaves_it_running_for_the_next_launch() -> None:
+    """``Cell.run`` asks for the thread from its start and for a second past
+    it, so that the process's next launch finds the semaphore slow; then it
+    ends by itself."""
+    from stockade.cell import Cell
+    from stockade.policy import default_policy
+
+    _wait_for(lambda: not _threads())
+    result = Cell(default_policy()).run(["/bin/true"])
+    assert result.exit_code == 0
+    running = _threads()
+    assert running, "no warm-up thread after a launch"
+    _wait_for(lambda: not (_threads() & running), seconds=_migration.LINGER_SECONDS + 5)

@@ -19,6 +19,7 @@ from stockade.cell._audit_core import unrecorded_event
 from stockade.cell._audit_mount import CELL_LOGINUID
 from stockade.cell._cgroup import CellCgroup
 from stockade.cell._launch import LaunchSpec, launch
+from stockade.cell._migration import launching
 from stockade.cell._owners import OwnerLease, lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
 from stockade.cell._plan import NOBODY, CellPlan, plan_cell
@@ -499,6 +500,9 @@ class Cell:
         if not command:
             raise CellError("no command to run: pass one, or set `command` in the policy")
         cell_id = "c-" + os.urandom(6).hex()
+        # The kernel's wait for C1's cgroup move, paid by a thread from now
+        # and spared the next launch within a second (cell/_migration.py).
+        launching()
         _room_for_cells()
         policy = self.policy
         limits = policy.limits

@@ -8,20 +8,29 @@ its fast mode, and the first writer waits for an RCU grace period to leave it
 every launch that comes more than ~20 ms after the last migration on the host.
 While writers keep coming it stays in its slow mode and a write takes ~0.1 ms.
 
-So, while ``stockade exec`` imports and plans (its one launch always comes
-cold), a thread of this process moves itself
-into the cgroup it is already in (a write of its own thread id to its v1
-``tasks`` file: a move of nothing, which takes the semaphore all the same)
-every 4 ms (``_native.warm_cgroup``, a thread of C that never takes the GIL,
-so the launch beside it never waits for it): it pays the grace period while
-the plan and the launch's other steps are made, and C1 finds the semaphore
-in its slow mode. Not in ``Cell.run`` of a long-lived process (the daemon,
-the API): its launches back to back keep the semaphore slow by themselves,
-and after an idle moment its preparation is too short to hide the grace
-period; measured side by side, the thread gained nothing there
-(docs/PERFORMANCE.md). The kernel's own switch for this is cgroup's
-``favordynmods`` mount option, which holds it in its slow mode for every fork
-and exit of the host; this holds it only for the moments after a launch asked.
+So a thread of this process moves itself into the cgroup it is already in
+(a write of its own thread id to its v1 ``tasks`` file: a move of nothing,
+which takes the semaphore all the same) every 4 ms (``_native.warm_cgroup``,
+a thread of C that never takes the GIL, so the launch beside it never waits
+for it), while a launch is near:
+
+- ``stockade exec`` asks for it first thing, so that the grace period is paid
+  while it imports and plans (its one launch always comes cold);
+- every launch (``Cell.run``) and every session call (a move into the call's
+  own cgroup, ``_session``) asks for ``LINGER_SECONDS`` more from its start:
+  the next launch or call of this process within that time (a daemon's, an
+  eval's, a benchmark's) finds the semaphore slow, where anything more than
+  ~20 ms apart would pay the grace period again. Measured side by side for
+  issue 18 (docs/PERFORMANCE.md): a cell of ``python3 -c pass`` 41 -> 28 ms,
+  launched every ~40 ms; the first launch after an idle moment gains only
+  its own plan's few milliseconds.
+
+The thread costs ~7 ms of CPU a second while it runs, and the host's forks
+and exits take the semaphore's reader side the slower way meanwhile
+(benchmarks/cgroup_warm_cost.py measures what an unrelated process pays).
+The kernel's own switch for this is cgroup's ``favordynmods`` mount option,
+which holds it in its slow mode for every fork and exit of the host, always;
+this holds it only for the moments around the launches.
 
 cgroup v1 only: v2 has no per-thread file outside threaded cgroups, and
 moving the whole process (``cgroup.procs``) could race a move of its own
@@ -35,6 +44,10 @@ from __future__ import annotations
 import os
 
 from stockade.cell import _native
+
+LINGER_SECONDS = 1.0
+"""How long from a launch's (or a session call's) start the semaphore is held
+slow, for the next one of this process (see above)."""
 
 _tasks_file: str | None = None
 _looked = False
@@ -50,6 +63,12 @@ def keep_warm(seconds: float) -> None:
         _native.warm_cgroup(path, seconds)
     except OSError:
         pass  # no thread to be had: the launch just waits for the kernel
+
+
+def launching() -> None:
+    """A launch or a session call starts: hold the semaphore slow through it
+    and ``LINGER_SECONDS`` past its start, for the next."""
+    keep_warm(LINGER_SECONDS)
 
 
 def _own_tasks_file() -> str | None:
