@@ -4,6 +4,7 @@ daemon holds it; the containment report counts what was refused."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from stockade.daemon import _paths
@@ -114,5 +115,28 @@ def test_a_store_opened_ahead_is_landed_or_let_go(tmp_path: Path) -> None:
     later = SampleRecord("r-000000000012", harness="inspect", task="t")
     later.add(_refusal(12))
     assert land(later, state=str(tmp_path))["first_seq"] == 2
+    with open_store(_paths.store_path(str(tmp_path)), readonly=True) as store:
+        assert store.verify().ok and store.last_seq() == 2
+
+
+def test_a_landing_hands_its_close_on_and_its_events_are_readable_meanwhile(tmp_path: Path) -> None:
+    """With ``later``, ``land`` returns once the events are in the journal
+    (durable, and read by a reader of the store); the close that indexes
+    them into SQLite is what ``later`` runs, and the next landing waits for it."""
+    from stockade.harness._record import Landing
+
+    handed: list[Callable[[], None]] = []
+    record = SampleRecord("r-00000000c105", harness="inspect", task="t")
+    record.add(_refusal(3))
+    landed = Landing(str(tmp_path)).land(record, later=handed.append)
+    assert landed["first_seq"] == 1 and len(handed) == 1
+    with open_store(landed["store"], readonly=True) as store:  # the journal is read too
+        assert [s.event.kind for s in store.query(run="r-00000000c105")] == ["cell.denied"]
+    second = SampleRecord("r-00000000c106", harness="inspect", task="t")
+    second.add(_refusal(4))
+    landing = Landing(str(tmp_path), ahead=True)  # waits for the first's close
+    assert not landing._ready.wait(0.2), "a second landing opened the store before the first closed it"
+    handed.pop()()  # what ``later`` runs: the first's close
+    assert landing.land(second)["first_seq"] == 2
     with open_store(_paths.store_path(str(tmp_path)), readonly=True) as store:
         assert store.verify().ok and store.last_seq() == 2

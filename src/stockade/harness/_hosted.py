@@ -148,7 +148,11 @@ class ProcessHost:
 
     def finish(self, *, later: Callable[[Callable[[], None]], None] | None = None) -> dict[str, Any]:
         landing, self._landing = self._landing, None
-        landed = landing.land(self.record) if landing is not None else land(self.record, state=self._state)
+        landed = (
+            landing.land(self.record, later=later)
+            if landing is not None
+            else land(self.record, state=self._state)
+        )
         return {"via": "process", **landed}
 
 

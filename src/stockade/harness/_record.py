@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from stockade.daemon import _paths
@@ -174,10 +174,21 @@ class Landing:
         finally:
             self._ready.set()
 
-    def land(self, record: SampleRecord) -> dict[str, Any]:
-        """Append ``record``'s events; where they are, for the report (``land``'s)."""
+    def land(
+        self, record: SampleRecord, *, later: Callable[[Callable[[], None]], None] | None = None
+    ) -> dict[str, Any]:
+        """Append ``record``'s events; where they are, for the report (``land``'s).
+
+        With ``later`` (``_pool.Later``), the store's close is handed to it:
+        the events are durable and readable once the append returns (the
+        journal's writes are ``O_DSYNC``, and a reader of the store reads
+        what is only in the journal too), and what the close adds, their
+        rows indexed into SQLite and its files flushed (~2-3 ms, two fsyncs),
+        need not hold up the sample's end. This process's next landing in
+        that store waits for it (``_landing_lock``)."""
         self._ready.wait()
         events = record.events()
+        handed = False
         try:
             if self._error is not None:
                 raise self._error
@@ -185,8 +196,12 @@ class Landing:
                 why = f"{self._path}.journal is locked by another process"
                 return _keep_beside(record, events, self._state, why=why)
             stored = self._store.append(events)
+            if later is not None:
+                later(self._release)
+                handed = True
         finally:
-            self._release()
+            if not handed:
+                self._release()
         return {
             "store": self._path,
             "first_seq": stored[0].seq if stored else None,
