@@ -140,3 +140,22 @@ def test_a_landing_hands_its_close_on_and_its_events_are_readable_meanwhile(tmp_
     assert landing.land(second)["first_seq"] == 2
     with open_store(_paths.store_path(str(tmp_path)), readonly=True) as store:
         assert store.verify().ok and store.last_seq() == 2
+
+
+def test_a_hosts_finish_hands_the_close_on_with_or_without_a_store_opened_ahead(tmp_path: Path) -> None:
+    from stockade.harness._hosted import ProcessHost
+
+    for ahead, run in ((True, "r-00000000c201"), (False, "r-00000000c202")):
+        record = SampleRecord(run, harness="inspect", task="t")
+        record.add(_refusal(5))
+        host = ProcessHost(record, state=str(tmp_path))
+        if ahead:
+            host.prepare_finish()
+        handed: list[Callable[[], None]] = []
+        landed = host.finish(later=handed.append)
+        assert landed["via"] == "process" and len(handed) == 1, (ahead, landed)
+        with open_store(landed["store"], readonly=True) as store:
+            assert [s.event.kind for s in store.query(run=run)] == ["cell.denied"]
+        handed.pop()()
+    with open_store(_paths.store_path(str(tmp_path)), readonly=True) as store:
+        assert store.verify().ok and store.last_seq() == 2

@@ -17,7 +17,7 @@ picks the host once, at the sample's start:
   of its own to be it.
 - **no daemon runs**: the sessions live in this process
   (``stockade.cell.Session``), their events are collected here and appended
-  to the store at the end (``_record.land``), which is then this process's to
+  to the store at the end (``_record.Landing``), which is then this process's to
   write.
 
 The daemon path costs a round trip per call through the control socket
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from stockade.daemon import _paths
 from stockade.errors import DaemonError, RemoteError, UsageError
-from stockade.harness._record import Landing, SampleRecord, land
+from stockade.harness._record import Landing, SampleRecord
 from stockade.harness._workbench import ExecResult, Workbench, open_workbench
 from stockade.policy import Policy
 from stockade.record import Event
@@ -148,11 +148,8 @@ class ProcessHost:
 
     def finish(self, *, later: Callable[[Callable[[], None]], None] | None = None) -> dict[str, Any]:
         landing, self._landing = self._landing, None
-        landed = (
-            landing.land(self.record, later=later)
-            if landing is not None
-            else land(self.record, state=self._state)
-        )
+        # Opened now when prepare_finish was not called; its close handed to later either way.
+        landed = (landing or Landing(self._state)).land(self.record, later=later)
         return {"via": "process", **landed}
 
 
