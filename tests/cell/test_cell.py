@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import stat
 import threading
 import time
@@ -187,6 +188,37 @@ def test_extra_read_grant_is_readable_not_writable(tmp_path: Path) -> None:
         e.layer == "mount" and e.detail.get("errno") == "EROFS" and e.detail.get("path") == str(data)
         for e in result.denials
     ), result.events
+
+
+def test_python_reads_the_systems_bytecode_and_writes_none(tmp_path: Path) -> None:
+    # A module in a read-only grant with no __pycache__: Python must not try
+    # to write one (a refusal on record that nobody attempted), nor anywhere
+    # else; and the standard library comes from its precompiled bytecode, not
+    # compiled again at every start (a cache prefix in the per-run scratch did
+    # that: 8 ms of every python3 in a cell).
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "helper.py").write_text("VALUE = 42\n")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "local.py").write_text("VALUE = 7\n")
+    fs = default_policy().filesystem
+    policy = _policy(
+        filesystem=FilesystemPolicy(read=(*fs.read, str(shared)), deny=fs.deny, protect=fs.protect)
+    )
+    script = (
+        f"import sys; sys.path[:0] = [{str(shared)!r}, '.']; "
+        "import json, helper, local; print(helper.VALUE + local.VALUE)"
+    )
+    with Cell(policy, workspace=workspace) as cell:
+        result = cell.run([PY, "-v", "-c", script])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == b"49\n"
+    assert result.denials == (), result.denials
+    # -v says where each module's code came from: a .pyc, or a compiled .py.
+    assert re.search(rb"# code object from '/usr/lib/python3[.0-9]*/json/__pycache__/__init__", result.stderr)
+    assert not re.search(rb"# code object from /usr/lib/python3[.0-9]*/json/__init__.py", result.stderr)
+    assert not (shared / "__pycache__").exists() and not (workspace / "__pycache__").exists()
 
 
 def test_audit_mode_lets_seccomp_refusals_through_and_records_them(tmp_path: Path) -> None:

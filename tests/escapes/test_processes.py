@@ -1027,7 +1027,7 @@ def test_environment_of_the_caller_does_not_reach_the_cell() -> None:
         "LOGNAME",
         "TMPDIR",
         "STOCKADE_CELL",
-        "PYTHONPYCACHEPREFIX",
+        "PYTHONDONTWRITEBYTECODE",
         "TERM",
         "LANG",
         "LC_ALL",

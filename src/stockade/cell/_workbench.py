@@ -468,7 +468,7 @@ def plan_workbench(
     policy_set = dict(policy.env.set)
     for entry in image.env:
         key, sep, value = entry.partition("=")
-        if not sep or not key or key in ("TMPDIR", "STOCKADE_CELL", "PYTHONPYCACHEPREFIX"):
+        if not sep or not key or key in ("TMPDIR", "STOCKADE_CELL", "PYTHONDONTWRITEBYTECODE"):
             continue
         if key not in policy_set or (key == "PATH" and policy_set[key] == DEFAULT_PATH):
             env[key] = value
