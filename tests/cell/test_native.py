@@ -294,6 +294,40 @@ def test_the_launcher_holds_nothing_while_the_cell_runs(start: Any) -> None:
         os.close(caller_fd)
 
 
+def _memory_holds(pid: int | str, needle: bytes) -> bool:
+    """Whether a process's writable memory holds ``needle`` (read as root)."""
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if "w" not in perms or line.rstrip().endswith(("[vvar]", "[vsyscall]")):
+                continue
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(lo)
+                if needle in mem.read(hi - lo):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def test_the_cells_processes_hold_no_copy_of_the_callers_memory(start: Any) -> None:
+    """C1 and the cell's init are forks of the caller, which may be a daemon
+    holding credentials; they get only the spec, their stacks and the C
+    library's data, never the Python heap (``lean_begin`` in _native.c). Fewer
+    pages copied is also what makes a launch from a large process cheap."""
+    small = b"stockade-secret-" + os.urandom(16).hex().encode()  # in Python's small-object arenas
+    large = small * 20000  # its own mmap'd block
+    assert _memory_holds("self", small) and _memory_holds("self", large[:65536])  # the scan sees it here
+    run = start(["/bin/cat"])
+    assert run.launched.exec_error is None
+    for pid in (run.launched.pid, run.launched.init_pid):
+        assert not _memory_holds(pid, small), pid
+    os.close(run.stdin_w)
+    assert run.status() == 0
+    del large
+
+
 def test_kept_descriptors_reach_the_command(start: Any) -> None:
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     os.set_inheritable(write_end, True)  # kept from closing, not from O_CLOEXEC: the caller decides

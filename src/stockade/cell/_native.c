@@ -46,6 +46,8 @@
 #include <string.h>
 #include <time.h>
 #include <sys/ioctl.h>
+#include <link.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -207,9 +209,14 @@ struct spec {
     size_t n_writable;
     size_t n_keep, n_c1_keep;
     pid_t parent;
-    PyObject *owned; /* what the pointers above point into, alive until spec_free */
+    PyObject *owned; /* Python objects the parsing holds, alive until spec_free */
+    /* Everything the pointers above point into: mmap'd chunks of the spec's
+     * own (spec_alloc), never the Python heap, which lean_begin leaves out of
+     * the children's copy of the parent's memory. */
     void **allocs;
+    size_t *alloc_sizes;
     size_t n_allocs, cap_allocs;
+    char *arena_at, *arena_end;
 };
 
 /* ---------------------------------------------- child side: reporting, helpers */
@@ -998,6 +1005,252 @@ static pid_t cell_fork(void) {
 #endif
 }
 
+/* ------------------------------------------- the children's copy of the parent */
+
+/* C1 is a fork of the caller, and lives as long as its cell: every page of the
+ * caller's memory it copies costs a page-table copy at the fork, a
+ * copy-on-write fault each time the caller (a busy Python process: reference
+ * counts are writes) touches that page while the cell runs, and an unmap at
+ * C1's exit. Measured on a default cell's /bin/true, that was about 3 ms of
+ * CPU of a launch, most of it in the caller's faults (issue 18). The children
+ * touch none of it: they run this file's code on their own stacks, make only
+ * syscalls through the C library, and read nothing but the spec, whose every
+ * byte lives in its own chunks (spec_alloc). So before the fork, every
+ * private writable mapping they do not need is marked MADV_DONTFORK, and
+ * marked back right after: the child never has the Python heap, the
+ * interpreter's data, other libraries' data, or the caller's secrets.
+ *
+ * What they keep: the spec's chunks, the calling thread's stack (C1 runs on
+ * it until it clones C2) and its thread-local storage (errno, the stack
+ * guard), and the writable data of the C library, the dynamic loader and this
+ * module, with the anonymous mapping that follows each as its .bss. Anything
+ * else the children touched would fault them (SIGSEGV: the launch fails, the
+ * caller sees a cell that died in setup), never leak or change the caller's
+ * memory.
+ *
+ * The GIL is held from the first madvise to the last, so no Python thread
+ * forks meanwhile (a fork then would leave its child without a heap); no C
+ * thread of this process forks. Where /proc/self/maps cannot be read, the
+ * fork copies everything, as before. Written by hand: no library marks a
+ * fork's share of memory. */
+
+#define LEAN_MAPS_MAX (1 << 22) /* /proc/self/maps of a very large process: 4 MiB */
+
+struct lean {
+    uintptr_t *lo, *hi; /* what was marked, to mark back */
+    size_t n, cap;
+};
+
+struct map_line {
+    uintptr_t lo, hi;
+    int writable_private;
+    unsigned long dev_major, dev_minor, inode;
+    const char *name; /* "" for an anonymous mapping; not NUL-terminated: ends at the line's end */
+};
+
+static const char *parse_hex(const char *p, const char *end, uintptr_t *out) {
+    uintptr_t v = 0;
+    int any = 0;
+    for (; p < end; p++, any = 1) {
+        int d = *p >= '0' && *p <= '9' ? *p - '0' : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10 : -1;
+        if (d < 0) break;
+        v = v * 16 + (uintptr_t)d;
+    }
+    *out = v;
+    return any ? p : NULL;
+}
+
+static const char *parse_dec(const char *p, const char *end, unsigned long *out) {
+    unsigned long v = 0;
+    int any = 0;
+    for (; p < end && *p >= '0' && *p <= '9'; p++, any = 1) v = v * 10 + (unsigned long)(*p - '0');
+    *out = v;
+    return any ? p : NULL;
+}
+
+/* One line of /proc/self/maps: "lo-hi perms offset major:minor inode   name". */
+static int parse_map_line(const char *p, const char *end, struct map_line *m) {
+    uintptr_t major, minor, offset;
+    if ((p = parse_hex(p, end, &m->lo)) == NULL || p >= end || *p++ != '-') return -1;
+    if ((p = parse_hex(p, end, &m->hi)) == NULL || end - p < 6 || *p++ != ' ') return -1;
+    m->writable_private = p[1] == 'w' && p[3] == 'p';
+    p += 4;
+    if (p >= end || *p++ != ' ' || (p = parse_hex(p, end, &offset)) == NULL || p >= end || *p++ != ' ') return -1;
+    if ((p = parse_hex(p, end, &major)) == NULL || p >= end || *p++ != ':') return -1;
+    if ((p = parse_hex(p, end, &minor)) == NULL || p >= end || *p++ != ' ') return -1;
+    if ((p = parse_dec(p, end, &m->inode)) == NULL) return -1;
+    while (p < end && *p == ' ') p++;
+    m->dev_major = major;
+    m->dev_minor = minor;
+    m->name = p;
+    return 0;
+}
+
+static char *read_maps(size_t *len) {
+    size_t cap = 64 * 1024, got = 0;
+    char *buf = NULL;
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    for (;;) {
+        ssize_t n;
+        if (buf == NULL || got == cap) {
+            char *grown;
+            if (buf != NULL) cap *= 2;
+            if (cap > LEAN_MAPS_MAX || (grown = PyMem_Realloc(buf, cap)) == NULL) {
+                PyMem_Free(buf);
+                close(fd);
+                return NULL;
+            }
+            buf = grown;
+        }
+        n = read(fd, buf + got, cap - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            PyMem_Free(buf);
+            close(fd);
+            return NULL;
+        }
+        if (n == 0) break;
+        got += (size_t)n;
+    }
+    close(fd);
+    *len = got;
+    return buf;
+}
+
+static uintptr_t thread_pointer(void) {
+#if defined(__x86_64__)
+    uintptr_t tp;
+    __asm__("mov %%fs:0, %0" : "=r"(tp)); /* the TCB's self pointer (glibc, musl) */
+    return tp;
+#else
+    return (uintptr_t)__builtin_thread_pointer();
+#endif
+}
+
+static void lean_add(struct lean *l, uintptr_t lo, uintptr_t hi) {
+    if (lo < hi && l->n < l->cap && madvise((void *)lo, hi - lo, MADV_DONTFORK) == 0) {
+        l->lo[l->n] = lo;
+        l->hi[l->n++] = hi;
+    }
+}
+
+#define LEAN_KEPT_MAX 64
+
+struct kept_parts {
+    uintptr_t lo[LEAN_KEPT_MAX], hi[LEAN_KEPT_MAX];
+    size_t n;
+    int overflow;
+    uintptr_t objects[3]; /* an address in each object whose writable segments are kept */
+};
+
+static void keep_part(struct kept_parts *k, uintptr_t lo, uintptr_t hi) {
+    uintptr_t page = (uintptr_t)getpagesize();
+    if (k->n == LEAN_KEPT_MAX) {
+        k->overflow = 1;
+        return;
+    }
+    k->lo[k->n] = lo & ~(page - 1);
+    k->hi[k->n++] = (hi + page - 1) & ~(page - 1);
+}
+
+/* The writable segments (.data, .bss: PT_LOAD with PF_W, p_memsz long) of the
+ * objects the children run: this module, the C library, the dynamic loader. */
+static int keep_segments(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct kept_parts *k = arg;
+    int ours = 0;
+    (void)size;
+    for (int i = 0; i < info->dlpi_phnum && !ours; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (ph->p_type != PT_LOAD) continue;
+        for (int o = 0; o < 3; o++)
+            if (k->objects[o] >= lo && k->objects[o] < hi) ours = 1;
+    }
+    for (int i = 0; i < info->dlpi_phnum && ours; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W))
+            keep_part(k, info->dlpi_addr + ph->p_vaddr, info->dlpi_addr + ph->p_vaddr + ph->p_memsz);
+    }
+    return 0;
+}
+
+/* Mark a mapping but the parts the children need. Those are cut out, not
+ * kept with their whole mapping: the kernel merges an anonymous mapping with
+ * its neighbours, so a spec chunk, a thread's stack or a library's .bss may
+ * share one with the Python heap. */
+static void lean_mark(struct lean *l, const struct map_line *m, const struct kept_parts *k) {
+    uintptr_t at = m->lo;
+    while (at < m->hi) {
+        /* The next kept part from at on: cut up to it, skip past it. */
+        uintptr_t next_lo = m->hi, next_hi = m->hi;
+        for (size_t i = 0; i < k->n; i++)
+            if (k->hi[i] > at && k->lo[i] < next_lo) {
+                next_lo = k->lo[i] > at ? k->lo[i] : at;
+                next_hi = k->hi[i];
+            }
+        lean_add(l, at, next_lo < m->hi ? next_lo : m->hi);
+        at = next_hi;
+    }
+}
+
+/* Mark what the children need not copy; fills l (empty when nothing was marked). */
+static void lean_begin(struct lean *l, const struct spec *s) {
+    struct map_line m;
+    struct kept_parts k;
+    uintptr_t sp = (uintptr_t)&m, tp = thread_pointer();
+    size_t len, lines = 0, found = 0;
+    char *buf, *end;
+    l->lo = l->hi = NULL;
+    l->n = l->cap = 0;
+    memset(&k, 0, sizeof k);
+    /* Below sp: C1's own frames until it clones C2, never deep (its largest
+     * buffer is a report line); above it, what the call chain left. */
+    keep_part(&k, sp - 256 * 1024, sp + 64 * 1024);
+    /* The TCB (glibc, musl: at the thread pointer) and the static TLS below it. */
+    keep_part(&k, tp - 64 * 1024, tp + 16 * 1024);
+    for (size_t i = 0; i < s->n_allocs; i++)
+        keep_part(&k, (uintptr_t)s->allocs[i], (uintptr_t)s->allocs[i] + s->alloc_sizes[i]);
+    k.objects[0] = (uintptr_t)&lean_begin;
+    k.objects[1] = (uintptr_t)&open;
+    k.objects[2] = (uintptr_t)getauxval(AT_BASE);
+    {
+        size_t before = k.n;
+        dl_iterate_phdr(keep_segments, &k);
+        found = k.n - before;
+    }
+    if (k.overflow || found < 2 || (buf = read_maps(&len)) == NULL) return; /* copy everything */
+    end = buf + len;
+    for (char *p = buf; p < end; p++)
+        if (*p == '\n') lines++;
+    /* Each mapping is cut in at most as many pieces as there are kept parts, plus one. */
+    l->cap = (lines + 1) * (k.n + 1);
+    l->lo = PyMem_Malloc(l->cap * sizeof *l->lo);
+    l->hi = PyMem_Malloc(l->cap * sizeof *l->hi);
+    if (l->lo == NULL || l->hi == NULL) goto done;
+    for (char *p = buf; p < end;) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl == NULL) nl = end;
+        if (parse_map_line(p, nl, &m) == 0 && m.writable_private &&
+            /* [stack], [vvar], [vdso], a named [anon:...]: left alone */
+            !(m.name != nl && m.name[0] == '[' && !(nl - m.name == 6 && memcmp(m.name, "[heap]", 6) == 0)))
+            lean_mark(l, &m, &k);
+        p = nl + 1;
+    }
+done:
+    PyMem_Free(buf);
+}
+
+static void lean_end(struct lean *l) {
+    /* Unmapped or remapped meanwhile by another thread: madvise fails on the
+     * gap (ENOMEM) and DOFORK is the default anyway. */
+    for (size_t i = 0; i < l->n; i++) (void)madvise((void *)l->lo[i], l->hi[i] - l->lo[i], MADV_DOFORK);
+    PyMem_Free(l->lo);
+    PyMem_Free(l->hi);
+    l->lo = l->hi = NULL;
+    l->n = 0;
+}
+
 static int above_stdio(int fd) {
     /* A descriptor in 0-2 would be overwritten by the dup2s below. */
     return fd < 3 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : fd;
@@ -1171,24 +1424,51 @@ __attribute__((noreturn)) static void first_child(struct spec *s, const sigset_t
 
 /* ------------------------------------------- parent side: Python to C, fork */
 
+#define ARENA_CHUNK (64 * 1024)
+
 static void *spec_alloc(struct spec *s, size_t count, size_t size) {
-    void *p;
-    if (s->n_allocs == s->cap_allocs) {
-        size_t cap = s->cap_allocs ? s->cap_allocs * 2 : 16;
-        void **grown = PyMem_Realloc(s->allocs, cap * sizeof *grown);
-        if (grown == NULL) return PyErr_NoMemory();
-        s->allocs = grown;
-        s->cap_allocs = cap;
+    /* Zeroed memory (as calloc) from the spec's own mmap'd chunks: fresh
+     * anonymous pages, handed out once each, freed together by spec_free. */
+    size_t need;
+    char *p;
+    if (count == 0) count = 1;
+    if (size == 0) size = 1;
+    if (count > SIZE_MAX / size || count * size > SIZE_MAX - 4 * ARENA_CHUNK) return PyErr_NoMemory();
+    need = (count * size + 15) & ~(size_t)15;
+    if ((size_t)(s->arena_end - s->arena_at) < need) {
+        size_t chunk = need > ARENA_CHUNK ? (need + ARENA_CHUNK - 1) & ~(size_t)(ARENA_CHUNK - 1) : ARENA_CHUNK;
+        if (s->n_allocs == s->cap_allocs) {
+            size_t cap = s->cap_allocs ? s->cap_allocs * 2 : 8;
+            void **grown = PyMem_Realloc(s->allocs, cap * sizeof *grown);
+            size_t *sizes;
+            if (grown == NULL) return PyErr_NoMemory();
+            s->allocs = grown;
+            if ((sizes = PyMem_Realloc(s->alloc_sizes, cap * sizeof *sizes)) == NULL) return PyErr_NoMemory();
+            s->alloc_sizes = sizes;
+            s->cap_allocs = cap;
+        }
+        p = mmap(NULL, chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return PyErr_NoMemory();
+        s->allocs[s->n_allocs] = p;
+        s->alloc_sizes[s->n_allocs++] = chunk;
+        s->arena_at = p;
+        s->arena_end = p + chunk;
     }
-    p = PyMem_Calloc(count ? count : 1, size ? size : 1); /* checks count * size for overflow */
-    if (p == NULL) return PyErr_NoMemory();
-    s->allocs[s->n_allocs++] = p;
+    p = s->arena_at;
+    s->arena_at += need;
     return p;
 }
 
+static char *spec_strdup(struct spec *s, const char *text, size_t len) {
+    char *copy = spec_alloc(s, len + 1, 1);
+    if (copy != NULL) memcpy(copy, text, len);
+    return copy;
+}
+
 static void spec_free(struct spec *s) {
-    for (size_t i = 0; i < s->n_allocs; i++) PyMem_Free(s->allocs[i]);
+    for (size_t i = 0; i < s->n_allocs; i++) munmap(s->allocs[i], s->alloc_sizes[i]);
     PyMem_Free(s->allocs);
+    PyMem_Free(s->alloc_sizes);
     Py_CLEAR(s->owned);
 }
 
@@ -1211,7 +1491,7 @@ static const char *to_path(struct spec *s, PyObject *obj, const char *what, Py_s
         PyErr_Format(PyExc_ValueError, "%s[%zd] must be an absolute path, not %R", what, index, obj);
         return NULL;
     }
-    return text;
+    return spec_strdup(s, text, (size_t)PyBytes_GET_SIZE(bytes));
 }
 
 static int to_long(PyObject *obj, long lo, long hi, const char *what, long *out) {
@@ -1310,7 +1590,7 @@ static int parse_op(struct spec *s, PyObject *item, Py_ssize_t i, struct op *op)
         return -1;
     }
     if (PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 4), &data, &data_len) < 0) return -1;
-    op->data = data;
+    if ((op->data = spec_strdup(s, data, (size_t)data_len)) == NULL) return -1;
     op->data_len = (size_t)data_len;
     names = PyTuple_GET_ITEM(item, 5);
     if (tuple_of(names, "mounts.names", -1) < 0) return -1;
@@ -1486,7 +1766,8 @@ static int parse_spec(struct spec *s, PyObject **a) {
             return -1;
         }
         Py_DECREF(bytes);
-        s->argv[i] = PyBytes_AS_STRING(bytes);
+        if ((s->argv[i] = spec_strdup(s, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes))) == NULL)
+            return -1;
     }
     if (s->argv[0][0] == '\0') {
         PyErr_SetString(PyExc_ValueError, "argv[0] must not be empty");
@@ -2147,6 +2428,7 @@ static const char *const SPAWN_KEYWORDS[] = {
 static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
     PyObject *a[18] = {NULL};
     struct spec s;
+    struct lean lean;
     sigset_t all, old;
     pid_t pid;
     int err;
@@ -2182,9 +2464,11 @@ static PyObject *spawn(PyObject *module, PyObject *args, PyObject *kwargs) {
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
+    lean_begin(&lean, &s);
     pid = cell_fork();
     if (pid == 0) first_child(&s, &old);
     err = errno;
+    lean_end(&lean);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     spec_free(&s);
     if (pid < 0) {
