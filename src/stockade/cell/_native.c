@@ -1012,21 +1012,22 @@ static pid_t cell_fork(void) {
  * copy-on-write fault each time the caller (a busy Python process: reference
  * counts are writes) touches that page while the cell runs, and an unmap at
  * C1's exit. Measured on a default cell's /bin/true, that was about 3 ms of
- * CPU of a launch, most of it in the caller's faults (issue 18). The children
- * touch none of it: they run this file's code on their own stacks, make only
- * syscalls through the C library, and read nothing but the spec, whose every
- * byte lives in its own chunks (spec_alloc). So before the fork, every
- * private writable mapping they do not need is marked MADV_DONTFORK, and
- * marked back right after: the child never has the Python heap, the
+ * CPU of a launch from a small process and 15 ms from one of 250 MB, most of
+ * it in the caller's faults (issue 18). The children touch none of it: they
+ * run this file's code on their own stacks, make only syscalls through the C
+ * library, and read nothing but the spec, whose every byte lives in its own
+ * chunks (spec_alloc). So before the fork, every writable mapping (private
+ * or shared) is marked MADV_DONTFORK but for the parts they need, and marked
+ * back right after: the children never have the Python heap, the
  * interpreter's data, other libraries' data, or the caller's secrets.
  *
- * What they keep: the spec's chunks, the calling thread's stack (C1 runs on
- * it until it clones C2) and its thread-local storage (errno, the stack
- * guard), and the writable data of the C library, the dynamic loader and this
- * module, with the anonymous mapping that follows each as its .bss. Anything
- * else the children touched would fault them (SIGSEGV: the launch fails, the
- * caller sees a cell that died in setup), never leak or change the caller's
- * memory.
+ * The parts they need: the spec's chunks, the calling thread's stack around
+ * its stack pointer (C1 runs on it until it clones C2) and the thread-local
+ * storage around its thread pointer (errno, the stack guard), and the
+ * writable segments (.data, .bss) of this module, the C library and the
+ * dynamic loader. Anything else the children touched would fault them
+ * (SIGSEGV: the caller sees a cell that died in setup), never leak or change
+ * the caller's memory.
  *
  * The GIL is held from the first madvise to the last, so no Python thread
  * forks meanwhile (a fork then would leave its child without a heap); no C
@@ -1043,8 +1044,7 @@ struct lean {
 
 struct map_line {
     uintptr_t lo, hi;
-    int writable_private;
-    unsigned long dev_major, dev_minor, inode;
+    int writable;
     const char *name; /* "" for an anonymous mapping; not NUL-terminated: ends at the line's end */
 };
 
@@ -1071,17 +1071,16 @@ static const char *parse_dec(const char *p, const char *end, unsigned long *out)
 /* One line of /proc/self/maps: "lo-hi perms offset major:minor inode   name". */
 static int parse_map_line(const char *p, const char *end, struct map_line *m) {
     uintptr_t major, minor, offset;
+    unsigned long inode;
     if ((p = parse_hex(p, end, &m->lo)) == NULL || p >= end || *p++ != '-') return -1;
     if ((p = parse_hex(p, end, &m->hi)) == NULL || end - p < 6 || *p++ != ' ') return -1;
-    m->writable_private = p[1] == 'w' && p[3] == 'p';
+    m->writable = p[1] == 'w';
     p += 4;
     if (p >= end || *p++ != ' ' || (p = parse_hex(p, end, &offset)) == NULL || p >= end || *p++ != ' ') return -1;
     if ((p = parse_hex(p, end, &major)) == NULL || p >= end || *p++ != ':') return -1;
     if ((p = parse_hex(p, end, &minor)) == NULL || p >= end || *p++ != ' ') return -1;
-    if ((p = parse_dec(p, end, &m->inode)) == NULL) return -1;
+    if ((p = parse_dec(p, end, &inode)) == NULL) return -1;
     while (p < end && *p == ' ') p++;
-    m->dev_major = major;
-    m->dev_minor = minor;
     m->name = p;
     return 0;
 }
@@ -1231,7 +1230,7 @@ static void lean_begin(struct lean *l, const struct spec *s) {
     for (char *p = buf; p < end;) {
         char *nl = memchr(p, '\n', (size_t)(end - p));
         if (nl == NULL) nl = end;
-        if (parse_map_line(p, nl, &m) == 0 && m.writable_private &&
+        if (parse_map_line(p, nl, &m) == 0 && m.writable &&
             /* [stack], [vvar], [vdso], a named [anon:...]: left alone */
             !(m.name != nl && m.name[0] == '[' && !(nl - m.name == 6 && memcmp(m.name, "[heap]", 6) == 0)))
             lean_mark(l, &m, &k);
