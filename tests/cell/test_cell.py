@@ -269,6 +269,23 @@ def test_nothing_of_the_cell_remains_after_it(tmp_path: Path) -> None:
             assert cmdline != f"sleep\x00{seconds}\x00".encode(), f"pid {entry} outlived its cell"
 
 
+def test_the_cells_mount_namespace_is_gone_when_run_returns(tmp_path: Path) -> None:
+    """The caller holds the cell's mount namespace so that its unmounting is
+    not part of C1's exit (_launch._Releaser), and lets go of it before
+    ``run`` returns: no descriptor of this process still names it."""
+    with Cell(workspace=tmp_path) as cell:
+        result = cell.run(["/bin/sh", "-c", "readlink /proc/self/ns/mnt"])
+    cells_ns = result.stdout.decode().strip()
+    assert cells_ns.startswith("mnt:[") and cells_ns != os.readlink("/proc/self/ns/mnt")
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    assert cells_ns not in held
+
+
 def test_workspace_mode_is_untouched(tmp_path: Path) -> None:
     before = stat.S_IMODE(tmp_path.stat().st_mode)
     Cell(workspace=tmp_path).run(["/bin/true"])

@@ -18,7 +18,7 @@ from stockade.cell._attempts import Places, not_an_attempt
 from stockade.cell._audit_core import unrecorded_event
 from stockade.cell._audit_mount import CELL_LOGINUID
 from stockade.cell._cgroup import CellCgroup
-from stockade.cell._launch import LaunchSpec, launch
+from stockade.cell._launch import LaunchSpec, launch, release_mounts
 from stockade.cell._migration import launching
 from stockade.cell._owners import OwnerLease, lease_owner, release_owner
 from stockade.cell._persist import Change, Snapshot, compare, snapshot
@@ -546,6 +546,7 @@ class Cell:
         notify_ours, notify_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         watch: CellWatch | None = None
         connect_events: list[Event] = []
+        mounts_released: Callable[[], None] | None = None
         try:
             # Before any process joins the cgroup: no unix socket of the cell
             # connects but through the connect supervisor (_unotify).
@@ -599,6 +600,7 @@ class Cell:
                 upper=None
                 if upper is None
                 else (upper.base, os.path.basename(upper.upper), os.path.basename(upper.work)),
+                pin_mounts=True,
             )
             if on_event is not None and audit is not None:
                 # Subscribed before the launch: a refusal in the cell's first
@@ -638,6 +640,8 @@ class Cell:
             status, timed_out, stdout, stderr, truncated = _supervise(
                 launched.pid, out_r, err_r, deadline_seconds, limits.output, on_output, cgroup
             )
+            # The view's unmounting, beside the rest of this end (_launch._Releaser).
+            mounts_released = release_mounts(launched.mount_ns)
         except BaseException:
             # Interrupted or failed while the cell ran: it must not outlive us.
             if launched is not None:
@@ -646,6 +650,9 @@ class Cell:
                     os.waitpid(launched.pid, 0)
                 except ChildProcessError:
                     pass
+                if mounts_released is None:
+                    mounts_released = release_mounts(launched.mount_ns)
+                mounts_released()
                 if audit is not None:
                     audit.unwatch(cell_id)
             if unsubscribe is not None:
@@ -661,6 +668,8 @@ class Cell:
             if upper is not None:
                 from stockade.cell._workbench import finish_upper
 
+                if mounts_released is not None:
+                    mounts_released()  # its overlay unmounted first
                 finish_upper(upper, plan)  # the cell is dead: nothing uses its layers
             if watch is not None:
                 connect_events = supervisor().unwatch(watch)
@@ -755,6 +764,8 @@ class Cell:
                 },
             )
         )
+        if mounts_released is not None:
+            mounts_released()  # nothing of the cell's view outlives the call
         return CellResult(
             cell_id=cell_id,
             exit_code=exit_code,
