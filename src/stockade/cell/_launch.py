@@ -231,15 +231,19 @@ class _Releaser:
     def release(self, fd: int) -> Callable[[], None]:
         """Close ``fd`` on the thread; returns the wait for it."""
         done = threading.Event()
+
+        def wait() -> None:
+            done.wait()
+
         if fd < 0:
             done.set()
-            return done.wait
+            return wait
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="stockade-mounts", daemon=True)
                 self._thread.start()
         self._queue.put((fd, done))
-        return done.wait
+        return wait
 
     def _run(self) -> None:
         while True:
