@@ -39,7 +39,6 @@ module keeps the parent's side: the pipes, the uid/gid maps, the reports.
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -224,9 +223,11 @@ class _Releaser:
     """
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[int, threading.Event]] = queue.SimpleQueue()
+        # A list and a condition, not the queue module: four more imports
+        # on every `stockade exec` (tests/cli/test_exec_imports.py).
+        self._pending: list[tuple[int, threading.Event]] = []
+        self._ready = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     def release(self, fd: int) -> Callable[[], None]:
         """Close ``fd`` on the thread; returns the wait for it."""
@@ -238,16 +239,20 @@ class _Releaser:
         if fd < 0:
             done.set()
             return wait
-        with self._lock:
+        with self._ready:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="stockade-mounts", daemon=True)
                 self._thread.start()
-        self._queue.put((fd, done))
+            self._pending.append((fd, done))
+            self._ready.notify()
         return wait
 
     def _run(self) -> None:
         while True:
-            fd, done = self._queue.get()
+            with self._ready:
+                while not self._pending:
+                    self._ready.wait()
+                fd, done = self._pending.pop(0)
             try:
                 os.close(fd)
             except OSError:
@@ -256,9 +261,9 @@ class _Releaser:
 
     def _after_fork(self) -> None:
         # The thread did not come along into a forked child: start another.
-        self._queue = queue.SimpleQueue()
+        self._pending = []
+        self._ready = threading.Condition()
         self._thread = None
-        self._lock = threading.Lock()
 
 
 _RELEASER = _Releaser()
