@@ -9,11 +9,13 @@ these tests drive ``launch`` directly, where the launcher itself is visible.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import shutil
 import signal
 import subprocess
 import sysconfig
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -311,21 +313,47 @@ def _memory_holds(pid: int | str, needle: bytes) -> bool:
     return False
 
 
-def test_the_cells_processes_hold_no_copy_of_the_callers_memory(start: Any) -> None:
+@pytest.mark.parametrize("from_thread", [False, True], ids=["main-thread", "worker-thread"])
+def test_the_cells_processes_hold_no_copy_of_the_callers_memory(start: Any, from_thread: bool) -> None:
     """C1 and the cell's init are forks of the caller, which may be a daemon
     holding credentials; they get only the spec, their stacks and the C
     library's data, never the Python heap (``lean_begin`` in _native.c). Fewer
     pages copied is also what makes a launch from a large process cheap."""
     small = b"stockade-secret-" + os.urandom(16).hex().encode()  # in Python's small-object arenas
     large = small * 20000  # its own mmap'd block
+    shared = mmap.mmap(-1, 1 << 20)  # a shared mapping (multiprocessing's kind)
+    shared[: len(small) + 1] = b"!" + small
     assert _memory_holds("self", small) and _memory_holds("self", large[:65536])  # the scan sees it here
-    run = start(["/bin/cat"])
-    assert run.launched.exec_error is None
-    for pid in (run.launched.pid, run.launched.init_pid):
-        assert not _memory_holds(pid, small), pid
-    os.close(run.stdin_w)
-    assert run.status() == 0
+    launched: list[Any] = []
+    scanned = threading.Event()
+    worker = None
+    if from_thread:
+        # As the daemon launches: from a worker thread, on its stack and TLS
+        # (which lie beside other mappings). It stays until the scan is done:
+        # the cell's death signal follows the thread that launched it.
+        def launch_and_stay() -> None:
+            launched.append(start(["/bin/cat"]))
+            scanned.wait(30)
+
+        worker = threading.Thread(target=launch_and_stay)
+        worker.start()
+        while not launched and worker.is_alive():
+            time.sleep(0.01)
+    else:
+        launched.append(start(["/bin/cat"]))
+    try:
+        run = launched[0]
+        assert run.launched.exec_error is None
+        for pid in (run.launched.pid, run.launched.init_pid):
+            assert not _memory_holds(pid, small), pid
+        os.close(run.stdin_w)
+        assert run.status() == 0
+    finally:
+        scanned.set()
+        if worker is not None:
+            worker.join()
     del large
+    shared.close()
 
 
 def test_kept_descriptors_reach_the_command(start: Any) -> None:

@@ -1138,17 +1138,22 @@ static void lean_add(struct lean *l, uintptr_t lo, uintptr_t hi) {
 
 struct kept_parts {
     uintptr_t lo[LEAN_KEPT_MAX], hi[LEAN_KEPT_MAX];
+    /* A window around an address (the stack, the TLS) holds only in the
+     * mapping that address is in, never in a neighbour it reaches into
+     * (another thread's stack, a shared mapping); 0: an exact range. */
+    uintptr_t anchor[LEAN_KEPT_MAX];
     size_t n;
     int overflow;
     uintptr_t objects[3]; /* an address in each object whose writable segments are kept */
 };
 
-static void keep_part(struct kept_parts *k, uintptr_t lo, uintptr_t hi) {
+static void keep_part(struct kept_parts *k, uintptr_t lo, uintptr_t hi, uintptr_t anchor) {
     uintptr_t page = (uintptr_t)getpagesize();
     if (k->n == LEAN_KEPT_MAX) {
         k->overflow = 1;
         return;
     }
+    k->anchor[k->n] = anchor;
     k->lo[k->n] = lo & ~(page - 1);
     k->hi[k->n++] = (hi + page - 1) & ~(page - 1);
 }
@@ -1169,7 +1174,7 @@ static int keep_segments(struct dl_phdr_info *info, size_t size, void *arg) {
     for (int i = 0; i < info->dlpi_phnum && ours; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W))
-            keep_part(k, info->dlpi_addr + ph->p_vaddr, info->dlpi_addr + ph->p_vaddr + ph->p_memsz);
+            keep_part(k, info->dlpi_addr + ph->p_vaddr, info->dlpi_addr + ph->p_vaddr + ph->p_memsz, 0);
     }
     return 0;
 }
@@ -1184,7 +1189,8 @@ static void lean_mark(struct lean *l, const struct map_line *m, const struct kep
         /* The next kept part from at on: cut up to it, skip past it. */
         uintptr_t next_lo = m->hi, next_hi = m->hi;
         for (size_t i = 0; i < k->n; i++)
-            if (k->hi[i] > at && k->lo[i] < next_lo) {
+            if (k->hi[i] > at && k->lo[i] < next_lo &&
+                (k->anchor[i] == 0 || (k->anchor[i] >= m->lo && k->anchor[i] < m->hi))) {
                 next_lo = k->lo[i] > at ? k->lo[i] : at;
                 next_hi = k->hi[i];
             }
@@ -1205,11 +1211,11 @@ static void lean_begin(struct lean *l, const struct spec *s) {
     memset(&k, 0, sizeof k);
     /* Below sp: C1's own frames until it clones C2, never deep (its largest
      * buffer is a report line); above it, what the call chain left. */
-    keep_part(&k, sp - 256 * 1024, sp + 64 * 1024);
+    keep_part(&k, sp - 256 * 1024, sp + 64 * 1024, sp);
     /* The TCB (glibc, musl: at the thread pointer) and the static TLS below it. */
-    keep_part(&k, tp - 64 * 1024, tp + 16 * 1024);
+    keep_part(&k, tp - 64 * 1024, tp + 16 * 1024, tp);
     for (size_t i = 0; i < s->n_allocs; i++)
-        keep_part(&k, (uintptr_t)s->allocs[i], (uintptr_t)s->allocs[i] + s->alloc_sizes[i]);
+        keep_part(&k, (uintptr_t)s->allocs[i], (uintptr_t)s->allocs[i] + s->alloc_sizes[i], 0);
     k.objects[0] = (uintptr_t)&lean_begin;
     k.objects[1] = (uintptr_t)&open;
     k.objects[2] = (uintptr_t)getauxval(AT_BASE);
@@ -1230,9 +1236,12 @@ static void lean_begin(struct lean *l, const struct spec *s) {
     for (char *p = buf; p < end;) {
         char *nl = memchr(p, '\n', (size_t)(end - p));
         if (nl == NULL) nl = end;
+        /* The heap and the main thread's stack are marked like any other
+         * (the calling thread keeps its part: the window around sp); the
+         * kernel's own ([vvar], [vdso]) and a named [anon:...] are left alone. */
         if (parse_map_line(p, nl, &m) == 0 && m.writable &&
-            /* [stack], [vvar], [vdso], a named [anon:...]: left alone */
-            !(m.name != nl && m.name[0] == '[' && !(nl - m.name == 6 && memcmp(m.name, "[heap]", 6) == 0)))
+            !(m.name != nl && m.name[0] == '[' && !(nl - m.name == 6 && memcmp(m.name, "[heap]", 6) == 0) &&
+              !(nl - m.name == 7 && memcmp(m.name, "[stack]", 7) == 0)))
             lean_mark(l, &m, &k);
         p = nl + 1;
     }
