@@ -26,6 +26,12 @@ def _policy(**changes: object) -> Policy:
     return dataclasses.replace(default_policy("test"), **changes)  # type: ignore[arg-type]
 
 
+def _reading(path: Path) -> Policy:
+    """The test policy with ``path`` granted for reading besides its own."""
+    fs = default_policy().filesystem
+    return _policy(filesystem=FilesystemPolicy(read=(*fs.read, str(path)), deny=fs.deny, protect=fs.protect))
+
+
 def test_exit_code_and_output_are_passed_through(tmp_path: Path) -> None:
     with Cell(workspace=tmp_path) as cell:
         result = cell.run(["/bin/sh", "-c", "echo out; echo err >&2; exit 7"])
@@ -174,10 +180,7 @@ def test_extra_read_grant_is_readable_not_writable(tmp_path: Path) -> None:
     os.chown(shared / "data.txt", 65534, 65534)
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    fs = default_policy().filesystem
-    policy = _policy(
-        filesystem=FilesystemPolicy(read=(*fs.read, str(shared)), deny=fs.deny, protect=fs.protect)
-    )
+    policy = _reading(shared)
     data = shared / "data.txt"
     with Cell(policy, workspace=workspace) as cell:
         result = cell.run(["/bin/sh", "-c", f"cat {shared}/data.txt; echo x >> {shared}/data.txt"])
@@ -202,10 +205,7 @@ def test_python_reads_the_systems_bytecode_and_writes_none(tmp_path: Path) -> No
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "local.py").write_text("VALUE = 7\n")
-    fs = default_policy().filesystem
-    policy = _policy(
-        filesystem=FilesystemPolicy(read=(*fs.read, str(shared)), deny=fs.deny, protect=fs.protect)
-    )
+    policy = _reading(shared)
     script = (
         f"import sys; sys.path[:0] = [{str(shared)!r}, '.']; "
         "import json, helper, local; print(helper.VALUE + local.VALUE)"
