@@ -89,7 +89,7 @@ def test_a_cell_watched_a_moment_later_still_gets_its_refusal() -> None:
     assert [e.layer for e in late] == ["mount"]
 
 
-def test_a_refusal_without_its_eoe_is_finished_by_the_barrier_or_by_time() -> None:
+def test_a_refusal_without_its_eoe_is_finished_by_the_readers_stop_or_by_time() -> None:
     core = AuditCorrelator(group_ttl=0.5)
     core.watch("c1", session=37084, pid=15985, now=100.0)
     assert _feed(core, [(AUDIT_SYSCALL, SYSCALL), (AUDIT_PATH, PATH_NORMAL)]) == []
@@ -97,6 +97,24 @@ def test_a_refusal_without_its_eoe_is_finished_by_the_barrier_or_by_time() -> No
     assert _feed(core, [(AUDIT_SYSCALL, SYSCALL)], now=100.0) == []
     later = core.feed(1326, "audit(1795976401.000:1): ses=999", 101.0)[0]  # any record; the group aged out
     assert [e.layer for e in later] == ["mount"]
+
+
+def test_a_marker_between_a_calls_records_does_not_cut_its_paths_off() -> None:
+    """The kernel queues a call's records one by one as it exits: a barrier
+    marker (this reader's or another's) or a Landlock domain's end may come
+    between its SYSCALL and its PATH records with a later serial. The event
+    still has its paths, so two readers' copies of it agree (the daemon's
+    recovery matches them)."""
+    core = AuditCorrelator()
+    core.watch("c1", session=37084, pid=15985, now=100.0)
+    marker = (
+        f"audit(1795976400.721:{SERIAL + 1}): pid=1 uid=0 auid=4294967295 ses=4294967295 "
+        "msg='stockade-barrier 0a1b2c:7'"
+    )
+    ended = f"audit(1795976400.721:{SERIAL + 2}): domain=1a2b3c status=deallocated denials=0"
+    assert _feed(core, [(AUDIT_SYSCALL, SYSCALL), (1107, marker), (1424, ended), (AUDIT_CWD, CWD)]) == []
+    (event,) = _feed(core, [(AUDIT_PATH, PATH_PARENT), (AUDIT_PATH, PATH_NORMAL), (AUDIT_EOE, EOE)])
+    assert event.detail["paths"] == ["/work/ws/.git/hooks", "/work/ws/.git/hooks/pre-commit"]  # type: ignore[attr-defined]
 
 
 def test_the_rules_are_exit_filters_for_the_mount_layers_errors_of_cells_only() -> None:

@@ -277,6 +277,21 @@ def test_missing_is_a_multiset_difference() -> None:
     assert missing([_event(2, 2.0)], [_event(2, 3.0)]) == [_event(2, 2.0)]
 
 
+def test_one_refused_call_is_one_key_with_or_without_its_paths() -> None:
+    """One reader finished a refused call without its PATH records (lost, or
+    past its wait), the other had them: the recovery takes them for the one
+    refusal they are, and stores it once."""
+    detail = {"nr": 257, "errno": "EROFS", "serial": 41, "paths": ["/ws/.git/hooks/x"]}
+    full = Event(
+        kind="cell.denied", cell="c1", layer="mount", outcome="denied", time=7.0, detail=detail, summary="a"
+    )
+    bare = full._replace(detail={**detail, "paths": []}, summary="b")
+    assert missing([full], [bare]) == [] and missing([bare], [full]) == []
+    # Another call (its serial) or another error is another refusal.
+    assert missing([full], [full._replace(detail={**detail, "serial": 42})]) == [full]
+    assert missing([full], [full._replace(detail={**detail, "errno": "EXDEV"})]) == [full]
+
+
 def test_read_spool_stops_at_a_line_cut_short(tmp_path: Path) -> None:
     path = tmp_path / "kernel.spool"
     lines: list[dict[str, Any]] = [

@@ -701,12 +701,26 @@ class AuditCorrelator:
             self._finish(group, now, out)
 
     def _finish_before(self, serial: int | None, out: list[Event]) -> None:
+        """Finish the Landlock groups begun before ``serial`` (a marker's or a
+        domain's end), or every group when None (the reader stops).
+
+        A refused call's records (``_mount``) are left to their EOE: the kernel
+        queues a call's records one by one as the call exits, so a marker or a
+        record of another task may come between its SYSCALL and its PATH
+        records with a higher serial. Finished there, the event would lack its
+        paths, and two readers' copies of one refusal would differ (the
+        daemon's recovery then stored it twice). A call that sent a SYSCALL
+        record always sends its EOE; when that is lost, the loss is recorded
+        and ``group_ttl`` finishes the refusal. A Landlock group may never get
+        its SYSCALL record (a task without an audit context), so the marker is
+        what finishes it."""
         for s in [s for s in self._groups if serial is None or s < serial]:
             group = self._groups.pop(s)
             self._finish(group, group.arrived, out)
-        for s in [s for s in self._mount if serial is None or s < serial]:
-            refusal = self._mount.pop(s)
-            self._finish_mount(refusal, refusal.arrived, out)
+        if serial is None:
+            for s in list(self._mount):
+                refusal = self._mount.pop(s)
+                self._finish_mount(refusal, refusal.arrived, out)
 
     def _finish(self, group: _Group, now: float, out: list[Event]) -> None:
         # The domain record follows the access record that first showed it: learn first.

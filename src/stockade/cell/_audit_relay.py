@@ -215,6 +215,10 @@ def event_key(event: Event) -> tuple[Any, ...]:
     kind: a Landlock domain a reader learnt by its audit session (a relay
     started after the cell made it) is taken as enforcing, so an audit-mode
     cell's refusal may be ``cell.denied`` there and ``cell.audited`` here.
+    Nor a refused call's paths: they come from PATH and CWD records that
+    one reader may have finished the call without (lost, or past
+    ``group_ttl``); the call's SYSCALL record, which begins its event, names
+    the call and its error, and one call makes one such event.
     Events stored before mount-layer events carried their serial fall back
     to their kernel time stamp and summary (a loop of equal refusals in one
     millisecond makes equal keys, which ``missing`` counts)."""
@@ -225,7 +229,7 @@ def event_key(event: Event) -> tuple[Any, ...]:
     if event.layer == "seccomp":  # its own record names the call
         what: tuple[Any, ...] = (d.get("nr"), d.get("action"))
     elif event.layer in ("mount", "dac"):
-        what = (d.get("nr"), d.get("errno"), tuple(d.get("paths") or ()))
+        what = (d.get("nr"), d.get("errno"))
     else:  # one system call may meet several Landlock refusals, one record each
         what = (tuple(d.get("blockers") or ()), d.get("path"), d.get("domain"))
     return (event.cell, event.layer, round(event.time, 3), serial, what)
