@@ -4,8 +4,9 @@ The cell's /sys is its own sysfs, mounted from its network namespace: it shows
 that namespace's interfaces (lo), not the host's names, MAC addresses or
 traffic counters. What sysfs shows of the host beyond that (disks and their
 I/O counters, from which one agent could watch another's work; filesystem
-write counters; firmware and machine identity) is behind decoys that
-Landlock refuses and records. The host-wide /proc files that identify the
+write counters; firmware and machine identity) is behind decoys of file
+permissions (the host's ``DIR_DECOY`` bound there), refused and recorded by
+the audit rule on reaches. The host-wide /proc files that identify the
 host or count its disk and network activity are a root-only decoy file of
 the host, refused by file permissions and recorded by an audit rule on its
 inode (cell/_audit_mount.decoy_rule)."""
@@ -16,7 +17,7 @@ import os
 from pathlib import Path
 
 from stockade.cell import Cell
-from tests.escapes._probes import Attempt, assert_landlock_denial, assert_refused, assert_works, run_probe
+from tests.escapes._probes import Attempt, assert_refused, assert_works, run_probe
 
 EACCES = 13
 
@@ -72,6 +73,11 @@ def _a_disk() -> tuple[str, str]:
 
 
 def test_disk_counters_in_sys_are_decoys_that_record_the_attempt(cell: Cell) -> None:
+    """Each way to a disk's counters (its class links, its place in the device
+    tree) meets a decoy: the read, a listing and a write are refused by file
+    permissions (EACCES) and each is on record as layer ``dac`` under the
+    path the agent asked for, a reach into a decoy; the rest of /sys reads
+    (the control), and none of the host's counters reaches the cell."""
     name, real = _a_disk()
     probe = run_probe(
         cell,
@@ -79,6 +85,8 @@ def test_disk_counters_in_sys_are_decoys_that_record_the_attempt(cell: Cell) -> 
             Attempt("by-class", f"return open('/sys/block/{name}/stat').read()"),
             Attempt("by-device", f"return open({real + '/stat'!r}).read()"),
             Attempt("by-class-block", f"return open('/sys/class/block/{name}/stat').read()"),
+            Attempt("list", "return os.listdir('/sys/block')"),
+            Attempt("write", "open('/sys/block/planted', 'w')"),
             Attempt("control", "return open('/sys/devices/system/cpu/online').read().strip() != ''"),
         ],
     )
@@ -86,9 +94,15 @@ def test_disk_counters_in_sys_are_decoys_that_record_the_attempt(cell: Cell) -> 
         ("by-class", f"/sys/block/{name}/stat"),
         ("by-device", f"{real}/stat"),
         ("by-class-block", f"/sys/class/block/{name}/stat"),
+        ("list", "/sys/block"),
+        ("write", "/sys/block/planted"),
     ):
         assert_refused(probe[attempt], EACCES)
-        assert_landlock_denial(probe, path, "fs.read_file")
+        assert [
+            e
+            for e in probe.denials()
+            if e.layer == "dac" and e.detail.get("errno") == "EACCES" and e.detail.get("path") == path
+        ], f"no record of {attempt} ({path}):\n{probe.transcript()}"
     assert assert_works(probe["control"]) is True
     host_stat = Path(f"{real}/stat").read_text()
     assert host_stat not in probe.result.stdout.decode()

@@ -17,7 +17,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from stockade._slots import Frozen
 from stockade.errors import CellError, PolicyError
@@ -444,6 +444,7 @@ def plan_cell(
         entries.append((scratch, MountOp("dir", scratch)))
     entries.append(("/dev", MountOp("dev", "/dev")))
     entries.append(("/proc", MountOp("proc", "/proc")))
+    sys_decoys: list[str] = []
     if os.path.isdir("/sys"):
         # The cell's own sysfs (its network namespace's interfaces only), not
         # a bind of the host's. Read-write mount, read-only by Landlock (and
@@ -451,7 +452,8 @@ def plan_cell(
         # which records it. What it shows of the host is hidden by decoys.
         entries.append(("/sys", MountOp("sysfs", "/sys")))
         for op in _sys_decoys():
-            hidden.append(op.dst)
+            # One of file permissions needs no hole in the grant of /sys.
+            (sys_decoys if op.kind == "bind" else hidden).append(op.dst)
             entries.append((op.dst, op))
     proc_decoys = [p for p in _PROC_HIDDEN if _exists(p)]
     proc_decoy = _proc_decoy()
@@ -521,7 +523,7 @@ def plan_cell(
             if not _holds_system(r)
         ),
         protected=protected,
-        hidden=(*hidden, *proc_decoys),
+        hidden=(*hidden, *sys_decoys, *proc_decoys),
         uid=uid,
         gid=gid,
         id_range=id_range,
@@ -815,29 +817,45 @@ is missing (no audit reader), an empty file, unrecorded."""
 
 
 _SYS_DECOYS_SECONDS = 30.0
-_sys_cache: tuple[float, tuple[MountOp, ...]] | None = None
+_sys_cache: dict[str, tuple[float, Any]] = {}
 
 
 def _sys_decoys() -> tuple[MountOp, ...]:
-    """The decoys of ``_sys_hidden``, made again at most every
-    ``_SYS_DECOYS_SECONDS`` (mirroring them takes about 5 ms, and a host's
-    disks seldom change; one added since shows its class links as names).
+    """The decoys of ``_sys_hidden``, each ``DIR_DECOY`` bound there where the
+    host has it: every lookup and listing inside is refused by file
+    permissions (``EACCES``) and recorded by the audit rule on reaches
+    (``cell/_audit_mount.py``), so ``/sys/block/vda/stat`` is an attempt on
+    record. Landlock then grants /sys whole: a decoy it refuses needs a hole
+    in that grant, and the hole is every sibling of every directory on the
+    way (~110 rules on this host, each opened in the cell's fresh sysfs:
+    ~1.8 ms of each launch, issue 18).
 
-    sysfs's entries are links into the device tree: they are mirrored as the
-    directories they lead to, so that ``/sys/block/vda/stat`` is a decoy file
-    that Landlock refuses and records.
+    Where the host has no ``DIR_DECOY`` (no audit reader), a mirror of the
+    hidden directory that Landlock refuses, with the host's names, made
+    again at most every ``_SYS_DECOYS_SECONDS`` (mirroring them takes about
+    5 ms, and a host's disks seldom change; one added since shows its class
+    links as names). sysfs's entries are links into the device tree: they
+    are mirrored as the directories they lead to, so that
+    ``/sys/block/vda/stat`` is a decoy file there too.
     """
-    import time
+    dir_decoy = _dir_decoy()
+    if dir_decoy is not None:
+        return tuple(MountOp("bind", path, src=dir_decoy, writable=False) for path in _sys_cached("paths"))
+    return tuple(
+        MountOp("decoy_dir", path, names=names, writable=True) for path, names in _sys_cached("mirrors")
+    )
 
-    global _sys_cache
+
+def _sys_cached(what: str) -> Any:
+    """``_sys_hidden`` (``paths``), or each with the names it mirrors
+    (``mirrors``), made again at most every ``_SYS_DECOYS_SECONDS``."""
     now = time.monotonic()
-    if _sys_cache is None or now - _sys_cache[0] > _SYS_DECOYS_SECONDS:
-        ops = tuple(
-            MountOp("decoy_dir", path, names=tuple(_sys_names(path)), writable=True)
-            for path in _sys_hidden()
-        )
-        _sys_cache = (now, ops)
-    return _sys_cache[1]
+    cached = _sys_cache.get(what)
+    if cached is None or now - cached[0] > _SYS_DECOYS_SECONDS:
+        paths = _sys_hidden()
+        value = tuple(paths) if what == "paths" else tuple((p, tuple(_sys_names(p))) for p in paths)
+        cached = _sys_cache[what] = (now, value)
+    return cached[1]
 
 
 _BLOCK_COUNTERS = ("stat", "inflight")

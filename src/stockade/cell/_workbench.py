@@ -402,10 +402,12 @@ def plan_workbench(
     entries.append((tmp, MountOp("tmpfs", tmp, writable=True, data=_tmp_options(policy))))
     entries.append(("/dev", MountOp("dev", "/dev")))
     entries.append(("/proc", MountOp("proc", "/proc")))
+    sys_decoys: list[str] = []
     if os.path.isdir("/sys"):
         entries.append(("/sys", MountOp("sysfs", "/sys")))
         for op in _sys_decoys():
-            hidden.append(op.dst)
+            # One of file permissions needs no hole in the grant of /sys.
+            (sys_decoys if op.kind == "bind" else hidden).append(op.dst)
             entries.append((op.dst, op))
     proc_decoy = _proc_decoy()
     proc_decoys = [p for p in _PROC_HIDDEN if _exists(p)]
@@ -485,7 +487,7 @@ def plan_workbench(
         env=tuple(sorted(env.items())),
         writable_roots=tuple(dict.fromkeys([*mounted_writes, *mounted_sources(policy)])),
         protected=protected,
-        hidden=(*hidden, *proc_decoys),
+        hidden=(*hidden, *sys_decoys, *proc_decoys),
         uid=user.uid,
         gid=user.gid,
         id_range=True,
