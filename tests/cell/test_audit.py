@@ -205,6 +205,37 @@ print("done")
     assert reader.stats().barrier_timeouts == 0
 
 
+def test_a_barrier_begun_before_collect_proves_what_came_before_it(reader: AuditReader) -> None:
+    """``begin_settle`` sends the marker, ``collect(begun=)`` waits for it
+    later (Cell.run ends the cell's cgroups meanwhile): every refusal before
+    the marker is there, and neither it nor an abandoned one stays behind."""
+    script = """
+import ctypes, sys
+for _ in range(30):
+    ctypes.CDLL(None).ptrace(0, 0, 0, 0)
+print("denied", flush=True)
+sys.stdin.read()
+"""
+    timeouts = reader.stats().barrier_timeouts
+    cell = start_cell(CellSpec(script=script))
+    try:
+        reader.watch("begun", session=cell.session, pid=cell.pid)
+        cell.proc.stdin.write("go\n")  # type: ignore[union-attr]
+        cell.proc.stdin.flush()  # type: ignore[union-attr]
+        assert cell.readline() == "denied"
+        settling = reader.begin_settle(timeout=5.0)
+        assert settling.markers and all(m in reader._barriers for m in settling.markers)
+        events = reader.collect("begun", begun=settling)
+        reader.abandon(abandoned := reader.begin_settle(timeout=5.0))
+    finally:
+        cell.kill()
+        reader.unwatch("begun")
+    assert [e.detail["syscall"] for e in events] == ["ptrace"] * 30
+    assert not any(e.kind == "cell.audit_lost" for e in events)
+    assert reader.stats().barrier_timeouts == timeouts
+    assert not any(m in reader._barriers for m in (*settling.markers, *abandoned.markers))
+
+
 def test_collect_reads_inline_without_the_thread(tmp_path: Path) -> None:
     with_thread = AuditReader()  # never started: collect reads the socket itself
     try:

@@ -79,7 +79,13 @@ class _Owners:
     def unwatch(self, cell_id: str) -> None:
         pass
 
-    def collect(self, cell_id: str, *, timeout: float = 2.0) -> list[Event]:
+    def begin_settle(self, timeout: float = 2.0) -> None:
+        return None
+
+    def abandon(self, settling: object) -> None:
+        pass
+
+    def collect(self, cell_id: str, *, timeout: float = 2.0, begun: object = None) -> list[Event]:
         return []
 
 

@@ -30,7 +30,7 @@ from stockade.policy import Policy, default_policy
 from stockade.record import Event
 
 if TYPE_CHECKING:
-    from stockade.cell._audit import AuditReader
+    from stockade.cell._audit import AuditReader, Settling
     from stockade.cell._disk import LimitedWorkspace, TmpWatch
     from stockade.cell._terminal import TerminalRelay
     from stockade.cell._workbench import ImageView, Upper
@@ -541,6 +541,7 @@ class Cell:
         launched = None
         owner = None
         upper: Upper | None = None
+        settling: Settling | None = None
         made_userns: list[int] = []
         tmp_watch: TmpWatch | None = None
         disk_events: dict[str, Event] = {}
@@ -644,6 +645,12 @@ class Cell:
             )
             # The view's unmounting, beside the rest of this end (_launch._Releaser).
             mounts_released = release_mounts(launched.mount_ns)
+            if audit is not None and launched.session is not None:
+                # The cell's pid 1 has ended, and with it every process of its
+                # pid namespace (the kernel reaps them first): every record
+                # of theirs is queued. The marker goes round while the rest
+                # of the cell is ended (collect waits for it).
+                settling = audit.begin_settle()
         except BaseException:
             # Interrupted or failed while the cell ran: it must not outlive us.
             if launched is not None:
@@ -656,6 +663,8 @@ class Cell:
                     mounts_released = release_mounts(launched.mount_ns)
                 mounts_released()
                 if audit is not None:
+                    if settling is not None:
+                        audit.abandon(settling)
                     audit.unwatch(cell_id)
             if unsubscribe is not None:
                 unsubscribe()
@@ -690,13 +699,20 @@ class Cell:
                     except OSError:
                         pass
         duration = time.monotonic() - start
-        stats = cgroup.stats()
-        cgroup.destroy()
+        try:
+            stats = cgroup.stats()
+            cgroup.destroy()
+        except BaseException:
+            if audit is not None and settling is not None:
+                audit.abandon(settling)
+            raise
         release_owner(owner)  # every process of the cell has ended
         if audit is not None and launched.session is not None:
             # Those delivered live come back here too: the same events, once.
             events.extend(
-                live.settle(e) for e in audit.collect(cell_id) if not not_an_attempt(e, live.places)
+                live.settle(e)
+                for e in audit.collect(cell_id, begun=settling)
+                if not not_an_attempt(e, live.places)
             )
             audit.unwatch(cell_id)
         if unsubscribe is not None:

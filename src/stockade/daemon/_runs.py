@@ -77,7 +77,7 @@ from stockade.sdk import IN_CELL_DIR, MODULE_PATH
 
 if TYPE_CHECKING:
     from stockade.cell._attempts import Places
-    from stockade.cell._audit import AuditReader
+    from stockade.cell._audit import AuditReader, Settling
     from stockade.cell._cell import Cell, CellResult
     from stockade.cell._cgroup import CellCgroup
     from stockade.cell._session import Session, SessionResult
@@ -152,8 +152,14 @@ class _CellWatch:
             if pidfd is not None:
                 os.close(pidfd)
 
-    def collect(self, cell_id: str, *, timeout: float = 2.0) -> list[Event]:
-        return self._reader.collect(cell_id, timeout=timeout)
+    def collect(self, cell_id: str, *, timeout: float = 2.0, begun: Settling | None = None) -> list[Event]:
+        return self._reader.collect(cell_id, timeout=timeout, begun=begun)
+
+    def begin_settle(self, timeout: float = 2.0) -> Settling:
+        return self._reader.begin_settle(timeout)
+
+    def abandon(self, settling: Settling) -> None:
+        self._reader.abandon(settling)
 
     def on_event(self, callback: Callable[[Event], None]) -> Callable[[], None]:
         return self._reader.on_event(callback)
