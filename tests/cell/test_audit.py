@@ -193,15 +193,13 @@ print("done")
         cell.proc.stdin.flush()  # type: ignore[union-attr]
         assert cell.readline() == "denied"
         # The cell is still running; its 50 denials happened before this call.
-        started = time.monotonic()
         events = reader.collect("barrier", timeout=5.0)
-        elapsed = time.monotonic() - started
     finally:
         cell.kill()
         reader.unwatch("barrier")
     assert len(events) == 50
     assert all(e.detail["syscall"] == "ptrace" for e in events)
-    assert elapsed < 1.0  # came back with the marker, not at the timeout
+    # It came back with the marker, not at the timeout (which counts here).
     assert reader.stats().barrier_timeouts == 0
 
 
