@@ -641,9 +641,7 @@ class AuditReader:
         """Forget a ``begin_settle`` that no ``collect`` will finish (the
         caller failed before it)."""
         with self._lock:
-            for marker in settling.markers:
-                self._barriers.pop(marker, None)
-            self._forget(*settling.sent)
+            self._drop_settling(settling)
 
     def settle(self, timeout: float = 2.0) -> bool:
         """Read the audit log up to now; True when it is proven that every
@@ -727,7 +725,6 @@ class AuditReader:
 
     def _barrier_end(self, settling: Settling) -> bool:
         barrier, deadline = settling.barrier, settling.deadline
-        markers, sent = settling.markers, settling.sent
         while True:
             ok = self._wait(barrier.done, deadline)
             if not (ok and barrier.resend):
@@ -741,9 +738,7 @@ class AuditReader:
         if barrier.error:
             ok = self._quiesce(deadline)  # better than nothing, but no proof
         with self._lock:
-            for marker in markers:
-                self._barriers.pop(marker, None)
-            self._forget(*sent)
+            self._drop_settling(settling)
             if not ok:
                 self._timeouts += 1
         # The kernel's count of dropped records, read after the barrier so that
@@ -765,6 +760,12 @@ class AuditReader:
         if not self._deliver_pending(max(0.0, deadline - time.monotonic())):
             proven = False
         return proven
+
+    def _drop_settling(self, settling: Settling) -> None:
+        """Forget its markers and requests (under ``_lock``)."""
+        for marker in settling.markers:
+            self._barriers.pop(marker, None)
+        self._forget(*settling.sent)
 
     def _quiesce(self, deadline: float) -> bool:
         """Wait until no record has come for 50 ms: the fallback barrier."""

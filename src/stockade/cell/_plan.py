@@ -17,7 +17,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 from stockade._slots import Frozen
 from stockade.errors import CellError, PolicyError
@@ -817,7 +817,9 @@ is missing (no audit reader), an empty file, unrecorded."""
 
 
 _SYS_DECOYS_SECONDS = 30.0
-_sys_cache: dict[str, tuple[float, Any]] = {}
+_sys_cache: dict[str, tuple[float, tuple[tuple[str, tuple[str, ...]], ...]]] = {}
+"""By what is wanted (``_sys_cached``): when it was made, and each hidden
+path with the names its mirror shows (none for a bind of ``DIR_DECOY``)."""
 
 
 def _sys_decoys() -> tuple[MountOp, ...]:
@@ -840,21 +842,20 @@ def _sys_decoys() -> tuple[MountOp, ...]:
     """
     dir_decoy = _dir_decoy()
     if dir_decoy is not None:
-        return tuple(MountOp("bind", path, src=dir_decoy, writable=False) for path in _sys_cached("paths"))
-    return tuple(
-        MountOp("decoy_dir", path, names=names, writable=True) for path, names in _sys_cached("mirrors")
-    )
+        return tuple(MountOp("bind", path, src=dir_decoy, writable=False) for path, _ in _sys_cached(False))
+    return tuple(MountOp("decoy_dir", path, names=names, writable=True) for path, names in _sys_cached(True))
 
 
-def _sys_cached(what: str) -> Any:
-    """``_sys_hidden`` (``paths``), or each with the names it mirrors
-    (``mirrors``), made again at most every ``_SYS_DECOYS_SECONDS``."""
+def _sys_cached(mirrored: bool) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``_sys_hidden``, each with the names its mirror shows when
+    ``mirrored`` (else none: a bind of ``DIR_DECOY`` mirrors nothing), made
+    again at most every ``_SYS_DECOYS_SECONDS``."""
+    key = "mirrors" if mirrored else "paths"
     now = time.monotonic()
-    cached = _sys_cache.get(what)
+    cached = _sys_cache.get(key)
     if cached is None or now - cached[0] > _SYS_DECOYS_SECONDS:
-        paths = _sys_hidden()
-        value = tuple(paths) if what == "paths" else tuple((p, tuple(_sys_names(p))) for p in paths)
-        cached = _sys_cache[what] = (now, value)
+        found = tuple((p, tuple(_sys_names(p)) if mirrored else ()) for p in _sys_hidden())
+        cached = _sys_cache[key] = (now, found)
     return cached[1]
 
 
