@@ -6,6 +6,7 @@ denials, Linux 6.15); a host without them skips, naming what it lacks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -177,26 +178,33 @@ print("done")
     assert [(e.layer, e.cell) for e in late] == [("landlock", "stranger"), ("seccomp", "stranger")]
 
 
-def test_collect_is_a_barrier_not_a_sleep(reader: AuditReader) -> None:
-    script = """
+@contextlib.contextmanager
+def _refused_and_waiting(reader: AuditReader, cell_id: str, refusals: int) -> Iterator[None]:
+    """A cell, watched as ``cell_id``, that made ``refusals`` refused ptrace
+    calls and still runs (killed and unwatched at the end)."""
+    script = f"""
 import ctypes, sys
-for _ in range(50):
+for _ in range({refusals}):
     ctypes.CDLL(None).ptrace(0, 0, 0, 0)
 print("denied", flush=True)
 sys.stdin.read()
-print("done")
 """
     cell = start_cell(CellSpec(script=script))
     try:
-        reader.watch("barrier", session=cell.session, pid=cell.pid)
+        reader.watch(cell_id, session=cell.session, pid=cell.pid)
         cell.proc.stdin.write("go\n")  # type: ignore[union-attr]
         cell.proc.stdin.flush()  # type: ignore[union-attr]
         assert cell.readline() == "denied"
-        # The cell is still running; its 50 denials happened before this call.
-        events = reader.collect("barrier", timeout=5.0)
+        yield
     finally:
         cell.kill()
-        reader.unwatch("barrier")
+        reader.unwatch(cell_id)
+
+
+def test_collect_is_a_barrier_not_a_sleep(reader: AuditReader) -> None:
+    with _refused_and_waiting(reader, "barrier", 50):
+        # The cell is still running; its 50 denials happened before this call.
+        events = reader.collect("barrier", timeout=5.0)
     assert len(events) == 50
     assert all(e.detail["syscall"] == "ptrace" for e in events)
     # It came back with the marker, not at the timeout (which counts here).
@@ -207,27 +215,12 @@ def test_a_barrier_begun_before_collect_proves_what_came_before_it(reader: Audit
     """``begin_settle`` sends the marker, ``collect(begun=)`` waits for it
     later (Cell.run ends the cell's cgroups meanwhile): every refusal before
     the marker is there, and neither it nor an abandoned one stays behind."""
-    script = """
-import ctypes, sys
-for _ in range(30):
-    ctypes.CDLL(None).ptrace(0, 0, 0, 0)
-print("denied", flush=True)
-sys.stdin.read()
-"""
     timeouts = reader.stats().barrier_timeouts
-    cell = start_cell(CellSpec(script=script))
-    try:
-        reader.watch("begun", session=cell.session, pid=cell.pid)
-        cell.proc.stdin.write("go\n")  # type: ignore[union-attr]
-        cell.proc.stdin.flush()  # type: ignore[union-attr]
-        assert cell.readline() == "denied"
+    with _refused_and_waiting(reader, "begun", 30):
         settling = reader.begin_settle(timeout=5.0)
         assert settling.markers and all(m in reader._barriers for m in settling.markers)
         events = reader.collect("begun", begun=settling)
         reader.abandon(abandoned := reader.begin_settle(timeout=5.0))
-    finally:
-        cell.kill()
-        reader.unwatch("begun")
     assert [e.detail["syscall"] for e in events] == ["ptrace"] * 30
     assert not any(e.kind == "cell.audit_lost" for e in events)
     assert reader.stats().barrier_timeouts == timeouts
